@@ -1,0 +1,288 @@
+"""The typed topology: what is released, from which source, charged to which budget.
+
+Everything here is a frozen dataclass or an Enum, built once by `topology.loader` from YAML.
+The loader checks every field and combination (with file:line in its messages); the model
+only holds the values and answers derived questions (window counts, overlap, key lists).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Accounting",
+    "Aggregate",
+    "Mechanism",
+    "WindowKind",
+    "EVENT_LEVEL_UNIT",
+    "Window",
+    "WarningPolicy",
+    "Budget",
+    "Contribution",
+    "Bounds",
+    "PostProcess",
+    "Source",
+    "Metric",
+    "Sinks",
+    "KafkaSettings",
+    "RedisSettings",
+    "Topology",
+]
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+EVENT_LEVEL_UNIT = "event"
+"""`privacy_unit: event` means event-level DP: weaker, chosen explicitly, labelled everywhere."""
+
+
+class Accounting(Enum):
+    """How a budget scope adds up its releases."""
+
+    ZCDP = "zcdp"
+    """Zero-concentrated DP: costs are ρ, they add up, the cap ρ* comes from (ε, δ) by CKS20."""
+    PURE = "pure"
+    """Pure ε-DP (δ = 0): ε adds up; Laplace and exponential mechanisms only."""
+
+
+class Aggregate(Enum):
+    """What a metric computes over the bounded events of one window."""
+
+    COUNT = "count"
+    """Number of (bounded) events; per key when `group_by` is set (a histogram)."""
+    COUNT_UNITS = "count_units"
+    """Number of distinct privacy units in the window; each unit counts once."""
+    SUM = "sum"
+    """Sum of the clamped `value` field."""
+    MEAN = "mean"
+    """Mean of the clamped `value`: over a public `denominator`, or noisy sum / noisy count."""
+    TOP_K = "top_k"
+    """The k most frequent `group_by` keys, chosen by the exponential mechanism."""
+
+
+class Mechanism(Enum):
+    """The noise mechanism a metric's release uses."""
+
+    LAPLACE = "laplace"
+    """Discrete Laplace on integers (pure ε-DP; in a zCDP scope it costs ε²/2)."""
+    GAUSSIAN = "gaussian"
+    """Discrete Gaussian on integers (zCDP only; ρ = Δ₂²/(2σ²))."""
+    EXPONENTIAL = "exponential"
+    """Exponential mechanism / noisy top-k (pure ε; ε²/8 in zCDP)."""
+
+
+class WindowKind(Enum):
+    """Shape of an event-time window."""
+
+    TUMBLING = "tumbling"
+    """Back-to-back windows; each event falls in exactly one."""
+    HOPPING = "hopping"
+    """Windows of `size` starting every `every`; each event falls in size/every windows."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """An event-time window, in whole seconds, aligned to the UTC epoch."""
+
+    size_s: int
+    every_s: int
+
+    @property
+    def kind(self) -> WindowKind:
+        """Tumbling when a window starts exactly where the previous one ends."""
+        return WindowKind.TUMBLING if self.every_s == self.size_s else WindowKind.HOPPING
+
+    @property
+    def overlap(self) -> int:
+        """How many windows one event falls into (1 for tumbling)."""
+        return self.size_s // self.every_s
+
+    def releases_per_period(self, period_s: int) -> int:
+        """Window releases whose start lies in one budget period."""
+        return period_s // self.every_s
+
+    def starts_covering(self, ts: float) -> range:
+        """Start times (seconds) of every window that contains event time `ts`."""
+        last = int(ts // self.every_s) * self.every_s
+        first = last - self.size_s + self.every_s
+        return range(first, last + 1, self.every_s)
+
+
+@dataclass(frozen=True)
+class WarningPolicy:
+    """What a scope does once its ratio reaches `warn_at`: stretch noise, or thin releases."""
+
+    stretch: float = 1.0
+    """Multiply σ (or the Laplace scale) by this; the cost falls by its square (zCDP) or itself (pure)."""
+    thin: int = 1
+    """Release only every n-th window while in warning."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A budget scope: (ε, δ) per period, shared by the metrics that draw on it."""
+
+    name: str
+    epsilon: float
+    delta: float
+    accounting: Accounting
+    period_s: int
+    reserve: float = 0.2
+    warn_at: float = 0.8
+    on_warning: WarningPolicy = field(default_factory=WarningPolicy)
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """Per (privacy unit, window) caps applied before aggregation."""
+
+    max_keys: int = 1
+    """L0: how many distinct group-by keys one unit may touch per window."""
+    max_per_key: int = 1
+    """L∞: how many events one unit may add to one key per window."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Clamping interval for a numeric value; lower < upper."""
+
+    lower: float
+    upper: float
+
+    @property
+    def magnitude(self) -> float:
+        """Largest |value| after clamping: what one event can add to a sum."""
+        return max(abs(self.lower), abs(self.upper))
+
+
+@dataclass(frozen=True)
+class PostProcess:
+    """Post-processing applied to noisy values (free of privacy cost, flagged in the record)."""
+
+    round: bool = False
+    """Round noisy values to integers."""
+    clamp_zero: bool = False
+    """Replace negative noisy values by 0."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """An input topic and how to read one event from it."""
+
+    name: str
+    topic: str
+    privacy_unit: str
+    timestamp: str | None = None
+    """Event-time field (epoch seconds or ISO-8601); None means the Kafka record time."""
+    allowed_lateness_s: int = 0
+    idle_timeout_s: int = 30
+    keyed_by_unit: bool = False
+    """True when the topic's Kafka key is the privacy unit, so no repartition hop is needed."""
+
+    @property
+    def event_level(self) -> bool:
+        """Event-level DP (weaker): every event is its own privacy unit."""
+        return self.privacy_unit == EVENT_LEVEL_UNIT
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One released statistic: aggregate, window, bounds, mechanism and its budget weight."""
+
+    name: str
+    source: str
+    budget: str
+    weight: float
+    window: Window
+    aggregate: Aggregate
+    mechanism: Mechanism
+    contribution: Contribution = field(default_factory=Contribution)
+    value: str | None = None
+    bounds: Bounds | None = None
+    denominator: float | None = None
+    """Public denominator of a mean; None means noisy sum / noisy count."""
+    group_by: str | None = None
+    keys: tuple[str, ...] | None = None
+    """Declared public keys (always released); None with group_by means data-derived keys."""
+    k: int | None = None
+    may_use_reserve: bool = False
+    postprocess: PostProcess = field(default_factory=PostProcess)
+
+    @property
+    def public_keys(self) -> bool:
+        """True when the released key set is declared, so it costs nothing and needs no selection."""
+        return self.group_by is None or self.keys is not None
+
+    @property
+    def needs_partition_selection(self) -> bool:
+        """Grouped counts/sums over keys that come from the data pass DP partition selection."""
+        return self.group_by is not None and self.keys is None and self.aggregate is not Aggregate.TOP_K
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Output topics."""
+
+    releases: str
+    dead_letter: str
+    partials: str = ""
+
+    @property
+    def partials_topic(self) -> str:
+        """Internal topic of per-partition window partials (defaults to `<releases>.partials`)."""
+        return self.partials or f"{self.releases}.partials"
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the Kafka cluster is."""
+
+    bootstrap: str = "localhost:9092"
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Where the ledger's Redis is."""
+
+    url: str = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole declared pipeline, as loaded from one file."""
+
+    version: int
+    sources: dict[str, Source]
+    budgets: dict[str, Budget]
+    metrics: dict[str, Metric]
+    sinks: Sinks
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    path: str = ""
+
+    def metrics_of(self, budget: str) -> list[Metric]:
+        """The metrics charged to one budget scope, in file order."""
+        return [m for m in self.metrics.values() if m.budget == budget]
+
+    @property
+    def topology_version(self) -> str:
+        """Hash of the normalised privacy-relevant content: same file → same release_ids.
+
+        Connection settings (kafka, redis) and the file path are left out, so moving a
+        deployment does not re-release (and re-charge) windows.
+        """
+        doc = {
+            "version": self.version,
+            "sources": {k: asdict(v) for k, v in sorted(self.sources.items())},
+            "budgets": {k: asdict(v) for k, v in sorted(self.budgets.items())},
+            "metrics": {k: asdict(v) for k, v in sorted(self.metrics.items())},
+            "sinks": asdict(self.sinks),
+        }
+        blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _enum_value(obj: object) -> object:
+    if isinstance(obj, Enum):
+        return obj.value
+    raise TypeError(f"cannot normalise {type(obj).__name__}")

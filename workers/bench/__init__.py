@@ -1,0 +1,1 @@
+"""Benchmarks (`dpstream bench …`); one module per target, each exposes `register(subparsers)`."""

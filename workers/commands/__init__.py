@@ -1,0 +1,1 @@
+"""One module per `dpstream` subcommand; each exposes `register(subparsers)`."""

@@ -1,0 +1,20 @@
+"""`dpstream bench TARGET`: benchmarks that print figures and ratios against an in-run baseline."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+
+TARGETS = ("noise", "ledger", "pipeline")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench` and one sub-parser per benchmark module present under `workers.bench`."""
+    parser = subparsers.add_parser("bench", help="run a benchmark (noise, ledger, pipeline)")
+    targets = parser.add_subparsers(dest="target", metavar="TARGET")
+    for name in TARGETS:
+        module_name = f"workers.bench.{name}"
+        if importlib.util.find_spec(module_name) is not None:
+            importlib.import_module(module_name).register(targets)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
