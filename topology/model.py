@@ -215,8 +215,9 @@ class Metric:
 
     @property
     def needs_partition_selection(self) -> bool:
-        """Grouped counts/sums over keys that come from the data pass DP partition selection."""
-        return self.group_by is not None and self.keys is None and self.aggregate is not Aggregate.TOP_K
+        """Grouped releases over keys that come from the data (top-k candidates included) pass DP
+        partition selection first: a key seen in only one unit's events must not be able to appear."""
+        return self.group_by is not None and self.keys is None
 
 
 @dataclass(frozen=True)
