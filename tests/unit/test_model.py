@@ -1,0 +1,64 @@
+"""Tests of the derived answers of topology.model (windows, keys, topology_version)."""
+
+import dataclasses
+
+from topology.model import (
+    Aggregate,
+    Budget,
+    Accounting,
+    Mechanism,
+    Metric,
+    Sinks,
+    Source,
+    Topology,
+    Window,
+    WindowKind,
+    KafkaSettings,
+)
+
+
+def _topology(**metric_changes) -> Topology:
+    metric = Metric("views", "clicks", "daily", 1.0, Window(60, 60), Aggregate.COUNT, Mechanism.GAUSSIAN)
+    metric = dataclasses.replace(metric, **metric_changes)
+    return Topology(
+        version=1,
+        sources={"clicks": Source("clicks", "web.clicks", "user_id")},
+        budgets={"daily": Budget("daily", 1.0, 1e-6, Accounting.ZCDP, 86400)},
+        metrics={"views": metric},
+        sinks=Sinks("out", "dlq"),
+    )
+
+
+def test_tumbling_window_covers_each_time_once():
+    """A tumbling window puts every event time in exactly one window, the one containing it."""
+    window = Window(60, 60)
+    assert window.kind is WindowKind.TUMBLING and window.overlap == 1
+    assert list(window.starts_covering(125.5)) == [120]
+    assert window.releases_per_period(86400) == 1440
+
+
+def test_hopping_window_covers_each_time_size_over_every_times():
+    """A 5m-every-1m window puts an event in the five windows whose [start, start+size) holds it."""
+    window = Window(300, 60)
+    starts = list(window.starts_covering(600))
+    assert window.kind is WindowKind.HOPPING and window.overlap == 5
+    assert starts == [360, 420, 480, 540, 600]
+    assert all(s <= 600 < s + 300 for s in starts)
+
+
+def test_partition_selection_only_for_data_derived_keys():
+    """Declared keys and ungrouped metrics need no selection; group_by without keys does, top-k included."""
+    assert not _topology().metrics["views"].needs_partition_selection
+    assert not _topology(group_by="page", keys=("a", "b")).metrics["views"].needs_partition_selection
+    assert _topology(group_by="page").metrics["views"].needs_partition_selection
+    assert _topology(group_by="ref", aggregate=Aggregate.TOP_K, k=3).metrics["views"].needs_partition_selection
+
+
+def test_topology_version_ignores_connections_but_not_privacy_fields():
+    """Moving Kafka does not change release_ids; changing a weight does."""
+    base = _topology()
+    moved = dataclasses.replace(base, kafka=KafkaSettings("elsewhere:9092"), path="/other/file.yaml")
+    reweighted = _topology(weight=2.0)
+    assert base.topology_version == moved.topology_version
+    assert base.topology_version != reweighted.topology_version
+    assert len(base.topology_version) == 16
