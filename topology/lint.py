@@ -1,0 +1,91 @@
+"""Warnings about legal but probably unintended topologies (`dpstream validate` prints them, exit 0)."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_DELTA_CEILING", "lint_topology"]
+
+from fractions import Fraction
+
+from topology.durations import format_duration
+from topology.errors import ConfigWarning
+from topology.model import Accounting, Mechanism, Topology, WindowKind
+from topology.validation import SourceMap
+
+DEFAULT_DELTA_CEILING = 1e-5
+"""Without `expected_units`, a δ above this is flagged: δ should be far below 1 / number of units."""
+
+_UNITS_FACTOR = 10
+"""With `expected_units: N`, δ must be at least this many times below 1/N."""
+
+
+def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> list[ConfigWarning]:
+    """Every warning of a valid topology, in file order; `source_map` adds lines and load-time notes."""
+    where = source_map or SourceMap(topology.path or "<topology>")
+    found: list[tuple[int, ConfigWarning]] = list(where.notes)
+
+    def warn(key: tuple[str, ...], message: str) -> None:
+        found.append((where.line(*key), ConfigWarning(where.where(*key), message)))
+
+    for source in topology.sources.values():
+        if source.event_level:
+            warn(
+                ("source", source.name, "privacy_unit"),
+                f"source '{source.name}': privacy_unit 'event': event-level DP protects single events, not "
+                "people (weaker); name the field that identifies a person if there is one",
+            )
+        if not any(m.source == source.name for m in topology.metrics.values()):
+            warn(("source", source.name), f"source '{source.name}': no metric reads it; remove it or add a metric")
+
+    for budget in topology.budgets.values():
+        subject = f"budget '{budget.name}'"
+        if _exact(budget.reserve) < 1 - _exact(budget.warn_at):
+            need_reserve = float(1 - _exact(budget.warn_at))
+            need_warn_at = float(1 - _exact(budget.reserve))
+            warn(
+                ("budget", budget.name, "reserve"),
+                f"{subject}: reserve {budget.reserve:g} < 1 - warn_at ({need_reserve:g}): the plan alone "
+                f"spends past warn_at every period; raise reserve to {need_reserve:g} or warn_at to {need_warn_at:g}",
+            )
+        if budget.accounting is Accounting.ZCDP:
+            units = where.expected_units.get(budget.name)
+            if units is not None and budget.delta * units * _UNITS_FACTOR > 1:
+                warn(
+                    ("budget", budget.name, "delta"),
+                    f"{subject}: delta {budget.delta:g} is not far below 1/expected_units (1/{units}); "
+                    f"use delta <= {1 / (units * _UNITS_FACTOR):.1g}",
+                )
+            elif units is None and budget.delta > DEFAULT_DELTA_CEILING:
+                warn(
+                    ("budget", budget.name, "delta"),
+                    f"{subject}: delta {budget.delta:g} is large: δ should be far below 1/number of units; "
+                    f"use e.g. 1.0e-6 (or declare expected_units: N)",
+                )
+            mechanisms = {m.mechanism for m in topology.metrics_of(budget.name)}
+            if {Mechanism.LAPLACE, Mechanism.GAUSSIAN} <= mechanisms:
+                laplace = [m.name for m in topology.metrics_of(budget.name) if m.mechanism is Mechanism.LAPLACE]
+                warn(
+                    ("metric", laplace[0], "mechanism"),
+                    f"{subject}: mixes laplace ({', '.join(laplace)}) and gaussian metrics under zcdp; a Laplace "
+                    "release costs ε²/2, usually more than a Gaussian of the same error; prefer gaussian throughout",
+                )
+        if not topology.metrics_of(budget.name):
+            warn(("budget", budget.name), f"{subject}: no metric draws on it; remove it or add a metric")
+
+    for metric in topology.metrics.values():
+        window = metric.window
+        budget = topology.budgets.get(metric.budget)
+        if window.kind is WindowKind.HOPPING and budget is not None:
+            straddling = window.size_s // window.every_s - 1
+            warn(
+                ("metric", metric.name, "window"),
+                f"metric '{metric.name}': window {{hopping: {format_duration(window.size_s)}, every: "
+                f"{format_duration(window.every_s)}}}: {straddling} window(s) per period straddle the "
+                f"{format_duration(budget.period_s)} period boundary and are charged to both periods",
+            )
+
+    return [warning for _, warning in sorted(found, key=lambda item: item[0])]
+
+
+def _exact(value: float) -> Fraction:
+    """The decimal the user wrote (0.2 stays 1/5), so 0.2 + 0.8 compares equal to 1."""
+    return Fraction(repr(value))

@@ -1,0 +1,544 @@
+"""Load a topology YAML file into the frozen model, checking every field with `FILE:LINE:` messages.
+
+`load_topology(path)` is what workers call. Mistakes raise `TopologyError` (a `ConfigError`) whose
+message is the first problem in file order; its `problems` lists all of them. Warnings (legal but
+probably unintended) come from `load_with_warnings`, which runs `topology.lint.lint_topology`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACCEPTED_FIELDS",
+    "REQUIRED_FIELDS",
+    "load_topology",
+    "load_topology_text",
+    "load_with_warnings",
+    "load_text_with_warnings",
+    "read_topology",
+]
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from topology.errors import ConfigError, ConfigWarning
+from topology.lint import lint_topology
+from topology.model import (
+    Accounting,
+    Aggregate,
+    Bounds,
+    Budget,
+    Contribution,
+    KafkaSettings,
+    Mechanism,
+    Metric,
+    PostProcess,
+    RedisSettings,
+    Sinks,
+    Source,
+    Topology,
+    WarningPolicy,
+    Window,
+)
+from topology.readers import (
+    FieldProblem,
+    is_null,
+    read_bool,
+    read_duration,
+    read_enum,
+    read_int,
+    read_map,
+    read_number,
+    read_str,
+    show,
+    suggest,
+)
+from topology.validation import Problem, SourceMap, TopologyError, check_metric_links
+from topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compose_located
+
+ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "topology": ("version", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
+    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit"),
+    "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
+    "metric": (
+        "source", "budget", "weight", "window", "aggregate", "mechanism", "contribution", "value",
+        "bounds", "denominator", "group_by", "keys", "k", "may_use_reserve", "postprocess",
+    ),
+    "window": ("tumbling", "hopping", "every"),
+    "on_warning": ("stretch", "thin"),
+    "contribution": ("max_keys", "max_per_key"),
+    "postprocess": ("round", "clamp_zero"),
+    "sinks": ("releases", "dead_letter", "partials"),
+    "kafka": ("bootstrap",),
+    "redis": ("url",),
+}
+"""Every YAML key the loader accepts, per mapping (the JSON Schema test checks it against the schema)."""
+
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "topology": ("version", "sources", "budgets", "metrics", "sinks"),
+    "source": ("topic", "privacy_unit"),
+    "budget": ("epsilon", "period"),
+    "metric": ("source", "budget", "window", "aggregate", "mechanism"),
+    "sinks": ("releases", "dead_letter"),
+}
+"""Keys that must be present (others have defaults, or are required only in some combinations)."""
+
+_HINTS = {
+    "version": "write version: 1 at the top",
+    "sources": "declare the input topics under sources:",
+    "budgets": "declare at least one budget scope under budgets:",
+    "metrics": "declare at least one metric under metrics:",
+    "sinks": "declare sinks: {releases: <topic>, dead_letter: <topic>}",
+    "topic": "name the Kafka topic, e.g. topic: web.clicks",
+    "privacy_unit": "name the field that identifies the protected person, e.g. privacy_unit: user_id",
+    "epsilon": "give the budget's ε per period, e.g. epsilon: 1.0",
+    "period": "give how often the budget renews, e.g. period: 1d",
+    "source": "name the source it reads, e.g. source: clicks",
+    "budget": "name the budget it draws on, e.g. budget: web-daily",
+    "window": "give a window, e.g. window: {tumbling: 1m} or {hopping: 5m, every: 1m}",
+    "aggregate": "choose one of " + ", ".join(a.value for a in Aggregate),
+    "mechanism": "choose one of " + ", ".join(m.value for m in Mechanism),
+    "releases": "name the output topic, e.g. releases: web.dp-releases",
+    "dead_letter": "name the dead-letter topic, e.g. dead_letter: web.dead-letter",
+}
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_SECTION_KIND = {"sources": "source", "budgets": "budget", "metrics": "metric"}
+
+
+def load_topology(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Topology:
+    """Read and check a topology file; raise `ConfigError` (one line, `FILE:LINE: ...`) on any mistake."""
+    return read_topology(_read_file(path), str(path), env)[0]
+
+
+def load_topology_text(text: str, path: str = "<string>", env: Mapping[str, str] | None = None) -> Topology:
+    """`load_topology` for YAML held in a string; `path` only labels messages."""
+    return read_topology(text, path, env)[0]
+
+
+def load_with_warnings(
+    path: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> tuple[Topology, list[ConfigWarning]]:
+    """Load a file and lint it: the topology plus its warnings (each `where` is `FILE:LINE`)."""
+    return load_text_with_warnings(_read_file(path), str(path), env)
+
+
+def load_text_with_warnings(
+    text: str, path: str = "<string>", env: Mapping[str, str] | None = None
+) -> tuple[Topology, list[ConfigWarning]]:
+    """`load_with_warnings` for YAML held in a string."""
+    topology, source_map = read_topology(text, path, env)
+    return topology, lint_topology(topology, source_map)
+
+
+def read_topology(text: str, path: str, env: Mapping[str, str] | None = None) -> tuple[Topology, SourceMap]:
+    """The core: YAML text to (Topology, SourceMap). `env` defaults to `os.environ`."""
+    return _Loader(path, os.environ if env is None else env).run(text)
+
+
+def _read_file(path: str | os.PathLike[str]) -> str:
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{path}: is a directory; give a topology .yaml file")
+    try:
+        return target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+class _Fields:
+    """The fields of one entity: reads each with its reader, recording every problem."""
+
+    def __init__(self, loader: "_Loader", kind: str, name: str, subject: str, node: Node, line: int) -> None:
+        self.loader = loader
+        self.subject = subject
+        self.line = line
+        self.key = (kind, name)
+        self.ok = True
+        self.nodes: dict[str, Node] = {}
+        known = ACCEPTED_FIELDS[kind]
+        if not isinstance(node, Map):
+            self.fail(node.line, f"{subject} {show(node)}: must be a mapping of fields ({', '.join(known[:4])}, ...)")
+            return
+        for key, key_line, value in node.entries:
+            if key not in known:
+                self.fail(key_line, f"{subject}: unknown field '{key}'; {suggest(key, known)}")
+                continue
+            self.nodes[key] = value
+            loader.lines[(kind, name, key)] = value.line
+        for key in REQUIRED_FIELDS.get(kind, ()):
+            value = node.get(key)
+            if value is None:
+                self.fail(line, f"{subject}: missing field '{key}'; {_HINTS[key]}")
+            elif is_null(value):
+                self.fail(value.line, f"{subject}: {key} is empty; {_HINTS[key]}")
+
+    def fail(self, line: int, text: str) -> None:
+        """Record a problem and mark the entity broken."""
+        self.loader.problems.append(Problem(line, text))
+        self.ok = False
+
+    def bad(self, key: str, problem: str) -> None:
+        """Record `<subject>: <key> <value>: <problem>` at the field's line."""
+        node = self.nodes[key]
+        self.fail(node.line, f"{self.subject}: {key} {show(node)}: {problem}")
+
+    def has(self, key: str) -> bool:
+        """The field was given (and is not empty)."""
+        return not is_null(self.nodes.get(key))
+
+    def get(self, key: str, reader: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        """The field read by `reader(node, subject, key, *args)`, or `default` when absent or bad."""
+        node = self.nodes.get(key)
+        if is_null(node):
+            return default
+        try:
+            return reader(node, self.subject, key, *args)
+        except FieldProblem as problem:
+            self.fail(problem.line, problem.text)
+            return default
+
+
+class _Loader:
+    def __init__(self, path: str, env: Mapping[str, str]) -> None:
+        self.path = path
+        self.env = env
+        self.problems: list[Problem] = []
+        self.lines: dict[tuple[str, ...], int] = {}
+        self.broken: set[tuple[str, str]] = set()
+        self.expected_units: dict[str, int] = {}
+        self.notes: list[tuple[int, ConfigWarning]] = []
+
+    def run(self, text: str) -> tuple[Topology, SourceMap]:
+        try:
+            root = compose_located(text, self.env)
+        except LocatedError as exc:
+            raise TopologyError(self.path, [Problem(exc.line, exc.message)]) from None
+        if root is None:
+            raise TopologyError(
+                self.path, [Problem(1, "empty topology; write version: 1, sources, budgets, metrics and sinks")]
+            )
+        if not isinstance(root, Map):
+            raise TopologyError(
+                self.path,
+                [Problem(root.line, f"topology {show(root)}: must be a mapping with version, sources, budgets, metrics, sinks")],
+            )
+        top = _Fields(self, "topology", "", "topology", root, 1)
+        version = top.get("version", _read_version, default=1)
+        sources = self._section(top, "sources", self._source)
+        budgets = self._section(top, "budgets", self._budget)
+        metrics = self._section(top, "metrics", self._metric)
+        sinks = self._sinks(top.nodes.get("sinks"), sources)
+        kafka = self._kafka(top.nodes.get("kafka"))
+        redis = self._redis(top.nodes.get("redis"))
+        source_map = SourceMap(self.path, dict(self.lines), dict(self.expected_units), tuple(self.notes))
+        for metric in metrics.values():
+            self.problems.extend(check_metric_links(metric, sources, budgets, self.broken, source_map))
+        if self.problems:
+            raise TopologyError(self.path, self.problems)
+        assert sinks is not None
+        topology = Topology(version, sources, budgets, metrics, sinks, kafka, redis, self.path)
+        return topology, source_map
+
+    # --- sections -------------------------------------------------------------------------
+
+    def _section(self, top: _Fields, key: str, parse: Callable[[str, Node, int], Any]) -> dict[str, Any]:
+        node = top.nodes.get(key)
+        if node is None:
+            return {}
+        kind = _SECTION_KIND[key]
+        if is_null(node):
+            return {}
+        if isinstance(node, Map) and not node.entries:
+            top.fail(node.line, f"{key}: empty; declare at least one {kind}")
+            return {}
+        if not isinstance(node, Map):
+            top.fail(node.line, f"{key} {show(node)}: must be a mapping of {kind} names to their fields")
+            return {}
+        out: dict[str, Any] = {}
+        for name, line, value in node.entries:
+            self.lines[(kind, name)] = line
+            if not _NAME.match(name):
+                self.problems.append(
+                    Problem(
+                        line,
+                        f"{kind} '{name}': bad name: use letters, digits, '_', '-' or '.' (it becomes part of "
+                        "Redis keys, topics and metric labels); rename it",
+                    )
+                )
+                self.broken.add((kind, name))
+                continue
+            built = parse(name, value, line)
+            if built is None:
+                self.broken.add((kind, name))
+            else:
+                out[name] = built
+        return out
+
+    def _source(self, name: str, node: Node, line: int) -> Source | None:
+        f = _Fields(self, "source", name, f"source '{name}'", node, line)
+        topic = f.get("topic", read_str)
+        unit = f.get("privacy_unit", read_str)
+        timestamp = f.get("timestamp", read_str)
+        lateness = f.get("allowed_lateness", read_duration, True, default=0)
+        idle = f.get("idle_timeout", read_duration, default=30)
+        keyed = f.get("keyed_by_unit", read_bool, default=False)
+        if not f.ok:
+            return None
+        return Source(name, topic, unit, timestamp, lateness, idle, keyed)
+
+    def _budget(self, name: str, node: Node, line: int) -> Budget | None:
+        f = _Fields(self, "budget", name, f"budget '{name}'", node, line)
+        epsilon = f.get("epsilon", read_number)
+        delta = f.get("delta", read_number)
+        accounting = f.get("accounting", read_enum, Accounting, default=Accounting.ZCDP)
+        period = f.get("period", read_duration)
+        reserve = f.get("reserve", read_number, default=0.2)
+        warn_at = f.get("warn_at", read_number, default=0.8)
+        policy = f.get("on_warning", _read_policy, default=WarningPolicy())
+        units = f.get("expected_units", read_int, 1)
+        if epsilon is not None and epsilon <= 0:
+            f.bad("epsilon", "must be > 0 (it is the privacy loss allowed per period); e.g. epsilon: 1.0")
+        if reserve is not None and not 0 <= reserve < 1:
+            f.bad("reserve", "must be in [0, 1): the fraction of the cap kept out of the plan; e.g. reserve: 0.2")
+        if warn_at is not None and not 0 < warn_at <= 1:
+            f.bad("warn_at", "must be in (0, 1]: the spent fraction that starts the warning state; e.g. warn_at: 0.8")
+        delta_node = f.nodes.get("delta")
+        if accounting is Accounting.ZCDP:
+            if is_null(delta_node):
+                f.fail(
+                    delta_node.line if delta_node is not None else line,
+                    f"budget '{name}': missing field 'delta'; zcdp accounting needs 0 < delta < 1, "
+                    "e.g. delta: 1.0e-6 (or use accounting: pure)",
+                )
+            elif delta == 0:
+                f.bad("delta", "zcdp accounting needs 0 < delta < 1, e.g. delta: 1.0e-6; or use accounting: pure")
+            elif delta is not None and not 0 < delta < 1:
+                f.bad("delta", "must be in (0, 1), and far below 1/number of units; e.g. delta: 1.0e-6")
+        elif delta is not None and delta_node is not None:
+            if not 0 <= delta < 1:
+                f.bad("delta", "must be in [0, 1); pure accounting ignores it anyway, so remove it")
+            elif delta > 0:
+                message = (
+                    f"budget '{name}': delta {show(delta_node)}: pure accounting ignores δ "
+                    "(the guarantee is pure ε-DP, δ = 0); remove delta or use accounting: zcdp"
+                )
+                self.notes.append((delta_node.line, ConfigWarning(f"{self.path}:{delta_node.line}", message)))
+        if not f.ok:
+            return None
+        if units is not None:
+            self.expected_units[name] = units
+        stored_delta = 0.0 if accounting is Accounting.PURE else float(delta)
+        return Budget(name, epsilon, stored_delta, accounting, period, reserve, warn_at, policy)
+
+    def _metric(self, name: str, node: Node, line: int) -> Metric | None:
+        subject = f"metric '{name}'"
+        f = _Fields(self, "metric", name, subject, node, line)
+        source = f.get("source", read_str)
+        budget = f.get("budget", read_str)
+        weight = f.get("weight", read_number, default=1.0)
+        window = f.get("window", _read_window)
+        aggregate = f.get("aggregate", read_enum, Aggregate)
+        mechanism = f.get("mechanism", read_enum, Mechanism)
+        contribution = f.get("contribution", _read_contribution, default=Contribution())
+        value = f.get("value", read_str)
+        bounds = f.get("bounds", _read_bounds)
+        denominator = f.get("denominator", read_number)
+        group_by = f.get("group_by", read_str)
+        keys = f.get("keys", _read_keys)
+        k = f.get("k", read_int, 1)
+        may_use_reserve = f.get("may_use_reserve", read_bool, default=False)
+        postprocess = f.get("postprocess", _read_postprocess, default=PostProcess())
+        if weight is not None and weight <= 0:
+            f.bad("weight", "must be > 0 (the metric's share of its budget is weight / sum of weights); e.g. weight: 1")
+        if denominator is not None and denominator <= 0:
+            f.bad("denominator", "must be > 0 (the public number of units a mean divides by)")
+        if not f.ok:
+            return None
+        _check_metric_combination(f, aggregate, mechanism, contribution, group_by, keys, k)
+        if not f.ok:
+            return None
+        return Metric(
+            name, source, budget, weight, window, aggregate, mechanism, contribution, value, bounds,
+            denominator, group_by, keys, k, may_use_reserve, postprocess,
+        )
+
+    def _sinks(self, node: Node | None, sources: dict[str, Source]) -> Sinks | None:
+        if node is None:
+            return None
+        f = _Fields(self, "sinks", "sinks", "sinks", node, node.line)
+        releases = f.get("releases", read_str)
+        dead_letter = f.get("dead_letter", read_str)
+        partials = f.get("partials", read_str, default="")
+        if not f.ok:
+            return None
+        if releases == dead_letter:
+            f.bad("dead_letter", "must differ from releases; give the dead-letter topic its own name")
+        inputs = {s.topic: s.name for s in sources.values()}
+        for key, topic in (("releases", releases), ("dead_letter", dead_letter), ("partials", partials)):
+            if topic in inputs:
+                f.bad(key, f"is also the topic of source '{inputs[topic]}' (a feedback loop); use another topic")
+        return Sinks(releases, dead_letter, partials) if f.ok else None
+
+    def _kafka(self, node: Node | None) -> KafkaSettings:
+        if is_null(node):
+            return KafkaSettings()
+        f = _Fields(self, "kafka", "kafka", "kafka", node, node.line)
+        bootstrap = f.get("bootstrap", read_str, default=KafkaSettings().bootstrap)
+        return KafkaSettings(bootstrap)
+
+    def _redis(self, node: Node | None) -> RedisSettings:
+        if is_null(node):
+            return RedisSettings()
+        f = _Fields(self, "redis", "redis", "redis", node, node.line)
+        url = f.get("url", read_str, default=RedisSettings().url)
+        if f.has("url") and f.ok and not url.startswith(_REDIS_SCHEMES):
+            f.bad("url", "must start with redis://, rediss:// or unix://")
+        return RedisSettings(url)
+
+
+# --- field readers that need more than one scalar ------------------------------------------
+
+
+def _read_version(node: Node, subject: str, key: str) -> int:
+    if isinstance(node, Scalar) and node.value == 1 and type(node.value) is int:
+        return 1
+    raise FieldProblem(node.line, f"version {show(node)}: unsupported; this dpstream reads version: 1")
+
+
+def _read_window(node: Node, subject: str, key: str) -> Window:
+    example = "{tumbling: 1m} or {hopping: 5m, every: 1m}"
+    mapping = read_map(node, subject, key, ACCEPTED_FIELDS["window"], example)
+    shown = show(node)
+    kinds = [k for k in ("tumbling", "hopping") if mapping.get(k) is not None]
+    if len(kinds) != 1:
+        problem = "give exactly one of tumbling or hopping"
+        raise FieldProblem(node.line, f"{subject}: window {shown}: {problem}, e.g. window: {example}")
+    size_node = mapping.get(kinds[0])
+    size = read_duration(size_node, subject, f"window.{kinds[0]}")
+    every_node = mapping.get("every")
+    if kinds[0] == "tumbling":
+        if every_node is not None:
+            raise FieldProblem(
+                every_node.line,
+                f"{subject}: window {shown}: 'every' belongs to hopping windows; write {{hopping: ..., every: ...}} "
+                "or drop every",
+            )
+        return Window(size, size)
+    if every_node is None:
+        raise FieldProblem(node.line, f"{subject}: window {shown}: a hopping window needs every, e.g. {{hopping: 5m, every: 1m}}")
+    every = read_duration(every_node, subject, "window.every")
+    if every > size:
+        raise FieldProblem(node.line, f"{subject}: window {shown}: every must not exceed the hopping size (gaps would drop events)")
+    if size % every:
+        raise FieldProblem(node.line, f"{subject}: window {shown}: every must divide the hopping size, e.g. {{hopping: 5m, every: 1m}}")
+    return Window(size, every)
+
+
+def _read_policy(node: Node, subject: str, key: str) -> WarningPolicy:
+    mapping = read_map(node, subject, key, ACCEPTED_FIELDS["on_warning"], "{stretch: 1.5}")
+    given = [k for k in ("stretch", "thin") if not is_null(mapping.get(k))]
+    if len(given) != 1:
+        raise FieldProblem(
+            node.line, f"{subject}: on_warning {show(node)}: give exactly one of stretch or thin, e.g. {{stretch: 1.5}} or {{thin: 2}}"
+        )
+    value = mapping.get(given[0])
+    assert value is not None
+    if given[0] == "stretch":
+        stretch = read_number(value, subject, "on_warning.stretch")
+        if stretch <= 1:
+            raise FieldProblem(value.line, f"{subject}: on_warning.stretch {show(value)}: must be > 1 (it multiplies the noise); e.g. 1.5")
+        return WarningPolicy(stretch=stretch)
+    return WarningPolicy(thin=read_int(value, subject, "on_warning.thin", 2))
+
+
+def _read_contribution(node: Node, subject: str, key: str) -> Contribution:
+    mapping = read_map(node, subject, key, ACCEPTED_FIELDS["contribution"], "{max_keys: 1, max_per_key: 1}")
+    values = {
+        name: read_int(value, subject, f"contribution.{name}", 1)
+        for name, _, value in mapping.entries
+        if not is_null(value)
+    }
+    return Contribution(**values)
+
+
+def _read_postprocess(node: Node, subject: str, key: str) -> PostProcess:
+    mapping = read_map(node, subject, key, ACCEPTED_FIELDS["postprocess"], "{round: true, clamp_zero: true}")
+    values = {
+        name: read_bool(value, subject, f"postprocess.{name}") for name, _, value in mapping.entries if not is_null(value)
+    }
+    return PostProcess(**values)
+
+
+def _read_bounds(node: Node, subject: str, key: str) -> Bounds:
+    if not isinstance(node, Seq) or len(node.items) != 2:
+        raise FieldProblem(node.line, f"{subject}: bounds {show(node)}: must be [lower, upper], e.g. bounds: [0, 100]")
+    lower = read_number(node.items[0], subject, "bounds[0]")
+    upper = read_number(node.items[1], subject, "bounds[1]")
+    if lower >= upper:
+        example = f"[{node.items[1].text}, {node.items[0].text}]" if upper < lower else "[0, 100]"
+        raise FieldProblem(
+            node.line,
+            f"{subject}: bounds {show(node)}: lower bound must be below upper bound; e.g. bounds: {example}",
+        )
+    return Bounds(lower, upper)
+
+
+def _read_keys(node: Node, subject: str, key: str) -> tuple[str, ...]:
+    if not isinstance(node, Seq) or not node.items:
+        raise FieldProblem(node.line, f"{subject}: keys {show(node)}: must be a non-empty list, e.g. keys: [home, search]")
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in node.items:
+        name = read_str(item, subject, "keys[]")
+        if name in seen:
+            raise FieldProblem(item.line, f"{subject}: keys: duplicate key '{name}'; list each key once")
+        seen.add(name)
+        out.append(name)
+    return tuple(out)
+
+
+def _check_metric_combination(
+    f: _Fields,
+    aggregate: Aggregate,
+    mechanism: Mechanism,
+    contribution: Contribution,
+    group_by: str | None,
+    keys: tuple[str, ...] | None,
+    k: int | None,
+) -> None:
+    """Rules between a metric's own fields (aggregate vs mechanism, value, bounds, k, keys)."""
+    agg = aggregate.value
+    if mechanism is Mechanism.EXPONENTIAL and aggregate is not Aggregate.TOP_K:
+        f.bad("mechanism", f"the exponential mechanism selects top-k keys only; use laplace or gaussian for {agg}")
+    if aggregate is Aggregate.TOP_K and mechanism is not Mechanism.EXPONENTIAL:
+        f.bad("mechanism", "top_k chooses its keys with the exponential mechanism; use mechanism: exponential")
+    numeric = aggregate in (Aggregate.SUM, Aggregate.MEAN)
+    for key, example in (("value", "value: amount"), ("bounds", "bounds: [0, 100]")):
+        if numeric and not f.has(key):
+            what = "the event field to aggregate" if key == "value" else "clamping bounds that limit one event"
+            f.fail(f.line, f"{f.subject}: missing field '{key}'; aggregate {agg} needs {what}, e.g. {example}")
+        elif not numeric and f.has(key):
+            f.bad(key, f"aggregate {agg} does not use {key}; remove it (or use aggregate sum or mean)")
+    if f.has("denominator") and aggregate is not Aggregate.MEAN:
+        f.bad("denominator", f"only a mean has a denominator; remove it (aggregate is {agg})")
+    if aggregate is Aggregate.TOP_K:
+        if k is None:
+            f.fail(f.line, f"{f.subject}: missing field 'k'; top_k needs how many keys to release, e.g. k: 5")
+        if group_by is None:
+            f.fail(f.line, f"{f.subject}: missing field 'group_by'; top_k needs the field whose values it ranks, e.g. group_by: page")
+        if k is not None and keys is not None and k > len(keys):
+            f.bad("k", f"exceeds the {len(keys)} declared keys; lower k or declare more keys")
+    elif f.has("k"):
+        f.bad("k", f"only top_k uses k; remove it (aggregate is {agg})")
+    if keys is not None and group_by is None:
+        f.bad("keys", "keys are values of group_by; add group_by: <field> or remove keys")
+    if group_by is None and contribution.max_keys > 1:
+        f.bad("contribution", "max_keys bounds distinct group_by keys per unit; without group_by use max_keys: 1")

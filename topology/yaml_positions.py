@@ -1,0 +1,158 @@
+"""YAML with line numbers: a small located tree built from `yaml.compose`, env-substituted.
+
+The loader needs to say *where* a mistake is, so instead of plain Python values it walks
+`Scalar` / `Seq` / `Map` nodes that remember their 1-based line. Duplicate keys (which PyYAML
+silently overwrites) are rejected here; `<<` merge keys are honoured.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Scalar", "Seq", "Map", "Node", "LocatedError", "compose_located"]
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from topology.substitution import SubstitutionError, has_reference, substitute_env
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A leaf value as PyYAML's safe constructor reads it, plus its source text."""
+
+    value: object
+    text: str
+    line: int
+    plain: bool
+    """True when written unquoted (so `1e-6` may be read as a number)."""
+
+
+@dataclass(frozen=True)
+class Seq:
+    """A YAML sequence."""
+
+    items: tuple["Node", ...]
+    line: int
+
+
+@dataclass(frozen=True)
+class Map:
+    """A YAML mapping; `entries` keeps file order as (key, key line, value)."""
+
+    entries: tuple[tuple[str, int, "Node"], ...]
+    line: int
+
+    def get(self, key: str) -> "Node | None":
+        """The value node of `key`, or None."""
+        for name, _, node in self.entries:
+            if name == key:
+                return node
+        return None
+
+    def keys(self) -> list[str]:
+        """Keys in file order."""
+        return [name for name, _, _ in self.entries]
+
+
+Node = Scalar | Seq | Map
+
+
+class LocatedError(Exception):
+    """A YAML-level mistake (syntax, duplicate key, bad `${...}`) at a 1-based line."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def compose_located(text: str, env: Mapping[str, str]) -> Node | None:
+    """Parse one YAML document into located nodes; None for an empty document."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        parts = [p for p in (exc.context, exc.problem) if p]
+        raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; fix the syntax on this line") from exc
+    except yaml.YAMLError as exc:
+        raise LocatedError(1, f"invalid YAML: {_one_line(str(exc))}") from exc
+    if root is None:
+        return None
+    return _Builder(env).build(root)
+
+
+class _Builder:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        self._constructor = yaml.constructor.SafeConstructor()
+        self._resolver = yaml.resolver.Resolver()
+
+    def build(self, node: yaml.Node) -> Node:
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(node, line)
+        if isinstance(node, yaml.SequenceNode):
+            return Seq(tuple(self.build(item) for item in node.value), line)
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, line)
+        raise LocatedError(line, f"unsupported YAML node {type(node).__name__}")
+
+    def _scalar(self, node: yaml.ScalarNode, line: int) -> Scalar:
+        plain = node.style is None
+        text = node.value
+        if node.tag == _STR_TAG or plain:
+            if has_reference(text):
+                try:
+                    text = substitute_env(text, self._env)
+                except SubstitutionError as exc:
+                    raise LocatedError(line, f"{node.value!r}: {exc}") from exc
+                tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
+                node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
+        try:
+            value = self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise LocatedError(line, f"cannot read {text!r}: {_one_line(str(exc))}") from exc
+        return Scalar(value, _one_line(text), line, plain)
+
+    def _mapping(self, node: yaml.MappingNode, line: int) -> Map:
+        entries: list[tuple[str, int, Node]] = []
+        seen: dict[str, int] = {}
+        merged: list[tuple[str, int, Node]] = []
+        for key_node, value_node in node.value:
+            key_line = key_node.start_mark.line + 1
+            if key_node.tag == _MERGE_TAG:
+                merged.extend(self._merge_entries(value_node))
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise LocatedError(key_line, "a key must be a plain name, not a list or mapping")
+            key = key_node.value
+            if key in seen:
+                raise LocatedError(
+                    key_line, f"duplicate key '{key}' (first written on line {seen[key]}); keep only one"
+                )
+            seen[key] = key_line
+            entries.append((key, key_line, self.build(value_node)))
+        for entry in merged:
+            if entry[0] not in seen:
+                seen[entry[0]] = entry[1]
+                entries.append(entry)
+        return Map(tuple(entries), line)
+
+    def _merge_entries(self, value_node: yaml.Node) -> list[tuple[str, int, Node]]:
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        out: list[tuple[str, int, Node]] = []
+        for source in sources:
+            built = self.build(source)
+            if not isinstance(built, Map):
+                raise LocatedError(built.line, "'<<' merges a mapping (or a list of mappings) only")
+            out.extend(e for e in built.entries if e[0] not in {k for k, _, _ in out})
+        return out
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
