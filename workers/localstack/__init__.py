@@ -1,0 +1,34 @@
+"""The real local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) as child processes on 127.0.0.1.
+
+Used by `python -m workers.localstack up|status|down`, `deploy/local/stack`, the test fixtures and `dpstream demo`.
+"""
+
+from __future__ import annotations
+
+from workers.localstack.errors import ServiceStartError
+from workers.localstack.kafka import KafkaHandle, start_kafka
+from workers.localstack.kafka_admin import create_topics, create_topics_async
+from workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
+from workers.localstack.paths import default_home
+from workers.localstack.ports import Ports, free_port
+from workers.localstack.redis import RedisHandle, start_redis
+from workers.localstack.stack import Service, ServiceStatus, Stack, StackConfig
+
+__all__ = [
+    "AlertmanagerHandle",
+    "KafkaHandle",
+    "Ports",
+    "PrometheusHandle",
+    "RedisHandle",
+    "Service",
+    "ServiceStartError",
+    "ServiceStatus",
+    "Stack",
+    "StackConfig",
+    "create_topics",
+    "create_topics_async",
+    "default_home",
+    "free_port",
+    "start_kafka",
+    "start_redis",
+]

@@ -1,0 +1,99 @@
+"""`python -m workers.localstack up|status|down`: the local stack from the command line (also `deploy/local/stack`)."""
+
+from __future__ import annotations
+
+__all__ = ["main", "build_parser"]
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from topology.errors import ConfigError, DpstreamError
+
+from workers.localstack.paths import default_home
+from workers.localstack.ports import Ports
+from workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
+
+_DEFAULTS = Ports()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Parser of the stack command: an action, optional service names, home and ports."""
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.localstack",
+        description="Run dpstream's local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) on 127.0.0.1.",
+    )
+    parser.add_argument("action", choices=("up", "status", "down"))
+    parser.add_argument(
+        "services",
+        nargs="*",
+        metavar="SERVICE",
+        help="kafka, redis, prometheus, alertmanager (default for up: kafka redis; for status/down: all)",
+    )
+    parser.add_argument("--home", type=Path, default=None, help="state directory (default $DPSTREAM_HOME or ~/.cache/dpstream)")
+    parser.add_argument("--with-monitoring", action="store_true", help="up: also Prometheus and Alertmanager")
+    for name in ("kafka", "kafka_controller", "redis", "prometheus", "alertmanager", "worker_metrics"):
+        flag = "--" + name.replace("_", "-") + "-port"
+        parser.add_argument(flag, dest=f"{name}_port", type=int, default=getattr(_DEFAULTS, name), metavar="N")
+    parser.add_argument("--prometheus-config", type=Path, default=None, help="prometheus.yml to use instead of the default")
+    parser.add_argument("--alertmanager-config", type=Path, default=None, help="alertmanager.yml to use instead of the default")
+    return parser
+
+
+def _services(args: argparse.Namespace) -> tuple[Service, ...]:
+    known = [s.value for s in Service]
+    for name in args.services:
+        if name not in known:
+            raise ConfigError(f"service {name!r}: unknown: choose from {', '.join(known)}")
+    if args.services:
+        chosen = tuple(Service(name) for name in args.services)
+    elif args.action == "up":
+        chosen = CORE
+    else:
+        chosen = tuple(Service)
+    return chosen + MONITORING if args.with_monitoring else chosen
+
+
+def _run(args: argparse.Namespace) -> int:
+    ports = Ports(
+        kafka=args.kafka_port,
+        kafka_controller=args.kafka_controller_port,
+        redis=args.redis_port,
+        prometheus=args.prometheus_port,
+        alertmanager=args.alertmanager_port,
+        worker_metrics=args.worker_metrics_port,
+    )
+    config = StackConfig(
+        home=(args.home.expanduser().resolve() if args.home else default_home()),
+        ports=ports,
+        prometheus_config=args.prometheus_config,
+        alertmanager_config=args.alertmanager_config,
+    )
+    stack = Stack(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    action = {"up": stack.up, "status": stack.status, "down": stack.down}[args.action]
+    started = time.monotonic()
+    statuses = action(_services(args))
+    print(f"# {args.action}: state in {config.home} ({time.monotonic() - started:.1f} s)")
+    for status in statuses:
+        print(status.line())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; user mistakes print one line and exit 2, a service that fails to start exits 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"stack: error: {exc}", file=sys.stderr)
+        return 2
+    except DpstreamError as exc:
+        print(f"stack: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

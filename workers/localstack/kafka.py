@@ -1,0 +1,186 @@
+"""Apache Kafka, single-node KRaft (broker + controller in one JVM), from Maven Central jars."""
+
+from __future__ import annotations
+
+__all__ = ["KafkaHandle", "render_server_properties", "new_cluster_id", "start_kafka", "default_libs_dir"]
+
+import base64
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from topology.errors import ConfigError
+
+from workers.localstack import sysdeps
+from workers.localstack.errors import ServiceStartError
+from workers.localstack.handle import Progress, ServiceHandle, _quiet
+from workers.localstack.kafka_admin import broker_ready
+from workers.localstack.kafka_libs import ensure_libs
+from workers.localstack.paths import default_home, render_template, repo_deploy_dir, tail
+from workers.localstack.ports import HOST, port_open
+
+_MAIN = "kafka.Kafka"
+_STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+def default_libs_dir() -> Path:
+    """Shared jar directory (`<home>/kafka/libs`), so tests and `up` download Kafka once per machine."""
+    return default_home() / "kafka" / "libs"
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as `kafka-storage random-uuid`)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def render_server_properties(
+    broker_port: int, controller_port: int, log_dir: Path, partitions: int = 4, auto_create_topics: bool = False
+) -> str:
+    """server.properties of a one-node KRaft cluster listening on 127.0.0.1 only."""
+    return render_template(
+        "server.properties",
+        broker_port=broker_port,
+        controller_port=controller_port,
+        log_dir=Path(log_dir).resolve(),
+        partitions=partitions,
+        auto_create_topics="true" if auto_create_topics else "false",
+    )
+
+
+class KafkaHandle(ServiceHandle):
+    """A local Kafka broker; data in `data_dir/data`, jars in `libs_dir` (shared, fetched once)."""
+
+    name = "kafka"
+    port_flag = "--kafka-port"
+
+    def __init__(
+        self,
+        port: int,
+        controller_port: int,
+        data_dir: Path,
+        libs_dir: Path | None = None,
+        partitions: int = 4,
+        heap: str = "512m",
+        auto_create_topics: bool = False,
+        start_timeout: float = 120.0,
+        progress: Progress = _quiet,
+    ) -> None:
+        self.controller_port = controller_port
+        self.libs_dir = Path(libs_dir).resolve() if libs_dir is not None else default_libs_dir()
+        self.partitions = partitions
+        self.heap = heap
+        self.auto_create_topics = auto_create_topics
+        super().__init__(port, data_dir, start_timeout, progress)
+
+    @property
+    def bootstrap(self) -> str:
+        """Bootstrap servers string for aiokafka / faust (`127.0.0.1:PORT`)."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def properties_file(self) -> Path:
+        """The generated server.properties."""
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        """Kafka's log (data) directory, formatted once by StorageTool."""
+        return self.data_dir / "data"
+
+    @property
+    def server_log(self) -> Path:
+        """The broker's own log (log4j), as opposed to the JVM's stdout."""
+        return self.data_dir / "logs" / "server.log"
+
+    def log_tail(self, lines: int = 25) -> str:
+        """JVM output plus the broker's log4j file."""
+        own = tail(self.server_log, lines) if self.server_log.exists() else ""
+        return "\n".join(part for part in (super().log_tail(lines), own) if part)
+
+    def create_topics(self, names: list[str], partitions: int | None = None) -> list[str]:
+        """Create missing topics on this broker (idempotent); returns those created now."""
+        from workers.localstack.kafka_admin import create_topics
+
+        return create_topics(self.bootstrap, names, partitions or self.partitions)
+
+    def _marker(self) -> str:
+        return str(self.data_dir / "server.properties")
+
+    def _prepare(self) -> None:
+        if port_open(self.controller_port):
+            raise ConfigError(
+                f"kafka: controller port 127.0.0.1:{self.controller_port} is already in use by another process: "
+                "stop that process or pass --kafka-controller-port N"
+            )
+        sysdeps.ensure([sysdeps.JAVA], self.progress)
+        ensure_libs(self.libs_dir, repo_deploy_dir() / "pom.xml", self.progress)
+        self.properties_file.write_text(
+            render_server_properties(
+                self._port, self.controller_port, self.log_dir, self.partitions, self.auto_create_topics
+            ),
+            encoding="utf-8",
+        )
+        (self.data_dir / "log4j.properties").write_text(
+            render_template("log4j.properties", log_file=self.server_log), encoding="utf-8"
+        )
+        self._format_once()
+
+    def _format_once(self) -> None:
+        """Run StorageTool format unless the log dir already carries meta.properties."""
+        if (self.log_dir / "meta.properties").exists():
+            return
+        cluster_file = self.data_dir / "cluster.id"
+        if not cluster_file.exists():
+            cluster_file.write_text(new_cluster_id() + "\n", encoding="utf-8")
+        cluster_id = cluster_file.read_text(encoding="utf-8").strip()
+        argv = [
+            *self._java(),
+            _STORAGE_TOOL,
+            "format",
+            "--ignore-formatted",
+            "-t",
+            cluster_id,
+            "-c",
+            str(self.properties_file),
+        ]
+        result = subprocess.run(argv, capture_output=True, text=True, cwd=self.data_dir, check=False)  # noqa: S603
+        if result.returncode != 0:
+            out = (result.stdout + result.stderr).strip().splitlines()[-15:]
+            raise ServiceStartError(f"kafka StorageTool format failed (exit {result.returncode}):\n" + "\n".join(out))
+
+    def _java(self) -> list[str]:
+        return [
+            shutil.which("java") or "java",
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
+            "-cp",
+            f"{self.libs_dir}{os.sep}*",
+        ]
+
+    def _argv(self) -> list[str]:
+        return [*self._java(), _MAIN, str(self.properties_file)]
+
+    def _ready(self) -> bool:
+        return port_open(self._port) and broker_ready(self.bootstrap)
+
+
+def start_kafka(
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    libs_dir: Path | None = None,
+    progress: Progress = _quiet,
+) -> KafkaHandle:
+    """Start (or find already running) a one-node Kafka on 127.0.0.1:`port` with its data in `data_dir`."""
+    handle = KafkaHandle(port, controller_port, data_dir, libs_dir=libs_dir, progress=progress)
+    handle.start()
+    return handle

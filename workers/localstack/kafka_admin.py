@@ -1,0 +1,107 @@
+"""Small admin calls against a broker through aiokafka: is it up, and create topics (idempotent)."""
+
+from __future__ import annotations
+
+__all__ = ["broker_ready", "create_topics", "create_topics_async"]
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from topology.errors import ConfigError
+
+from workers.localstack.errors import ServiceStartError
+
+_T = TypeVar("_T")
+_TOPIC_ALREADY_EXISTS = 36
+
+
+def _run(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine to completion from sync code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _broker_ready_async(bootstrap: str, timeout_ms: int) -> bool:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return bool(cluster.get("brokers")) and cluster.get("controller_id", -1) != -1
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        await admin.close()
+
+
+def broker_ready(bootstrap: str, timeout_ms: int = 3000) -> bool:
+    """True when the broker answers a metadata request and knows its controller."""
+    return _run(_broker_ready_async(bootstrap, timeout_ms))
+
+
+async def create_topics_async(
+    bootstrap: str, names: Sequence[str], partitions: int = 4, timeout_s: float = 30.0
+) -> list[str]:
+    """Create the topics that do not exist yet (replication 1) and wait until every partition has a leader.
+
+    Returns the names created now; existing topics are left as they are.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError, for_code
+
+    if partitions < 1:
+        raise ConfigError(f"partitions {partitions}: a topic needs at least 1 partition")
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await admin.start()
+        response = await admin.create_topics(
+            [NewTopic(name, partitions, 1) for name in wanted], timeout_ms=int(timeout_s * 1000)
+        )
+        created: list[str] = []
+        for entry in response.topic_errors:
+            topic, code = entry[0], entry[1]
+            if code == 0:
+                created.append(topic)
+            elif code != _TOPIC_ALREADY_EXISTS:
+                message = entry[2] if len(entry) > 2 and entry[2] else for_code(code).__name__
+                raise ConfigError(f"topic {topic!r}: the broker refused to create it: {message}")
+        await _wait_leaders(admin, wanted, timeout_s)
+        return created
+    except KafkaError as exc:
+        raise ServiceStartError(f"Kafka at {bootstrap}: topic creation failed: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+async def _wait_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
+    """Poll metadata until every partition of every topic has a leader (new topics take a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        topics = await admin.describe_topics(names)
+        ok = {
+            t["topic"]
+            for t in topics
+            if t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+        }
+        if ok >= set(names):
+            return
+        if loop.time() >= deadline:
+            raise ServiceStartError(f"topics {sorted(set(names) - ok)} have no partition leader after {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+def create_topics(bootstrap: str, names: Sequence[str], partitions: int = 4, timeout_s: float = 30.0) -> list[str]:
+    """Sync form of `create_topics_async` (idempotent): create missing topics, return those created now."""
+    return _run(create_topics_async(bootstrap, names, partitions, timeout_s))
