@@ -1,0 +1,10 @@
+"""Synthetic events for a topology's sources: skewed users, realistic fields, malformed events on request.
+
+Only modules under a path containing `synthetic` may use a non-cryptographic RNG (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+from workers.synthetic.generator import EventGenerator, GeneratorConfig, Malformation, SyntheticEvent, write_jsonl
+
+__all__ = ["EventGenerator", "GeneratorConfig", "Malformation", "SyntheticEvent", "write_jsonl"]

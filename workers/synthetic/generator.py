@@ -1,0 +1,227 @@
+"""Generate events for one source of a topology: the fields its metrics read, Zipf-skewed users.
+
+A few heavy users and many light ones (Zipf over user ranks), group-by keys from the declared
+public keys or a Zipf-ish referrer set, numeric values mostly within bounds and sometimes outside
+(so clamping has work to do). Event time can run faster than wall clock (`speedup`) so that short
+demos see minute-to-hour windows close. Malformed events (bad JSON, missing unit, NaN value, ...) are
+mixed in at a requested fraction to exercise the dead-letter path.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Malformation", "GeneratorConfig", "SyntheticEvent", "EventGenerator", "write_jsonl"]
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from topology.errors import ConfigError
+from topology.model import EVENT_LEVEL_UNIT, Metric, Source, Topology
+
+
+class Malformation(Enum):
+    """A kind of broken event the generator can emit."""
+
+    BAD_JSON = "bad_json"
+    """Bytes that are not JSON at all."""
+    MISSING_UNIT = "missing_unit"
+    """A JSON object without the privacy-unit field."""
+    NAN_VALUE = "nan_value"
+    """A numeric field set to NaN (JSON `NaN` token)."""
+    BAD_TIMESTAMP = "bad_timestamp"
+    """A timestamp that is neither epoch seconds nor ISO-8601."""
+    NOT_OBJECT = "not_object"
+    """Valid JSON that is not an object (a list)."""
+
+
+_REFERRERS_DEFAULT = 40
+"""Size of the referrer-like key set used when a group-by field has no declared keys."""
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """How to generate: population, skew, event clock and malformed fraction."""
+
+    users: int = 1000
+    seed: int | None = None
+    malformed: float = 0.0
+    """Fraction of events that are malformed (0 ≤ f < 1)."""
+    zipf_s: float = 1.1
+    """Zipf exponent of user activity: larger means a few users dominate more."""
+    outside_bounds: float = 0.02
+    """Fraction of numeric values drawn outside the declared bounds."""
+    start_ts: float | None = None
+    """Event time of the first event (epoch seconds); None means now."""
+    speedup: float = 1.0
+    """Event-time seconds per wall-clock second (60 makes one minute of windows pass each second)."""
+
+    def __post_init__(self) -> None:
+        if self.users < 1:
+            raise ConfigError(f"--users {self.users}: need at least 1 user")
+        if not 0.0 <= self.malformed < 1.0 or math.isnan(self.malformed):
+            raise ConfigError(f"--malformed {self.malformed}: must be a fraction in [0, 1)")
+        if not self.speedup > 0 or math.isinf(self.speedup):
+            raise ConfigError(f"--speedup {self.speedup}: must be a positive number")
+
+
+@dataclass(frozen=True)
+class SyntheticEvent:
+    """One generated record: Kafka key (the privacy unit, or None when malformed) and value bytes."""
+
+    key: bytes | None
+    value: bytes
+    ts: float
+    malformation: Malformation | None = None
+
+
+class EventGenerator:
+    """Events for one source of a topology; deterministic for a given seed."""
+
+    def __init__(self, topology: Topology, source: str | None = None, config: GeneratorConfig | None = None) -> None:
+        self._config = config or GeneratorConfig()
+        self._source = _pick_source(topology, source)
+        self._metrics = [m for m in topology.metrics.values() if m.source == self._source.name]
+        self._rng = np.random.default_rng(self._config.seed)
+        ranks = np.arange(1, self._config.users + 1, dtype=float)
+        weights = 1.0 / ranks**self._config.zipf_s
+        self._user_cdf = np.cumsum(weights / weights.sum())
+        self._groups = _group_fields(self._metrics)
+        self._values = _value_fields(self._metrics)
+        self._start = self._config.start_ts if self._config.start_ts is not None else time.time()
+
+    @property
+    def source(self) -> Source:
+        """The source these events are for."""
+        return self._source
+
+    def user_name(self, index: int) -> str:
+        """The privacy-unit value of user number `index` (0 is the heaviest)."""
+        return f"u{index:06d}"
+
+    def events(self, count: int, rate: float | None = None) -> Iterator[SyntheticEvent]:
+        """`count` events; with `rate` (events per wall second) event time advances by speedup / rate each."""
+        step = (self._config.speedup / rate) if rate else 0.0
+        batch = 4096
+        produced = 0
+        while produced < count:
+            n = min(batch, count - produced)
+            users = np.searchsorted(self._user_cdf, self._rng.random(n), side="right")
+            users = np.minimum(users, self._config.users - 1)
+            broken = self._rng.random(n) < self._config.malformed
+            for i in range(n):
+                ts = self._start + (produced + i) * step if rate else self._start
+                yield self._one(int(users[i]), ts, bool(broken[i]))
+            produced += n
+
+    def events_at(self, count: int, ts: float) -> list[SyntheticEvent]:
+        """`count` events all stamped with event time `ts` (for tests that need exact windows)."""
+        users = np.searchsorted(self._user_cdf, self._rng.random(count), side="right")
+        users = np.minimum(users, self._config.users - 1)
+        broken = self._rng.random(count) < self._config.malformed
+        return [self._one(int(u), ts, bool(b)) for u, b in zip(users, broken)]
+
+    def _one(self, user: int, ts: float, broken: bool) -> SyntheticEvent:
+        unit = self.user_name(user)
+        event: dict[str, object] = {}
+        if not self._source.event_level:
+            event[self._source.privacy_unit] = unit
+        if self._source.timestamp:
+            event[self._source.timestamp] = round(ts, 3)
+        for name, keys, zipf in self._groups:
+            event[name] = keys[self._zipf_index(len(keys))] if zipf else keys[int(self._rng.integers(len(keys)))]
+        for name, lower, upper in self._values:
+            event[name] = self._value(lower, upper)
+        key = None if self._source.event_level else unit.encode()
+        if not broken:
+            return SyntheticEvent(key, json.dumps(event, separators=(",", ":")).encode(), ts)
+        kind = self._malformation()
+        return SyntheticEvent(key, _break(event, kind, self._source, self._values), ts, kind)
+
+    def _zipf_index(self, n: int) -> int:
+        index = int(self._rng.zipf(1.3)) - 1
+        return index if index < n else int(self._rng.integers(n))
+
+    def _value(self, lower: float, upper: float) -> float:
+        width = upper - lower
+        if self._rng.random() < self._config.outside_bounds:
+            side = upper + width * float(self._rng.random()) if self._rng.random() < 0.5 else lower - width * float(self._rng.random())
+            return round(side, 2)
+        # right-skewed within bounds (most baskets small, a few large)
+        return round(lower + width * float(self._rng.beta(1.5, 4.0)), 2)
+
+    def _malformation(self) -> Malformation:
+        kinds = [Malformation.BAD_JSON, Malformation.NOT_OBJECT]
+        if not self._source.event_level:
+            kinds.append(Malformation.MISSING_UNIT)
+        if self._values:
+            kinds.append(Malformation.NAN_VALUE)
+        if self._source.timestamp:
+            kinds.append(Malformation.BAD_TIMESTAMP)
+        return kinds[int(self._rng.integers(len(kinds)))]
+
+
+def _break(event: dict[str, object], kind: Malformation, source: Source, values: list[tuple[str, float, float]]) -> bytes:
+    """Serialise `event` broken in the way `kind` names."""
+    if kind is Malformation.BAD_JSON:
+        return b"{not json" + json.dumps(event).encode()[:20]
+    if kind is Malformation.NOT_OBJECT:
+        return json.dumps([event]).encode()
+    broken = dict(event)
+    if kind is Malformation.MISSING_UNIT:
+        broken.pop(source.privacy_unit, None)
+    elif kind is Malformation.NAN_VALUE:
+        broken[values[0][0]] = float("nan")
+    elif kind is Malformation.BAD_TIMESTAMP and source.timestamp:
+        broken[source.timestamp] = "not-a-time"
+    return json.dumps(broken).encode()  # allow_nan: emits the NaN token on purpose
+
+
+def _pick_source(topology: Topology, source: str | None) -> Source:
+    if source is None:
+        if len(topology.sources) != 1:
+            names = ", ".join(sorted(topology.sources))
+            raise ConfigError(f"{topology.path}: several sources ({names}): pick one with --source NAME")
+        return next(iter(topology.sources.values()))
+    if source not in topology.sources:
+        names = ", ".join(sorted(topology.sources))
+        raise ConfigError(f"--source {source!r}: not a source of {topology.path}; choose one of {names}")
+    return topology.sources[source]
+
+
+def _group_fields(metrics: list[Metric]) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(field, candidate keys, zipf?) for each group-by field; declared keys first, else a referrer-like set."""
+    fields: dict[str, tuple[tuple[str, ...], bool]] = {}
+    for metric in metrics:
+        if metric.group_by is None:
+            continue
+        if metric.keys is not None:
+            fields[metric.group_by] = (tuple(metric.keys), False)
+        elif metric.group_by not in fields:
+            fields[metric.group_by] = (tuple(f"{metric.group_by}-{i:02d}.example" for i in range(_REFERRERS_DEFAULT)), True)
+    return [(name, keys, zipf) for name, (keys, zipf) in fields.items()]
+
+
+def _value_fields(metrics: list[Metric]) -> list[tuple[str, float, float]]:
+    """(field, lower, upper) for each numeric field a metric reads."""
+    fields: dict[str, tuple[float, float]] = {}
+    for metric in metrics:
+        if metric.value is not None:
+            bounds = metric.bounds
+            fields[metric.value] = (bounds.lower, bounds.upper) if bounds else (0.0, 100.0)
+    return [(name, lo, hi) for name, (lo, hi) in fields.items()]
+
+
+def write_jsonl(path: str | Path, events: Iterator[SyntheticEvent] | list[SyntheticEvent]) -> int:
+    """Write events' value bytes one per line (replay input); returns the number written."""
+    written = 0
+    with open(path, "wb") as out:
+        for event in events:
+            out.write(event.value.replace(b"\n", b" ") + b"\n")
+            written += 1
+    return written
