@@ -1,0 +1,483 @@
+"""The budget plan: what every release of a topology costs and how noisy it is (issue #2, DESIGN §5).
+
+`build_plan(topology)` divides each scope's pool, cap × (1 − reserve), over its metrics by weight
+and over each metric's releases in one period (`topology.allocation.static_release_cost`), then
+calibrates the noise of one release from its cost. `plan_to_json(plan)` is the stable,
+machine-readable form printed by `dpstream plan FILE --json`; later code and tests read it.
+
+JSON shape (version 1). Costs are in the scope's currency: ρ (zcdp) or ε (pure). Floats are
+unrounded; `null` marks a value that does not apply.
+
+    {
+      "plan_version": 1,
+      "topology": str,                   # path of the topology file ("" if built in memory)
+      "topology_version": str,           # hash of the normalised topology (release ids use it)
+      "scopes": [                        # one per budget, in file order
+        {
+          "name": str,
+          "accounting": "zcdp" | "pure",
+          "currency": "rho" | "epsilon",
+          "epsilon": float, "delta": float,  # the scope's promise per period (δ = 0 for pure)
+          "period": str, "period_s": int,    # e.g. "1d", 86400; periods are UTC-aligned
+          "cap": float,                      # ρ* (largest ρ fitting (ε, δ) by CKS20) or ε
+          "reserve_fraction": float,         # never planned; only audited or may_use_reserve draws
+          "reserve": float,                  # cap × reserve_fraction
+          "pool": float,                     # cap − reserve: what the plan spends each period
+          "warn_at": float,
+          "on_warning": {"stretch": float, "thin": int},
+          "releases_per_period": int,        # sum over the scope's metrics
+          "planned_total": float,            # Σ releases × per-release cost; equals pool (0 if no metric)
+          "planned_epsilon": float,          # ε of planned_total at the scope's δ (pure: planned_total)
+          "event_level": bool,               # true if any metric protects events, not units (weaker)
+          "horizon": {                       # guarantee over 30 days of renewals, per privacy unit
+            "days": 30,
+            "periods": int,                  # ceil(30 days / period): 30 for 1d, 720 for 1h
+            "rho": float | null,             # periods × pool (zcdp only)
+            "epsilon": float,                # planned spend composed: zcdp CKS(rho, δ); pure periods × pool
+            "delta": float,                  # zcdp: the scope's δ; pure: 0
+            "epsilon_if_reserve_spent": float,  # same with the full cap spent every period
+            "naive_epsilon": float,          # periods × ε (basic composition of the stated promise)
+            "naive_delta": float             # periods × δ
+          },
+          "metrics": [                       # the scope's metrics, in file order
+            {
+              "name": str,
+              "aggregate": "count" | "count_units" | "sum" | "mean" | "top_k",
+              "mechanism": "laplace" | "gaussian" | "exponential",
+              "privacy_unit": str,
+              "event_level": bool,           # privacy_unit 'event': event-level DP (weaker)
+              "window": {"kind": "tumbling" | "hopping", "size_s": int, "every_s": int,
+                         "overlap": int},    # overlap: windows one event falls into
+              "straddling_windows": int,     # overlap − 1 windows per period boundary, charged to both periods
+              "weight": float,
+              "weight_share": float,         # w / Σw of the scope
+              "releases_per_period": int,    # period / every
+              "per_release_cost": float,     # currency of the scope
+              "per_release_epsilon": float,  # ε-equivalent: pure ε; zcdp CKS(ρ, δ of the scope)
+              "per_period_cost": float,      # releases_per_period × per_release_cost
+              "may_use_reserve": bool,
+              "group_by": str | null,
+              "keys": "none" | "declared" | "data",  # where the released keys come from
+              "declared_keys": [str] | null,
+              "partition_selection": bool,   # data-derived keys pass DP partition selection
+              "k": int | null,               # top-k only
+              "components": [                # noisy parts of one release ('value', or 'sum'+'count')
+                {
+                  "component": str,
+                  "mechanism": str,
+                  "sensitivity": {"l1": float, "l2": float, "linf": float},
+                  "cost": float,             # this part's share, in the scope's currency
+                  "epsilon": float | null,   # pure ε of a Laplace / exponential part
+                  "scale": float,            # OpenDP scale: Laplace b, Gaussian σ, top-k Gumbel scale
+                  "stddev": float | null,    # noise σ (Laplace √2·b); null for top-k
+                  "ci95_half_width": float | null,
+                  "expected_abs_error": float | null  # E|noise|: Laplace b, Gaussian σ√(2/π)
+                }
+              ]
+            }
+          ]
+        }
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PLAN_JSON_VERSION",
+    "HORIZON_DAYS",
+    "NoiseComponentPlan",
+    "MetricPlan",
+    "HorizonGuarantee",
+    "ScopePlan",
+    "Plan",
+    "build_plan",
+    "scope_plan",
+    "plan_to_json",
+]
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from topology import accounting as acc
+from topology.allocation import MetricDemand, static_release_cost
+from topology.calibration import NoiseComponent, calibrate
+from topology.durations import format_duration
+from topology.model import Accounting, Budget, Mechanism, Metric, Topology, WindowKind
+
+PLAN_JSON_VERSION = 1
+"""Bumped whenever a field of `plan_to_json`'s output changes meaning or disappears."""
+
+HORIZON_DAYS = 30
+"""The longer horizon over which the plan states the composed guarantee of renewals."""
+
+_DAY_S = 86_400
+
+
+@dataclass(frozen=True)
+class NoiseComponentPlan:
+    """One noisy part of a planned release: sensitivity, scale and the error it implies."""
+
+    component: str
+    mechanism: Mechanism
+    l1: float
+    l2: float
+    linf: float
+    cost: float
+    epsilon: float | None
+    scale: float
+    stddev: float | None
+    ci95_half_width: float | None
+    expected_abs_error: float | None
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    """One metric's share of its scope, per release and per period."""
+
+    name: str
+    aggregate: str
+    mechanism: Mechanism
+    privacy_unit: str
+    event_level: bool
+    window_kind: WindowKind
+    window_size_s: int
+    window_every_s: int
+    overlap: int
+    straddling_windows: int
+    weight: float
+    weight_share: float
+    releases_per_period: int
+    per_release_cost: float
+    per_release_epsilon: float
+    may_use_reserve: bool
+    group_by: str | None
+    keys: str
+    declared_keys: tuple[str, ...] | None
+    partition_selection: bool
+    k: int | None
+    components: tuple[NoiseComponentPlan, ...]
+
+    @property
+    def per_period_cost(self) -> float:
+        """What the metric spends in one period on plan."""
+        return self.releases_per_period * self.per_release_cost
+
+
+@dataclass(frozen=True)
+class HorizonGuarantee:
+    """The per-unit guarantee of `periods` renewed periods composed (zCDP adds ρ; pure adds ε)."""
+
+    days: int
+    periods: int
+    rho: float | None
+    epsilon: float
+    delta: float
+    epsilon_if_reserve_spent: float
+    naive_epsilon: float
+    naive_delta: float
+
+
+@dataclass(frozen=True)
+class ScopePlan:
+    """A budget scope's cap, reserve, pool and the metrics that share the pool."""
+
+    name: str
+    accounting: Accounting
+    epsilon: float
+    delta: float
+    period_s: int
+    cap: float
+    reserve_fraction: float
+    warn_at: float
+    stretch: float
+    thin: int
+    metrics: tuple[MetricPlan, ...]
+    planned_epsilon: float
+    horizon: HorizonGuarantee
+
+    @property
+    def currency(self) -> str:
+        """'rho' for zCDP scopes, 'epsilon' for pure ones."""
+        return "rho" if self.accounting is Accounting.ZCDP else "epsilon"
+
+    @property
+    def reserve(self) -> float:
+        """The part of the cap never planned."""
+        return self.cap * self.reserve_fraction
+
+    @property
+    def pool(self) -> float:
+        """What the plan spends each period: cap × (1 − reserve)."""
+        return self.cap * (1.0 - self.reserve_fraction)
+
+    @property
+    def releases_per_period(self) -> int:
+        """All releases of the scope in one period."""
+        return sum(m.releases_per_period for m in self.metrics)
+
+    @property
+    def planned_total(self) -> float:
+        """Σ over metrics of releases × per-release cost (equals the pool when there is a metric)."""
+        return math.fsum(m.per_period_cost for m in self.metrics)
+
+    @property
+    def event_level(self) -> bool:
+        """True when any metric of the scope is event-level (the weaker guarantee)."""
+        return any(m.event_level for m in self.metrics)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of a whole topology: one ScopePlan per budget, in file order."""
+
+    topology_path: str
+    topology_version: str
+    scopes: tuple[ScopePlan, ...]
+
+    def scope(self, name: str) -> ScopePlan:
+        """The plan of one scope by name (KeyError if absent)."""
+        for scope in self.scopes:
+            if scope.name == name:
+                return scope
+        raise KeyError(name)
+
+    def metric(self, name: str) -> MetricPlan:
+        """The plan of one metric by name, whatever its scope (KeyError if absent)."""
+        for scope in self.scopes:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    return metric
+        raise KeyError(name)
+
+
+def _cap(budget: Budget) -> float:
+    if budget.accounting is Accounting.ZCDP:
+        return acc.rho_cap(budget.epsilon, budget.delta)
+    return budget.epsilon
+
+
+def _to_epsilon(budget: Budget, cost: float) -> float:
+    """ε-equivalent of a spend in the scope's currency at the scope's δ."""
+    if budget.accounting is Accounting.PURE:
+        return cost
+    return acc.epsilon_from_rho(cost, budget.delta)
+
+
+def _expected_abs_error(mechanism: Mechanism, scale: float) -> float | None:
+    if mechanism is Mechanism.LAPLACE:
+        return scale
+    if mechanism is Mechanism.GAUSSIAN:
+        return scale * math.sqrt(2.0 / math.pi)
+    return None
+
+
+def _component_plan(part: NoiseComponent) -> NoiseComponentPlan:
+    noisy_value = part.mechanism is not Mechanism.EXPONENTIAL
+    return NoiseComponentPlan(
+        component=part.component,
+        mechanism=part.mechanism,
+        l1=part.sensitivity.l1,
+        l2=part.sensitivity.l2,
+        linf=part.sensitivity.linf,
+        cost=part.cost,
+        epsilon=part.epsilon,
+        scale=part.scale,
+        stddev=part.stddev if noisy_value else None,
+        ci95_half_width=part.ci95_half_width if noisy_value else None,
+        expected_abs_error=_expected_abs_error(part.mechanism, part.scale),
+    )
+
+
+def _keys_source(metric: Metric) -> str:
+    if metric.group_by is None:
+        return "none"
+    return "declared" if metric.keys is not None else "data"
+
+
+def _metric_plan(
+    topology: Topology, budget: Budget, metric: Metric, pool: float, demands: dict[str, MetricDemand]
+) -> MetricPlan:
+    cost = static_release_cost(pool, metric.name, demands)
+    total_weight = math.fsum(d.weight for d in demands.values())
+    source = topology.sources.get(metric.source)
+    privacy_unit = source.privacy_unit if source is not None else ""
+    window = metric.window
+    return MetricPlan(
+        name=metric.name,
+        aggregate=metric.aggregate.value,
+        mechanism=metric.mechanism,
+        privacy_unit=privacy_unit,
+        event_level=source.event_level if source is not None else False,
+        window_kind=window.kind,
+        window_size_s=window.size_s,
+        window_every_s=window.every_s,
+        overlap=window.overlap,
+        straddling_windows=window.overlap - 1,
+        weight=metric.weight,
+        weight_share=metric.weight / total_weight,
+        releases_per_period=demands[metric.name].per_period,
+        per_release_cost=cost,
+        per_release_epsilon=_to_epsilon(budget, cost),
+        may_use_reserve=metric.may_use_reserve,
+        group_by=metric.group_by,
+        keys=_keys_source(metric),
+        declared_keys=metric.keys,
+        partition_selection=metric.needs_partition_selection,
+        k=metric.k,
+        components=tuple(_component_plan(p) for p in calibrate(metric, budget.accounting, cost)),
+    )
+
+
+def _horizon(budget: Budget, cap: float, pool: float) -> HorizonGuarantee:
+    periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
+    if budget.accounting is Accounting.ZCDP:
+        rho = periods * pool
+        eps = acc.epsilon_from_rho(rho, budget.delta) if rho > 0 else 0.0
+        eps_full = acc.epsilon_from_rho(periods * cap, budget.delta)
+        delta = budget.delta
+    else:
+        rho = None
+        eps = periods * pool
+        eps_full = periods * cap
+        delta = 0.0
+    return HorizonGuarantee(
+        days=HORIZON_DAYS,
+        periods=periods,
+        rho=rho,
+        epsilon=eps,
+        delta=delta,
+        epsilon_if_reserve_spent=eps_full,
+        naive_epsilon=periods * budget.epsilon,
+        naive_delta=periods * budget.delta,
+    )
+
+
+def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
+    """The plan of one budget scope of `topology`."""
+    cap = _cap(budget)
+    pool = cap * (1.0 - budget.reserve)
+    metrics = topology.metrics_of(budget.name)
+    demands = {
+        m.name: MetricDemand(
+            weight=m.weight,
+            per_period=m.window.releases_per_period(budget.period_s),
+            left=m.window.releases_per_period(budget.period_s),
+        )
+        for m in metrics
+    }
+    plans = tuple(_metric_plan(topology, budget, m, pool, demands) for m in metrics)
+    planned = math.fsum(p.per_period_cost for p in plans)
+    return ScopePlan(
+        name=budget.name,
+        accounting=budget.accounting,
+        epsilon=budget.epsilon,
+        delta=budget.delta,
+        period_s=budget.period_s,
+        cap=cap,
+        reserve_fraction=budget.reserve,
+        warn_at=budget.warn_at,
+        stretch=budget.on_warning.stretch,
+        thin=budget.on_warning.thin,
+        metrics=plans,
+        planned_epsilon=_to_epsilon(budget, planned) if planned > 0 else 0.0,
+        horizon=_horizon(budget, cap, pool),
+    )
+
+
+def build_plan(topology: Topology) -> Plan:
+    """The static plan of every scope of `topology` (DESIGN §5: weights over cap − reserve)."""
+    return Plan(
+        topology_path=topology.path,
+        topology_version=topology.topology_version,
+        scopes=tuple(scope_plan(topology, b) for b in topology.budgets.values()),
+    )
+
+
+def _component_json(c: NoiseComponentPlan) -> dict[str, Any]:
+    return {
+        "component": c.component,
+        "mechanism": c.mechanism.value,
+        "sensitivity": {"l1": c.l1, "l2": c.l2, "linf": c.linf},
+        "cost": c.cost,
+        "epsilon": c.epsilon,
+        "scale": c.scale,
+        "stddev": c.stddev,
+        "ci95_half_width": c.ci95_half_width,
+        "expected_abs_error": c.expected_abs_error,
+    }
+
+
+def _metric_json(m: MetricPlan) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "aggregate": m.aggregate,
+        "mechanism": m.mechanism.value,
+        "privacy_unit": m.privacy_unit,
+        "event_level": m.event_level,
+        "window": {
+            "kind": m.window_kind.value,
+            "size_s": m.window_size_s,
+            "every_s": m.window_every_s,
+            "overlap": m.overlap,
+        },
+        "straddling_windows": m.straddling_windows,
+        "weight": m.weight,
+        "weight_share": m.weight_share,
+        "releases_per_period": m.releases_per_period,
+        "per_release_cost": m.per_release_cost,
+        "per_release_epsilon": m.per_release_epsilon,
+        "per_period_cost": m.per_period_cost,
+        "may_use_reserve": m.may_use_reserve,
+        "group_by": m.group_by,
+        "keys": m.keys,
+        "declared_keys": list(m.declared_keys) if m.declared_keys is not None else None,
+        "partition_selection": m.partition_selection,
+        "k": m.k,
+        "components": [_component_json(c) for c in m.components],
+    }
+
+
+def _scope_json(s: ScopePlan) -> dict[str, Any]:
+    h = s.horizon
+    return {
+        "name": s.name,
+        "accounting": s.accounting.value,
+        "currency": s.currency,
+        "epsilon": s.epsilon,
+        "delta": s.delta,
+        "period": format_duration(s.period_s),
+        "period_s": s.period_s,
+        "cap": s.cap,
+        "reserve_fraction": s.reserve_fraction,
+        "reserve": s.reserve,
+        "pool": s.pool,
+        "warn_at": s.warn_at,
+        "on_warning": {"stretch": s.stretch, "thin": s.thin},
+        "releases_per_period": s.releases_per_period,
+        "planned_total": s.planned_total,
+        "planned_epsilon": s.planned_epsilon,
+        "event_level": s.event_level,
+        "horizon": {
+            "days": h.days,
+            "periods": h.periods,
+            "rho": h.rho,
+            "epsilon": h.epsilon,
+            "delta": h.delta,
+            "epsilon_if_reserve_spent": h.epsilon_if_reserve_spent,
+            "naive_epsilon": h.naive_epsilon,
+            "naive_delta": h.naive_delta,
+        },
+        "metrics": [_metric_json(m) for m in s.metrics],
+    }
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """The plan as plain JSON data, in the documented shape of this module's docstring."""
+    return {
+        "plan_version": PLAN_JSON_VERSION,
+        "topology": plan.topology_path,
+        "topology_version": plan.topology_version,
+        "scopes": [_scope_json(s) for s in plan.scopes],
+    }
