@@ -1,0 +1,86 @@
+"""A readable text table of a budget plan (what `dpstream plan FILE` prints without --json)."""
+
+from __future__ import annotations
+
+__all__ = ["render_plan"]
+
+from topology.durations import format_duration
+from topology.plan import MetricPlan, Plan, ScopePlan
+
+
+def _num(x: float | None) -> str:
+    """Four significant digits, plain where readable, scientific for very small or large."""
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if 1e-3 <= abs(x) < 1e6:
+        return f"{x:.4g}"
+    return f"{x:.3e}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _window(m: MetricPlan) -> str:
+    if m.overlap == 1:
+        return f"tumbling {format_duration(m.window_size_s)}"
+    return f"hopping {format_duration(m.window_size_s)}/{format_duration(m.window_every_s)} (x{m.overlap})"
+
+
+def _scope_lines(s: ScopePlan) -> list[str]:
+    cur = "ρ" if s.currency == "rho" else "ε"
+    promise = f"ε={_num(s.epsilon)}" + (f", δ={s.delta:g}" if s.delta else " (pure)")
+    lines = [
+        f"scope {s.name}: {s.accounting.value}, {promise} per {format_duration(s.period_s)} (UTC periods)",
+        f"  cap {cur}*={_num(s.cap)}  reserve {s.reserve_fraction:g} ({cur}={_num(s.reserve)})  "
+        f"pool {cur}={_num(s.pool)}  warn_at {s.warn_at:g}  releases/period {s.releases_per_period}",
+        f"  planned {cur}={_num(s.planned_total)} (= pool), ε-equivalent {_num(s.planned_epsilon)}"
+        + (f" at δ={s.delta:g}" if s.delta else ""),
+    ]
+    h = s.horizon
+    if h.rho is not None:
+        lines.append(
+            f"  over {h.days} days ({h.periods} periods): ρ={_num(h.rho)} → ε={_num(h.epsilon)} at δ={h.delta:g} "
+            f"(reserve spent too: ε={_num(h.epsilon_if_reserve_spent)}; naive {h.periods}·ε={_num(h.naive_epsilon)}, "
+            f"δ={h.naive_delta:g})"
+        )
+    else:
+        lines.append(
+            f"  over {h.days} days ({h.periods} periods): ε={_num(h.epsilon)} "
+            f"(reserve spent too: ε={_num(h.epsilon_if_reserve_spent)})"
+        )
+    if s.event_level:
+        lines.append("  EVENT-LEVEL: some metrics protect single events, not people (weaker guarantee)")
+    header = ["metric", "aggregate", "mechanism", "window", "share", "rel/period", f"{cur}/release", "ε-equiv",
+              "part", "Δ1", "Δ2", "scale", "σ", "95% CI ±", "E|err|"]
+    rows: list[list[str]] = []
+    for m in s.metrics:
+        label = m.name + (" [event-level]" if m.event_level else "")
+        aggregate = m.aggregate + (f" k={m.k}" if m.k else "") + (" [partition sel.]" if m.partition_selection else "")
+        for i, c in enumerate(m.components):
+            lead = (
+                [label, aggregate, m.mechanism.value, _window(m), f"{m.weight_share:.3f}", str(m.releases_per_period),
+                 _num(m.per_release_cost), _num(m.per_release_epsilon)]
+                if i == 0
+                else [""] * 8
+            )
+            rows.append(lead + [c.component, _num(c.l1), _num(c.l2), _num(c.scale), _num(c.stddev),
+                                _num(c.ci95_half_width), _num(c.expected_abs_error)])
+    if rows:
+        lines += ["  " + r for r in _table(header, rows)]
+    else:
+        lines.append("  (no metric draws on this scope)")
+    return lines
+
+
+def render_plan(plan: Plan) -> str:
+    """The plan as a text report: one block per scope, one row per noisy part of a release."""
+    lines = [f"plan of {plan.topology_path or '<topology>'} (version {plan.topology_version})", ""]
+    for s in plan.scopes:
+        lines += _scope_lines(s) + [""]
+    lines.append("scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.")
+    return "\n".join(lines)
