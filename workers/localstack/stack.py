@@ -6,7 +6,7 @@ __all__ = ["Service", "CORE", "MONITORING", "ServiceStatus", "StackConfig", "Sta
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -130,11 +130,11 @@ class Stack:
         """Stop running services in reverse start order; stopping a stopped service is fine."""
         statuses = []
         for service in reversed(_ordered(services)):
-            handle = self._handles[service]
+            before = self._status(service)
             started_at = time.monotonic()
-            stopped = handle.stop()
+            stopped = self._handles[service].stop()
             note = f"stopped in {time.monotonic() - started_at:.1f} s" if stopped else "was not running"
-            statuses.append(self._status(service, note))
+            statuses.append(replace(before, up=False, pid=None, note=note))
         return statuses
 
     def _configured_port(self, service: Service) -> int:
