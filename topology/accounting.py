@@ -30,8 +30,8 @@ __all__ = [
 
 import math
 
-_LOG_ALPHA_MIN_LOG = -20.0  # search log(α − 1) over [-20, 12]
-_LOG_ALPHA_MAX = 12.0
+_LOG_ALPHA_MIN_LOG = -20.0  # search log(α − 1) over [-20, 40]: exact down to ρ ≈ 1e-30
+_LOG_ALPHA_MAX = 40.0
 
 
 def _cks_epsilon(rho: float, delta: float, alpha: float) -> float:
