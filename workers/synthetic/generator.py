@@ -33,7 +33,7 @@ class Malformation(Enum):
     MISSING_UNIT = "missing_unit"
     """A JSON object without the privacy-unit field."""
     NAN_VALUE = "nan_value"
-    """A numeric field set to NaN (JSON `NaN` token)."""
+    """A numeric field set to the string "NaN" (not a finite number under any JSON decoder)."""
     BAD_TIMESTAMP = "bad_timestamp"
     """A timestamp that is neither epoch seconds nor ISO-8601."""
     NOT_OBJECT = "not_object"
@@ -176,10 +176,10 @@ def _break(event: dict[str, object], kind: Malformation, source: Source, values:
     if kind is Malformation.MISSING_UNIT:
         broken.pop(source.privacy_unit, None)
     elif kind is Malformation.NAN_VALUE:
-        broken[values[0][0]] = float("nan")
+        broken[values[0][0]] = "NaN"
     elif kind is Malformation.BAD_TIMESTAMP and source.timestamp:
         broken[source.timestamp] = "not-a-time"
-    return json.dumps(broken).encode()  # allow_nan: emits the NaN token on purpose
+    return json.dumps(broken).encode()
 
 
 def _pick_source(topology: Topology, source: str | None) -> Source:

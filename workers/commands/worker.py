@@ -1,0 +1,49 @@
+"""`dpstream worker FILE`: run one stream worker (a Faust app) for a topology until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+import argparse
+import os
+import socket
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `worker` sub-command."""
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a stream worker: batched ingest, bounding, windows, noisy releases charged to the ledger",
+        description="Several workers with the same topology form one consumer group and share the partitions.",
+    )
+    parser.add_argument("file", help="topology YAML")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the topology's)")
+    parser.add_argument("--redis", default=None, help="ledger Redis URL (default: the topology's)")
+    parser.add_argument("--worker-id", default=None, help="name of this worker in logs and client ids")
+    parser.add_argument("--web-port", type=int, default=None, help="serve the web endpoint on this port")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created when missing")
+    parser.add_argument("--deadline", type=float, default=30.0, help="seconds before an incomplete window is released")
+    parser.add_argument("--datadir", default=None, help="Faust data directory (default: a per-worker temp dir)")
+    parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from topology.loader import load_topology
+    from workers.runtime.app import build_runtime, run_worker
+    from workers.runtime.settings import RuntimeSettings
+
+    topology = load_topology(args.file)
+    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    settings = RuntimeSettings(
+        bootstrap=args.bootstrap or topology.kafka.bootstrap,
+        redis_url=args.redis or topology.redis.url,
+        worker_id=worker_id,
+        web_port=args.web_port,
+        partitions=args.partitions,
+        deadline_s=args.deadline,
+        datadir=args.datadir or tempfile.mkdtemp(prefix=f"dpstream-{worker_id}-"),
+    )
+    return run_worker(build_runtime(topology, settings), loglevel=args.loglevel)

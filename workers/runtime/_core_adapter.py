@@ -1,0 +1,76 @@
+"""Adapters from the core's classes to the runtime's calls (the only module naming core internals)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from topology.model import Source, Topology
+from workers.pipeline.partials import WindowPartial
+from workers.pipeline.partition import BatchOutput, PartitionPipeline
+from workers.runtime.core import ProcessorOutput
+
+
+def _out(batch: BatchOutput) -> ProcessorOutput:
+    return ProcessorOutput(
+        dead_letters=[d.to_bytes() for d in batch.dead_letters],
+        partials=[(p.metric, p.to_bytes()) for p in batch.partials],
+    )
+
+
+class _PipelineCore:
+    """PartitionPipeline behind the runtime's PartitionCore protocol."""
+
+    def __init__(self, pipeline: PartitionPipeline) -> None:
+        self._pipeline = pipeline
+
+    def process(self, records: Sequence[Any]) -> ProcessorOutput:
+        return _out(self._pipeline.process_batch(records, now=time.time()))
+
+    def advance_idle(self, now: float) -> ProcessorOutput:
+        return _out(self._pipeline.advance_idle(now))
+
+    def safe_offset(self) -> int | None:
+        return self._pipeline.safe_offset()
+
+    @property
+    def pipeline(self) -> PartitionPipeline:
+        return self._pipeline
+
+
+def make_partition_core(topology: Topology, source: Source, topic: str, partition: int) -> _PipelineCore:
+    return _PipelineCore(PartitionPipeline(topology, source.name, partition, topic=topic, started_at=time.time()))
+
+
+def partial_info(raw: bytes) -> WindowPartial:
+    return WindowPartial.from_bytes(raw)
+
+
+def make_releaser(topology: Topology, redis_url: str) -> Any:
+    from workers.release import open_releaser  # lands with workers/release
+
+    return open_releaser(topology, redis_url)
+
+
+def close_releaser(releaser: Any) -> None:
+    close = getattr(releaser, "close", None)
+    if close is not None:
+        close()
+
+
+def release_window(
+    releaser: Any, topology: Topology, partials: list[bytes], publish: Callable[[str, bytes], None]
+) -> bool:
+    """Merge the partials of one window and release it; True when a record was published."""
+    from workers.pipeline.merger import merge_partials  # lands with workers/pipeline
+
+    parts = [WindowPartial.from_bytes(p) for p in partials]
+    first = parts[0]
+    values = merge_partials(topology.metrics[first.metric], parts)
+    outcome = releaser.release(first.metric, (first.start, first.end), values, publish)
+    return bool(getattr(outcome, "published", True))
+
+
+def sweep(releaser: Any, age_s: float, publish: Callable[[str, bytes], None]) -> int:
+    return int(releaser.sweep(age_s, publish) or 0)

@@ -1,0 +1,96 @@
+"""Build the Faust app of one worker: the batch ingest service, the repartition hop, the release side.
+
+Thin wiring: the topology says what to release, the settings where Kafka and Redis are; the core
+(workers.pipeline / workers.release, reached through `workers.runtime.core`) does the work.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Runtime", "build_runtime", "run_worker"]
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import faust
+from mode import Service
+
+from topology.model import Topology
+from workers.runtime.ingest import IngestService
+from workers.runtime.releases import ReleaseSide
+from workers.runtime.repartition import RepartitionService
+from workers.runtime.settings import RuntimeSettings
+from workers.runtime.topics import ensure_topics, ingest_topic, partition_count
+
+
+@dataclass
+class Runtime:
+    """The app and the parts a caller (CLI, bench, tests) may want to look at."""
+
+    app: faust.App
+    ingest: IngestService
+    releases: ReleaseSide
+    repartition: RepartitionService | None
+
+
+class _Lifecycle(Service):
+    """Starts the release side's producer and ledger with the app, and closes them on shutdown."""
+
+    def __init__(self, releases: ReleaseSide, **kwargs: object) -> None:
+        self._releases = releases
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        await self._releases.start()
+
+    async def on_stop(self) -> None:
+        await self._releases.stop()
+
+
+def _expected_partials(topology: Topology, bootstrap: str) -> dict[str, int]:
+    """metric → partitions of its source's ingest topic (each reports one partial per window)."""
+    counts: dict[str, int] = {}
+
+    async def _count() -> None:
+        for name, metric in topology.metrics.items():
+            counts[name] = await partition_count(bootstrap, ingest_topic(topology.sources[metric.source]))
+
+    asyncio.run(_count())
+    return counts
+
+
+def build_runtime(topology: Topology, settings: RuntimeSettings) -> Runtime:
+    """Create missing topics, then the Faust app with every service, agent, table and timer attached."""
+    ensure_topics(settings.bootstrap, topology, settings.partitions)
+    expected = _expected_partials(topology, settings.bootstrap)
+    app = faust.App(
+        settings.group_id(topology),
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        web_enabled=settings.web_port is not None,
+        web_port=settings.web_port or 6066,
+        topic_partitions=settings.partitions,
+        table_standby_replicas=0,
+        producer_linger_ms=0,
+        consumer_auto_offset_reset="earliest",
+        **({"datadir": settings.datadir} if settings.datadir else {}),
+    )
+    releases = ReleaseSide(app, topology, settings, expected)
+    app.service(_Lifecycle(releases, loop=None))
+    ingest = IngestService(topology, settings)
+    app.service(ingest)
+    hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
+    repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
+    if repartition is not None:
+        app.service(repartition)
+    return Runtime(app, ingest, releases, repartition)
+
+
+def run_worker(runtime: Runtime, loglevel: str = "WARNING") -> int:
+    """Run the Faust worker in this process until SIGTERM/SIGINT; returns the exit code."""
+    worker = faust.Worker(runtime.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0

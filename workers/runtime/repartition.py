@@ -1,0 +1,102 @@
+"""The documented extra hop for sources not keyed by their privacy unit: copy each event, keyed by unit.
+
+A consumer-group member reads the source topic in batches, extracts the unit field (a cheap parse),
+and produces the unchanged bytes to `<topic>.by-unit` with Kafka key = unit, committing after the
+acks. Events without a readable unit are forwarded with their original key: the core dead-letters
+them with the right reason (the DLQ record then names the repartition topic's partition and offset).
+"""
+
+from __future__ import annotations
+
+__all__ = ["RepartitionService"]
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from mode import Service
+
+from topology.model import Source, Topology
+from workers.runtime.settings import RuntimeSettings
+from workers.runtime.topics import repartition_topic
+
+_log = logging.getLogger(__name__)
+
+try:
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    from json import loads as _loads
+
+
+def _unit_key(raw: bytes, field: str) -> bytes | None:
+    try:
+        obj = _loads(raw)
+    except (ValueError, TypeError):
+        return None
+    unit = obj.get(field) if type(obj) is dict else None
+    if type(unit) is str and unit:
+        return unit.encode()
+    if type(unit) is int:
+        return str(unit).encode()
+    return None
+
+
+class RepartitionService(Service):
+    """Copies the sources that need it into their by-unit topics."""
+
+    def __init__(self, topology: Topology, settings: RuntimeSettings, sources: list[Source], **kwargs: object) -> None:
+        self.topology = topology
+        self.settings = settings
+        self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.copied = 0
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap, linger_ms=5, acks="all", enable_idempotence=True
+        )
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            *self._targets,
+            bootstrap_servers=self.settings.bootstrap,
+            group_id=f"{self.settings.group_id(self.topology)}-repartition",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=self.settings.fetch_timeout_ms,
+        )
+        await self._consumer.start()
+        self.add_future(self._copy_forever())
+
+    async def on_stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def _copy_forever(self) -> None:
+        assert self._consumer is not None and self._producer is not None
+        while not self.should_stop:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=self.settings.fetch_timeout_ms, max_records=5000)
+            except (KafkaError, IllegalStateError):
+                if self.should_stop:
+                    return
+                await asyncio.sleep(0.5)
+                continue
+            sends = []
+            for tp, records in batches.items():
+                target, field = self._targets[tp.topic]
+                for rec in records:
+                    key = _unit_key(rec.value, field) or rec.key
+                    sends.append(await self._producer.send(target, rec.value, key=key, timestamp_ms=rec.timestamp))
+            if not sends:
+                continue
+            await asyncio.gather(*sends)
+            self.copied += len(sends)
+            try:
+                await self._consumer.commit()
+            except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+                _log.info("repartition: commit skipped (%s)", type(exc).__name__)

@@ -1,0 +1,43 @@
+"""Runtime settings of one worker process: where Kafka and Redis are, who it is, its timer periods."""
+
+from __future__ import annotations
+
+__all__ = ["RuntimeSettings"]
+
+from dataclasses import dataclass
+
+from topology.errors import ConfigError
+from topology.model import Topology
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Connection and timing settings; the topology says what is released, this says where and how often."""
+
+    bootstrap: str
+    redis_url: str
+    worker_id: str = "worker-1"
+    web_port: int | None = None
+    partitions: int = 4
+    """Partitions of topics the worker creates when missing."""
+    batch_max_records: int = 5000
+    fetch_timeout_ms: int = 100
+    idle_interval_s: float = 1.0
+    """How often idle partitions are advanced by wall clock."""
+    sweep_interval_s: float = 2.0
+    """How often reserved-but-unpublished releases are republished."""
+    sweep_age_s: float = 5.0
+    """A reserved release older than this is republished by the sweeper."""
+    deadline_s: float = 30.0
+    """A window whose partials are incomplete this long after its first partial is released with what is there."""
+    datadir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise ConfigError("--bootstrap: empty; give host:port of a Kafka broker")
+        if self.partitions < 1:
+            raise ConfigError(f"--partitions {self.partitions}: need at least 1")
+
+    def group_id(self, topology: Topology) -> str:
+        """Consumer group of the worker fleet for this topology version (several workers share it)."""
+        return f"dpstream-{topology.topology_version}"

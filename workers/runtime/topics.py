@@ -1,0 +1,67 @@
+"""Names of every topic a topology's worker reads or writes, and their idempotent creation."""
+
+from __future__ import annotations
+
+__all__ = ["TopicNames", "topic_names", "repartition_topic", "ingest_topic", "ensure_topics", "partition_count"]
+
+from dataclasses import dataclass
+
+from topology.model import Source, Topology
+
+
+def repartition_topic(source: Source) -> str:
+    """The internal topic keyed by privacy unit that a source not keyed by it is copied through."""
+    return f"{source.topic}.by-unit"
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """Topics of one topology: sources, internal hops and sinks."""
+
+    sources: tuple[str, ...]
+    repartition: tuple[str, ...]
+    partials: str
+    releases: str
+    dead_letter: str
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every topic, in creation order."""
+        return (*self.sources, *self.repartition, self.partials, self.releases, self.dead_letter)
+
+
+def _needs_repartition(source: Source) -> bool:
+    return not source.keyed_by_unit and not source.event_level
+
+
+def topic_names(topology: Topology) -> TopicNames:
+    """The topic set of `topology` (repartition topics only for sources not keyed by their unit)."""
+    sources = tuple(dict.fromkeys(s.topic for s in topology.sources.values()))
+    hops = tuple(repartition_topic(s) for s in topology.sources.values() if _needs_repartition(s))
+    sinks = topology.sinks
+    return TopicNames(sources, hops, sinks.partials_topic, sinks.releases, sinks.dead_letter)
+
+
+def ingest_topic(source: Source) -> str:
+    """The topic the batch consumer reads for `source`: the repartitioned one when a hop is needed."""
+    return repartition_topic(source) if _needs_repartition(source) else source.topic
+
+
+def ensure_topics(bootstrap: str, topology: Topology, partitions: int = 4) -> list[str]:
+    """Create the topology's missing topics (existing ones are left alone); returns those created."""
+    from workers.localstack.kafka_admin import create_topics
+
+    return create_topics(bootstrap, topic_names(topology).all, partitions)
+
+
+async def partition_count(bootstrap: str, topic: str) -> int:
+    """Number of partitions of `topic` (0 when it does not exist)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+        return sum(len(t["partitions"]) for t in described if t["error_code"] == 0)
+    finally:
+        await admin.close()
