@@ -1,0 +1,160 @@
+"""`PartialMerger`: the release side's merge of one metric's window partials across source partitions.
+
+A window is complete once every expected partition has either sent its partial for it, or sent
+a partial for a *later* window (partitions emit windows in order and contiguously since their
+first one, so a skipped window was empty there). Partials are deduped by (window, partition);
+ones for a window already released are dropped. At a deadline a window goes out with what
+arrived, flagged incomplete. The state is JSON-able (`to_state` / `from_state`) so a Faust
+changelogged Table can hold it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MergedWindow", "PartialMerger", "merge_values"]
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from topology.errors import InternalError
+from workers.pipeline.partials import WindowPartial
+
+_RELEASED_KEEP = 4096
+"""Released window starts remembered for dedupe; older ones fall under `released_floor`."""
+
+
+@dataclass(frozen=True)
+class MergedWindow:
+    """The true aggregate of one metric window over all partitions that reported it."""
+
+    metric: str
+    start: int
+    end: int
+    values: dict[str, Any]
+    complete: bool
+    missing: tuple[int, ...] = ()
+    """Partitions that never reported (only when released at a deadline)."""
+
+
+def merge_values(into: dict[str, Any], values: dict[str, Any]) -> None:
+    """Add partial `values` into `into` key by key (numbers add; [sum, count] pairs add pairwise)."""
+    for key, v in values.items():
+        cur = into.get(key)
+        if cur is None:
+            into[key] = list(v) if isinstance(v, list) else v
+        elif isinstance(cur, list):
+            cur[0] += v[0]
+            cur[1] += v[1]
+        else:
+            into[key] = cur + v
+
+
+class _Pending:
+    __slots__ = ("end", "first_seen", "reported", "values")
+
+    def __init__(self, end: int, first_seen: float | None) -> None:
+        self.end = end
+        self.first_seen = first_seen
+        self.reported: set[int] = set()
+        self.values: dict[str, Any] = {}
+
+
+class PartialMerger:
+    """Merges the partials of one metric from `partitions` (the source topic's partition ids)."""
+
+    def __init__(self, metric: str, partitions: Iterable[int], deadline_s: float | None = None) -> None:
+        self.metric = metric
+        self.partitions = frozenset(partitions)
+        if not self.partitions:
+            raise InternalError(f"merger of metric {metric!r} built with no source partitions")
+        self.deadline_s = deadline_s
+        self._pending: dict[int, _Pending] = {}
+        self._latest: dict[int, int] = {}
+        self._released: set[int] = set()
+        self.released_floor: int | None = None
+        self.duplicates = 0
+        self.late = 0
+
+    def add(self, partial: WindowPartial, now: float | None = None) -> list[MergedWindow]:
+        """Take one partial; return the windows (in start order) that it completed."""
+        if partial.metric != self.metric:
+            raise InternalError(f"partial of {partial.metric!r} given to the merger of {self.metric!r}")
+        p, s = partial.partition, partial.start
+        if p not in self.partitions:
+            raise InternalError(f"partial from partition {p} of {self.metric!r}, expected {sorted(self.partitions)}")
+        if s in self._released or (self.released_floor is not None and s < self.released_floor):
+            self.late += 1
+            return []
+        if s > self._latest.get(p, s - 1):
+            self._latest[p] = s
+        pending = self._pending.get(s)
+        if pending is None:
+            pending = self._pending[s] = _Pending(partial.end, now)
+        if p in pending.reported:
+            self.duplicates += 1
+        else:
+            pending.reported.add(p)
+            merge_values(pending.values, partial.values)
+        return self._ready()
+
+    def expire(self, now: float) -> list[MergedWindow]:
+        """Release, flagged incomplete, every window pending for longer than the deadline."""
+        if self.deadline_s is None:
+            return []
+        due = [
+            s
+            for s, w in self._pending.items()
+            if w.first_seen is not None and now - w.first_seen >= self.deadline_s
+        ]
+        return [self._release(s, complete=False) for s in sorted(due)]
+
+    def drain(self) -> list[MergedWindow]:
+        """End of a finite stream (every partition flushed): release everything pending as complete."""
+        return [self._release(s, complete=True) for s in sorted(self._pending)]
+
+    def _complete(self, s: int, w: _Pending) -> bool:
+        latest = self._latest
+        return all(p in w.reported or latest.get(p, s) > s for p in self.partitions)
+
+    def _ready(self) -> list[MergedWindow]:
+        ready = [s for s, w in self._pending.items() if self._complete(s, w)]
+        return [self._release(s, complete=True) for s in sorted(ready)]
+
+    def _release(self, s: int, complete: bool) -> MergedWindow:
+        w = self._pending.pop(s)
+        self._released.add(s)
+        if len(self._released) > _RELEASED_KEEP:
+            keep = sorted(self._released)[-_RELEASED_KEEP // 2 :]
+            self.released_floor = keep[0]
+            self._released = set(keep)
+        missing = () if complete else tuple(sorted(self.partitions - w.reported))
+        return MergedWindow(self.metric, s, w.end, w.values, complete and not missing, missing)
+
+    # -- persistence ---------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state (for a changelogged Table)."""
+        return {
+            "pending": {
+                str(s): {"end": w.end, "first_seen": w.first_seen, "reported": sorted(w.reported), "values": w.values}
+                for s, w in self._pending.items()
+            },
+            "latest": {str(p): s for p, s in self._latest.items()},
+            "released": sorted(self._released),
+            "released_floor": self.released_floor,
+        }
+
+    @classmethod
+    def from_state(
+        cls, metric: str, partitions: Iterable[int], state: dict[str, Any], deadline_s: float | None = None
+    ) -> PartialMerger:
+        """Rebuild a merger from `to_state` output."""
+        m = cls(metric, partitions, deadline_s)
+        for s, doc in state.get("pending", {}).items():
+            w = _Pending(int(doc["end"]), doc["first_seen"])
+            w.reported = set(doc["reported"])
+            w.values = doc["values"]
+            m._pending[int(s)] = w
+        m._latest = {int(p): int(s) for p, s in state.get("latest", {}).items()}
+        m._released = set(state.get("released", ()))
+        m.released_floor = state.get("released_floor")
+        return m

@@ -1,0 +1,116 @@
+"""The release record (DESIGN §6) and its canonical bytes.
+
+The record is built once, before `reserve`; the ledger stores it (filling `budget.ratio_after`)
+and every publication of the release — first, duplicate or sweeper — sends those stored bytes.
+So `published_at` is the time the record was built, and a redrawn payload for a known
+release_id is never seen by anyone.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RATIO_PLACEHOLDER", "build_record", "canonical_bytes", "cost_fields", "iso_utc", "true_values_for"]
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from topology.accounting import epsilon_from_rho
+from topology.model import Accounting, Aggregate, Budget, Metric, Source
+
+RATIO_PLACEHOLDER = b'"ratio_after":null'
+"""Exactly what canonical bytes contain for `budget.ratio_after` before the ledger fills it."""
+
+_PROTECTED = frozenset(
+    {"release_id", "topology_version", "metric", "window", "privacy_unit", "event_level", "cost", "budget"}
+)
+
+
+def iso_utc(ts: float) -> str:
+    """`2026-11-30T13:20:00Z` (seconds precision, UTC)."""
+    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def canonical_bytes(record: dict[str, Any]) -> bytes:
+    """Sorted keys, no spaces, no NaN: one record has one byte form."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+
+
+def cost_fields(budget: Budget, cost: float) -> dict[str, float]:
+    """`cost` of the record: ρ (zCDP, with its ε at the scope's δ) or ε (pure)."""
+    if budget.accounting is Accounting.ZCDP:
+        return {"rho": cost, "epsilon_equiv": epsilon_from_rho(cost, budget.delta), "delta": budget.delta}
+    return {"epsilon": cost, "epsilon_equiv": cost, "delta": 0.0}
+
+
+def _zero(metric: Metric) -> Any:
+    if metric.aggregate in (Aggregate.COUNT, Aggregate.COUNT_UNITS, Aggregate.TOP_K):
+        return 0
+    if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
+        return (0.0, 0)
+    return 0.0
+
+
+def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
+    """The mechanism's input from merged partial values: declared keys zero-filled, means as tuples.
+
+    Ungrouped metrics use the key ''; data-derived keys pass as observed (partition selection
+    in the mechanism decides which may appear).
+    """
+    zero = _zero(metric)
+    if metric.group_by is None:
+        keys: Any = ("",)
+    elif metric.keys is not None:
+        keys = metric.keys
+    else:
+        keys = sorted(merged)
+    out: dict[str, Any] = {}
+    for k in keys:
+        v = merged.get(k, zero)
+        out[k] = tuple(v) if isinstance(v, (list, tuple)) else v
+    return out
+
+
+def build_record(
+    *,
+    release_id: str,
+    topology_version: str,
+    metric: Metric,
+    source: Source,
+    budget: Budget,
+    period_id: str,
+    window_start: int,
+    window_end: int,
+    cost: float,
+    noise_fields: dict[str, Any],
+    complete: bool,
+    built_at: float,
+) -> dict[str, Any]:
+    """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…)."""
+    record: dict[str, Any] = {
+        "release_id": release_id,
+        "topology_version": topology_version,
+        "metric": metric.name,
+        "aggregate": metric.aggregate.value,
+        "window": {
+            "start": iso_utc(window_start),
+            "end": iso_utc(window_end),
+            "start_epoch": int(window_start),
+            "end_epoch": int(window_end),
+            "kind": metric.window.kind.value,
+        },
+        "privacy_unit": source.privacy_unit,
+        "event_level": source.event_level,
+        "cost": cost_fields(budget, cost),
+        "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
+        "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
+        "budget": {"scope": budget.name, "period": period_id, "ratio_after": None},
+        "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
+        "complete": complete,
+        "published_at": iso_utc(built_at),
+    }
+    if source.event_level:
+        record["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
+    for name, value in noise_fields.items():
+        if name not in _PROTECTED:
+            record[name] = value
+    return record

@@ -1,0 +1,149 @@
+"""`Releaser`: the release protocol of DESIGN §4 for one merged window — exactly one noisy value.
+
+quote → (thinned / refused: suppressed, nothing published) → mechanism at the quoted cost →
+noise → record bytes → atomic `reserve` (a known release_id returns its stored bytes) → publish
+the *stored* bytes with key = release_id → `commit`. A crash after reserve leaves the release
+`reserved`; `sweep` republishes it with the same bytes. Ledger errors propagate (fail closed).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from topology.model import Metric, Topology
+from workers.ledger.types import Outcome, ReleaseRequest
+from workers.pipeline.merger import MergedWindow
+from workers.release.ids import release_id as make_release_id
+from workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
+from workers.release.record import build_record, canonical_bytes, true_values_for
+
+Publish = Callable[[bytes, bytes], Awaitable[Any]]
+"""async publish(value, key): send one record to the releases topic (idempotent producer)."""
+
+MechanismFactory = Callable[..., Any]
+"""build_release_mechanism(metric, accounting, cost, delta=...) → object with .release(true_values)."""
+
+
+def _default_factory() -> MechanismFactory:
+    from workers.noise import build_release_mechanism
+
+    return build_release_mechanism
+
+
+class Releaser:
+    """Runs the release protocol against one ledger for every metric of a topology."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        ledger: Any,
+        *,
+        mechanism_factory: MechanismFactory | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.topology = topology
+        self.version = topology.topology_version
+        self.ledger = ledger
+        self._factory = mechanism_factory or _default_factory()
+        self._clock = clock
+        self.counts = ReleaseCounts()
+
+    def release_id(self, metric: str, window_start: int, window_end: int) -> str:
+        """The deterministic id of this topology's release of (metric, window)."""
+        return make_release_id(self.version, metric, window_start, window_end)
+
+    async def release_merged(self, merged: MergedWindow, publish: Publish) -> ReleaseResult:
+        """Release a merged window (declared keys zero-filled, empty windows included)."""
+        metric = self.topology.metrics[merged.metric]
+        values = true_values_for(metric, merged.values)
+        return await self.release(metric, (merged.start, merged.end), values, publish, complete=merged.complete)
+
+    async def release(
+        self,
+        metric: Metric | str,
+        window: tuple[int, int],
+        true_values: dict[str, Any],
+        publish: Publish,
+        *,
+        complete: bool = True,
+    ) -> ReleaseResult:
+        """Run the protocol for one window; raises (counted as failed) when the ledger or publish fails."""
+        m = self.topology.metrics[metric] if isinstance(metric, str) else metric
+        start, end = window
+        rid = self.release_id(m.name, start, end)
+        try:
+            result = await self._release(m, start, end, rid, true_values, publish, complete)
+        except BaseException:
+            self.counts.failed += 1
+            raise
+        self.counts.add(result)
+        return result
+
+    async def _release(
+        self,
+        m: Metric,
+        start: int,
+        end: int,
+        rid: str,
+        true_values: dict[str, Any],
+        publish: Publish,
+        complete: bool,
+    ) -> ReleaseResult:
+        budget = self.topology.budgets[m.budget]
+        quote = await self.ledger.quote(m.name, start, end)
+        if quote.thinned:
+            return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, "thinned")
+        if quote.refused_reason is not None or quote.cost <= 0:
+            reason = quote.refused_reason or "no_budget"
+            return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, reason)
+        mechanism = self._factory(m, budget.accounting, quote.cost, delta=budget.delta)
+        noisy = mechanism.release(true_values)
+        record = build_record(
+            release_id=rid,
+            topology_version=self.version,
+            metric=m,
+            source=self.topology.sources[m.source],
+            budget=budget,
+            period_id=quote.period_id,
+            window_start=start,
+            window_end=end,
+            cost=quote.cost,
+            noise_fields=noisy.to_record_fields(),
+            complete=complete,
+            built_at=self._clock(),
+        )
+        request = ReleaseRequest(
+            release_id=rid,
+            scope=budget.name,
+            period_id=quote.period_id,
+            metric=m.name,
+            window_start=start,
+            window_end=end,
+            cost=quote.cost,
+            payload=canonical_bytes(record),
+            may_use_reserve=m.may_use_reserve,
+        )
+        reservation = await self.ledger.reserve(request)
+        if reservation.outcome is Outcome.REFUSED:
+            return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, reservation.reason or "refused")
+        stored = reservation.payload
+        await publish(stored, rid.encode())
+        await self.ledger.commit(rid, budget.name)
+        outcome = ReleaseOutcome.PUBLISHED if reservation.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
+        return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
+
+
+async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
+    """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
+    done = 0
+    for pending in await ledger.pending(older_than_s):
+        await publish(pending.payload, pending.release_id.encode())
+        await ledger.commit(pending.release_id, pending.scope)
+        done += 1
+    if counts is not None:
+        counts.swept += done
+    return done
