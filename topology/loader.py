@@ -167,14 +167,18 @@ class _Fields:
         if not isinstance(node, Map):
             self.fail(node.line, f"{subject} {show(node)}: must be a mapping of fields ({', '.join(known[:4])}, ...)")
             return
+        unknown: list[str] = []
         for key, key_line, value in node.entries:
             if key not in known:
                 self.fail(key_line, f"{subject}: unknown field '{key}'; {suggest(key, known)}")
+                unknown.append(key)
                 continue
             self.nodes[key] = value
             loader.lines[(kind, name, key)] = value.line
         for key in REQUIRED_FIELDS.get(kind, ()):
             value = node.get(key)
+            if value is None and any(suggest(u, known) == f"did you mean '{key}'?" for u in unknown):
+                continue  # a misspelt key already says "did you mean '<key>'?"
             if value is None:
                 self.fail(line, f"{subject}: missing field '{key}'; {_HINTS[key]}")
             elif is_null(value):

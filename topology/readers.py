@@ -51,14 +51,14 @@ def show(node: Node) -> str:
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
 
-def _show(node: Node) -> str:
+def _show(node: Node, nested: bool = False) -> str:
     if isinstance(node, Scalar):
         if node.value is None:
-            return "(empty)"
-        return f"'{node.text}'" if isinstance(node.value, str) else node.text
+            return "~" if nested else "(empty)"
+        return f"'{node.text}'" if isinstance(node.value, str) and not nested else node.text
     if isinstance(node, Seq):
-        return "[" + ", ".join(_show(item) for item in node.items) + "]"
-    return "{" + ", ".join(f"{key}: {_show(value)}" for key, _, value in node.entries) + "}"
+        return "[" + ", ".join(_show(item, True) for item in node.items) + "]"
+    return "{" + ", ".join(f"{key}: {_show(value, True)}" for key, _, value in node.entries) + "}"
 
 
 def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:

@@ -77,7 +77,10 @@ def compose_located(text: str, env: Mapping[str, str]) -> Node | None:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
-        parts = [p for p in (exc.context, exc.problem) if p]
+        context = exc.context
+        if context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            context = f"{context} (started on line {exc.context_mark.line + 1})"
+        parts = [p for p in (context, exc.problem) if p]
         raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; fix the syntax on this line") from exc
     except yaml.YAMLError as exc:
         raise LocatedError(1, f"invalid YAML: {_one_line(str(exc))}") from exc
@@ -110,7 +113,7 @@ class _Builder:
                 try:
                     text = substitute_env(text, self._env)
                 except SubstitutionError as exc:
-                    raise LocatedError(line, f"{node.value!r}: {exc}") from exc
+                    raise LocatedError(line, str(exc)) from exc
                 tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
                 node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
         try:
