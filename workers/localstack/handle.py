@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ServiceHandle", "Progress"]
+__all__ = ["ServiceHandle", "Progress", "no_progress"]
 
 import time
 from abc import ABC, abstractmethod
@@ -19,7 +19,7 @@ from workers.localstack.process import ManagedProcess
 Progress = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def no_progress(_: str) -> None:
     """Default progress sink: say nothing."""
 
 
@@ -29,7 +29,7 @@ class ServiceHandle(ABC):
     name: str = "service"
     port_flag: str = "--port"
 
-    def __init__(self, port: int, data_dir: Path, start_timeout: float, progress: Progress = _quiet) -> None:
+    def __init__(self, port: int, data_dir: Path, start_timeout: float, progress: Progress = no_progress) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.start_timeout = start_timeout
         self.progress = progress
@@ -80,9 +80,14 @@ class ServiceHandle(ABC):
         """SIGKILL, as a crash would; the data directory stays for `start()` to recover from."""
         return self._process.kill()
 
+    def log_files(self) -> list[Path]:
+        """The service's log files: its captured output, plus any log the service writes itself."""
+        return [self.log_file]
+
     def log_tail(self, lines: int = 25) -> str:
-        """Last lines of the service's log, for error messages."""
-        return tail(self.log_file, lines)
+        """Last lines of every non-empty log of the service, for error messages."""
+        parts = [tail(path, lines) for path in self.log_files() if path.exists() and path.stat().st_size > 0]
+        return "\n".join(parts) if parts else f"(no log output in {self.data_dir})"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

@@ -15,10 +15,10 @@ from topology.errors import ConfigError
 
 from workers.localstack import sysdeps
 from workers.localstack.errors import ServiceStartError
-from workers.localstack.handle import Progress, ServiceHandle, _quiet
+from workers.localstack.handle import Progress, ServiceHandle, no_progress
 from workers.localstack.kafka_admin import broker_ready
 from workers.localstack.kafka_libs import ensure_libs
-from workers.localstack.paths import default_home, render_template, repo_deploy_dir, tail
+from workers.localstack.paths import default_home, render_template, repo_deploy_dir
 from workers.localstack.ports import HOST, port_open
 
 _MAIN = "kafka.Kafka"
@@ -68,7 +68,7 @@ class KafkaHandle(ServiceHandle):
         heap: str = "512m",
         auto_create_topics: bool = False,
         start_timeout: float = 120.0,
-        progress: Progress = _quiet,
+        progress: Progress = no_progress,
     ) -> None:
         self.controller_port = controller_port
         self.libs_dir = Path(libs_dir).resolve() if libs_dir is not None else default_libs_dir()
@@ -97,10 +97,9 @@ class KafkaHandle(ServiceHandle):
         """The broker's own log (log4j), as opposed to the JVM's stdout."""
         return self.data_dir / "logs" / "server.log"
 
-    def log_tail(self, lines: int = 25) -> str:
+    def log_files(self) -> list[Path]:
         """JVM output plus the broker's log4j file."""
-        own = tail(self.server_log, lines) if self.server_log.exists() else ""
-        return "\n".join(part for part in (super().log_tail(lines), own) if part)
+        return [self.log_file, self.server_log]
 
     def create_topics(self, names: list[str], partitions: int | None = None) -> list[str]:
         """Create missing topics on this broker (idempotent); returns those created now."""
@@ -178,7 +177,7 @@ def start_kafka(
     controller_port: int,
     data_dir: Path,
     libs_dir: Path | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = no_progress,
 ) -> KafkaHandle:
     """Start (or find already running) a one-node Kafka on 127.0.0.1:`port` with its data in `data_dir`."""
     handle = KafkaHandle(port, controller_port, data_dir, libs_dir=libs_dir, progress=progress)

@@ -13,7 +13,7 @@ from pathlib import Path
 from topology.errors import ConfigError
 
 from workers.localstack import sysdeps
-from workers.localstack.handle import Progress, ServiceHandle, _quiet
+from workers.localstack.handle import Progress, ServiceHandle, no_progress
 from workers.localstack.paths import render_template, template_path
 from workers.localstack.ports import HOST
 
@@ -60,7 +60,7 @@ class PrometheusHandle(ServiceHandle):
         alertmanager_port: int = 9093,
         worker_metrics_port: int = 6066,
         start_timeout: float = 60.0,
-        progress: Progress = _quiet,
+        progress: Progress = no_progress,
     ) -> None:
         self.user_config = Path(config_file).resolve() if config_file is not None else None
         self.alertmanager_port = alertmanager_port
@@ -116,7 +116,7 @@ class AlertmanagerHandle(ServiceHandle):
         data_dir: Path,
         config_file: Path | None = None,
         start_timeout: float = 60.0,
-        progress: Progress = _quiet,
+        progress: Progress = no_progress,
     ) -> None:
         self.user_config = Path(config_file).resolve() if config_file is not None else None
         super().__init__(port, data_dir, start_timeout, progress)

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from workers.localstack import sysdeps
-from workers.localstack.handle import Progress, ServiceHandle, _quiet
-from workers.localstack.paths import render_template, tail
+from workers.localstack.handle import Progress, ServiceHandle, no_progress
+from workers.localstack.paths import render_template
 from workers.localstack.ports import HOST
 
 
@@ -25,7 +25,7 @@ class RedisHandle(ServiceHandle):
     name = "redis"
     port_flag = "--redis-port"
 
-    def __init__(self, port: int, data_dir: Path, start_timeout: float = 20.0, progress: Progress = _quiet) -> None:
+    def __init__(self, port: int, data_dir: Path, start_timeout: float = 20.0, progress: Progress = no_progress) -> None:
         super().__init__(port, data_dir, start_timeout, progress)
 
     @property
@@ -43,10 +43,9 @@ class RedisHandle(ServiceHandle):
         """Redis's own log file (set by `logfile` in the config)."""
         return self.data_dir / "redis-server.log"
 
-    def log_tail(self, lines: int = 25) -> str:
-        """Redis logs to its own file; show that (and any early stdout) in errors."""
-        own = tail(self.server_log, lines) if self.server_log.exists() else ""
-        return "\n".join(part for part in (super().log_tail(lines), own) if part)
+    def log_files(self) -> list[Path]:
+        """Captured stdout plus Redis's own log file."""
+        return [self.log_file, self.server_log]
 
     def _marker(self) -> str:
         return "redis-server"
@@ -70,7 +69,7 @@ class RedisHandle(ServiceHandle):
             client.close()
 
 
-def start_redis(port: int, data_dir: Path, progress: Progress = _quiet) -> RedisHandle:
+def start_redis(port: int, data_dir: Path, progress: Progress = no_progress) -> RedisHandle:
     """Start (or find already running) a Redis on 127.0.0.1:`port` with its AOF in `data_dir`."""
     handle = RedisHandle(port, data_dir, progress=progress)
     handle.start()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from workers.localstack.handle import Progress, ServiceHandle, _quiet
+from workers.localstack.handle import Progress, ServiceHandle, no_progress
 from workers.localstack.kafka import KafkaHandle
 from workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
 from workers.localstack.paths import default_home
@@ -66,7 +66,7 @@ class StackConfig:
 class Stack:
     """The local services as one unit; handles are built from the config, state lives in the files."""
 
-    def __init__(self, config: StackConfig | None = None, progress: Progress = _quiet) -> None:
+    def __init__(self, config: StackConfig | None = None, progress: Progress = no_progress) -> None:
         self.config = config or StackConfig()
         self.progress = progress
         home, ports = Path(self.config.home).resolve(), self.config.ports
