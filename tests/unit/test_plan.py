@@ -1,0 +1,207 @@
+"""Tests of topology.plan: the reference plans, the pool identity, the 30-day guarantee and the JSON shape."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from topology import accounting as acc
+from topology.loader import load_topology
+from topology.model import (
+    Accounting,
+    Aggregate,
+    Bounds,
+    Budget,
+    Contribution,
+    Mechanism,
+    Metric,
+    Sinks,
+    Source,
+    Topology,
+    Window,
+)
+from topology.plan import PLAN_JSON_VERSION, build_plan, plan_to_json
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
+DAY = 86_400
+
+
+def _topology(budget: Budget, *metrics: Metric, unit: str = "user_id") -> Topology:
+    return Topology(
+        version=1,
+        sources={"s": Source("s", "t", unit)},
+        budgets={budget.name: budget},
+        metrics={m.name: m for m in metrics},
+        sinks=Sinks("out", "dlq"),
+    )
+
+
+def _count(name="c", window=Window(60, 60), weight=1.0, **kw) -> Metric:
+    return Metric(name, "s", "b", weight, window, Aggregate.COUNT, kw.pop("mechanism", Mechanism.GAUSSIAN), **kw)
+
+
+def _reference_scope() -> Topology:
+    return _topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY, reserve=0.0), _count())
+
+
+def test_reference_scope_cap_and_sigma():
+    """(ε=1, δ=1e-6, reserve 0), one sensitivity-1 count 1,440×/day: ρ* ≈ 0.024356, σ within 0.5 % of 171.93."""
+    scope = build_plan(_reference_scope()).scope("b")
+    assert scope.cap == pytest.approx(0.024356, abs=5e-7)
+    (metric,) = scope.metrics
+    assert metric.releases_per_period == 1440
+    assert metric.components[0].stddev == pytest.approx(171.93, rel=5e-3)
+    assert scope.planned_epsilon == pytest.approx(1.0, rel=1e-9)
+
+
+def test_planned_total_equals_pool_for_mixed_scope():
+    """Σ releases × per-release cost equals cap × (1 − reserve), whatever the windows and weights."""
+    budget = Budget("b", 2.0, 1e-7, Accounting.ZCDP, DAY, reserve=0.3)
+    topology = _topology(
+        budget,
+        _count("a", Window(60, 60), 2.0),
+        _count("h", Window(600, 120), 1.0),
+        _count("l", Window(3600, 3600), 0.5, mechanism=Mechanism.LAPLACE),
+    )
+    scope = build_plan(topology).scope("b")
+    assert scope.pool == pytest.approx(acc.rho_cap(2.0, 1e-7) * 0.7)
+    assert scope.planned_total == pytest.approx(scope.pool, rel=1e-12)
+    assert scope.releases_per_period == 1440 + 720 + 24
+    assert sum(m.weight_share for m in scope.metrics) == pytest.approx(1.0)
+
+
+def test_hopping_metric_shows_overlap_and_straddling_windows():
+    """A 10m-every-2m window: 720 releases a day, overlap 5, 4 windows straddle each midnight."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY)
+    metric = build_plan(_topology(budget, _count("h", Window(600, 120)))).metric("h")
+    assert (metric.releases_per_period, metric.overlap, metric.straddling_windows) == (720, 5, 4)
+
+
+def test_per_release_epsilon_is_cks_of_rho_in_zcdp_and_epsilon_in_pure():
+    """ε-equivalent: CKS20(ρ, δ) in a zCDP scope, the cost itself in a pure one."""
+    zscope = build_plan(_reference_scope()).scope("b")
+    m = zscope.metrics[0]
+    assert m.per_release_epsilon == pytest.approx(acc.epsilon_from_rho(m.per_release_cost, 1e-6))
+    pure = _topology(Budget("b", 1.0, 0.0, Accounting.PURE, DAY, reserve=0.0),
+                     _count(window=Window(3600, 3600), mechanism=Mechanism.LAPLACE))
+    pm = build_plan(pure).metric("c")
+    assert pm.per_release_epsilon == pm.per_release_cost == pytest.approx(1 / 24)
+
+
+def test_thirty_day_guarantee_of_daily_and_hourly_periods():
+    """Daily periods compose 30 times (ρ adds, converted once at δ); hourly 720 times; pure ε adds."""
+    scope = build_plan(_reference_scope()).scope("b")
+    h = scope.horizon
+    assert h.periods == 30 and h.rho == pytest.approx(30 * scope.pool)
+    assert h.epsilon == pytest.approx(acc.epsilon_from_rho(30 * scope.cap, 1e-6)) and h.delta == 1e-6
+    assert h.naive_epsilon == pytest.approx(30.0) and h.naive_delta == pytest.approx(3e-5)
+    assert h.epsilon < h.naive_epsilon  # zCDP composition beats 30·ε
+    hourly = build_plan(_topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, 3600, reserve=0.2), _count())).scope("b")
+    assert hourly.horizon.periods == 720
+    assert hourly.horizon.epsilon_if_reserve_spent == pytest.approx(acc.epsilon_from_rho(720 * hourly.cap, 1e-6))
+    pure = build_plan(_topology(Budget("b", 0.5, 0.0, Accounting.PURE, DAY, reserve=0.2),
+                                _count(mechanism=Mechanism.LAPLACE))).scope("b")
+    assert pure.horizon.epsilon == pytest.approx(30 * 0.4) and pure.horizon.naive_epsilon == pytest.approx(15.0)
+    assert pure.horizon.rho is None and pure.horizon.delta == 0.0
+
+
+def test_expected_error_and_ci_per_mechanism():
+    """E|noise| is b for Laplace and σ√(2/π) for Gaussian; top-k has no numeric error."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY)
+    topology = _topology(
+        budget,
+        _count("g"),
+        _count("l", mechanism=Mechanism.LAPLACE),
+        Metric("t", "s", "b", 1.0, Window(3600, 3600), Aggregate.TOP_K, Mechanism.EXPONENTIAL, group_by="ref", k=3),
+    )
+    plan = build_plan(topology)
+    (g,), (lap,), (top,) = (plan.metric(n).components for n in "glt")
+    assert g.expected_abs_error == pytest.approx(g.scale * math.sqrt(2 / math.pi))
+    assert g.ci95_half_width == pytest.approx(1.959964 * g.scale, rel=1e-6)
+    assert lap.expected_abs_error == lap.scale and lap.stddev == pytest.approx(math.sqrt(2) * lap.scale)
+    assert top.stddev is None and top.expected_abs_error is None and top.ci95_half_width is None
+    assert plan.metric("t").partition_selection and plan.metric("t").keys == "data"
+
+
+def test_event_level_unit_is_labelled():
+    """privacy_unit 'event' marks the metric and its scope as event-level (weaker)."""
+    plan = build_plan(_topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY), _count(), unit="event"))
+    assert plan.metric("c").event_level and plan.scope("b").event_level
+    assert not build_plan(_reference_scope()).scope("b").event_level
+
+
+def test_declared_keys_need_no_partition_selection():
+    """Grouped counts over declared keys are public; over data keys they need partition selection."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY)
+    plan = build_plan(_topology(budget, _count("pub", group_by="page", keys=("a", "b")), _count("dat", group_by="page")))
+    assert (plan.metric("pub").keys, plan.metric("pub").partition_selection) == ("declared", False)
+    assert (plan.metric("dat").keys, plan.metric("dat").partition_selection) == ("data", True)
+
+
+def test_scope_without_metrics_plans_nothing():
+    """A budget no metric draws on has a pool but plans no spend."""
+    scope = build_plan(_topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY))).scope("b")
+    assert scope.releases_per_period == 0 and scope.planned_total == 0.0 and scope.planned_epsilon == 0.0
+
+
+# ---- reference topologies (through the loader) ----------------------------------------------------
+
+
+def test_seed_example_reproduces_seed_000():
+    """seed-example.yaml: ε 0.4/0.6/0.5/0.5, Laplace b 2.5 / 166.67 / 0.02, top-5 at ε 0.5."""
+    plan = build_plan(load_topology(EXAMPLES / "seed-example.yaml"))
+    scope = plan.scope("risk-features")
+    assert [m.per_release_cost for m in scope.metrics] == pytest.approx([0.4, 0.6, 0.5, 0.5])
+    assert [m.components[0].scale for m in scope.metrics[:3]] == pytest.approx([2.5, 166.6667, 0.02], rel=1e-5)
+    top = plan.metric("q4_top5")
+    assert (top.mechanism, top.k, top.components[0].epsilon) == (Mechanism.EXPONENTIAL, 5, pytest.approx(0.5))
+    assert scope.planned_total == pytest.approx(2.0)
+
+
+def test_seed_adaptive_reproduces_seed_002():
+    """seed-adaptive.yaml: reserve 0.4 of ε 2, ε 0.64/0.48/0.32/0.16, b 1.5625/2.0833/3.125/6.25."""
+    scope = build_plan(load_topology(EXAMPLES / "seed-adaptive.yaml")).scope("columns")
+    assert scope.reserve == pytest.approx(0.4) and scope.pool == pytest.approx(1.6)
+    assert [m.per_release_cost for m in scope.metrics] == pytest.approx([0.64, 0.48, 0.32, 0.16])
+    assert [m.components[0].scale for m in scope.metrics] == pytest.approx([1.5625, 2.08333, 3.125, 6.25], rel=1e-5)
+
+
+def test_web_analytics_releases_and_pool():
+    """web-analytics.yaml: 1440+1440+288+96+24 releases a day and planned ρ = 0.8·ρ*."""
+    scope = build_plan(load_topology(EXAMPLES / "web-analytics.yaml")).scope("web-daily")
+    assert [m.releases_per_period for m in scope.metrics] == [1440, 1440, 288, 96, 24]
+    assert scope.planned_total == pytest.approx(0.8 * acc.rho_cap(1.0, 1e-6), rel=1e-12)
+    active = scope.metrics[1]
+    assert active.overlap == 5 and active.window_kind.value == "hopping"
+
+
+def test_plan_json_shape_is_stable_and_serialisable():
+    """plan_to_json has exactly the documented keys at every level and survives json.dumps."""
+    doc = plan_to_json(build_plan(load_topology(EXAMPLES / "web-analytics.yaml")))
+    json.loads(json.dumps(doc))
+    assert doc["plan_version"] == PLAN_JSON_VERSION
+    assert set(doc) == {"plan_version", "topology", "topology_version", "scopes"}
+    (scope,) = doc["scopes"]
+    assert set(scope) == {
+        "name", "accounting", "currency", "epsilon", "delta", "period", "period_s", "cap", "reserve_fraction",
+        "reserve", "pool", "warn_at", "on_warning", "releases_per_period", "planned_total", "planned_epsilon",
+        "event_level", "horizon", "metrics",
+    }
+    assert set(scope["horizon"]) == {
+        "days", "periods", "rho", "epsilon", "delta", "epsilon_if_reserve_spent", "naive_epsilon", "naive_delta",
+    }
+    assert (scope["currency"], scope["period"], scope["horizon"]["periods"]) == ("rho", "1d", 30)
+    metric = scope["metrics"][0]
+    assert set(metric) == {
+        "name", "aggregate", "mechanism", "privacy_unit", "event_level", "window", "straddling_windows", "weight",
+        "weight_share", "releases_per_period", "per_release_cost", "per_release_epsilon", "per_period_cost",
+        "may_use_reserve", "group_by", "keys", "declared_keys", "partition_selection", "k", "components",
+    }
+    assert set(metric["window"]) == {"kind", "size_s", "every_s", "overlap"}
+    assert set(metric["components"][0]) == {
+        "component", "mechanism", "sensitivity", "cost", "epsilon", "scale", "stddev", "ci95_half_width",
+        "expected_abs_error",
+    }
+    assert metric["declared_keys"] == ["home", "search", "product", "cart", "checkout"]
+    assert sum(m["per_period_cost"] for m in scope["metrics"]) == pytest.approx(scope["pool"])
