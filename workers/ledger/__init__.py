@@ -1,0 +1,92 @@
+"""The budget ledger (DESIGN §4–§5): atomic, idempotent, adaptive, audited spend with a breaker.
+
+    ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
+    q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
+    r = await ledger.reserve(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
+    await ledger.commit(release_id, scope)                              # reserved -> published
+
+One interface, two backends (Redis for production, in-process for `replay` and tests), one
+contract test suite.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "open_ledger",
+    "Ledger",
+    "ReleaseRequest",
+    "Reservation",
+    "Outcome",
+    "Quote",
+    "State",
+    "PendingRelease",
+    "ScopeStatus",
+    "PeriodSummary",
+    "AuditEntry",
+    "AuditKind",
+    "BreakerInfo",
+    "ReconcileReport",
+    "LedgerUnavailable",
+]
+
+import time
+from collections.abc import Callable
+
+from topology.model import Topology
+
+from workers.ledger.base import DEFAULT_RETENTION_S, Ledger
+from workers.ledger.config import scope_configs
+from workers.ledger.errors import LedgerUnavailable
+from workers.ledger.types import (
+    AuditEntry,
+    AuditKind,
+    BreakerInfo,
+    Outcome,
+    PendingRelease,
+    PeriodSummary,
+    Quote,
+    ReconcileReport,
+    ReleaseRequest,
+    Reservation,
+    ScopeStatus,
+    State,
+)
+
+MEMORY = "memory"
+
+
+async def open_ledger(
+    where: str,
+    topology: Topology | None = None,
+    *,
+    allow_volatile: bool = False,
+    actor: str = "worker",
+    clock: Callable[[], float] = time.time,
+    retention_s: int = DEFAULT_RETENTION_S,
+    max_connections: int = 128,
+) -> Ledger:
+    """Open the ledger at `where` ("memory" or a redis:// URL) and register the topology's scopes.
+
+    A Redis that is not durable (AOF with `appendfsync always`) is refused with a ConfigError
+    unless `allow_volatile`; an unreachable one raises LedgerUnavailable. Without a topology
+    the ledger serves the read and operator calls of the CLI only.
+    """
+    configs = scope_configs(topology) if topology is not None else {}
+    if where == MEMORY:
+        from workers.ledger.memory import MemoryLedger
+
+        ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s)
+    else:
+        from workers.ledger.durability import check_durability
+        from workers.ledger.redis_backend import RedisLedger, connect
+
+        redis_ledger = RedisLedger(connect(where, max_connections), where, configs, clock=clock,
+                                   retention_s=retention_s)
+        try:
+            check_durability(where, await redis_ledger.server_settings(), allow_volatile)
+        except BaseException:
+            await redis_ledger.close()
+            raise
+        ledger = redis_ledger
+    await ledger.register(actor)
+    return ledger

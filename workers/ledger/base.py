@@ -1,0 +1,358 @@
+"""The ledger interface: one contract, shared logic, and the few primitives each backend implements.
+
+Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scripts, or their
+in-process port); pricing, periods, status, history and reconciliation live here once.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Ledger", "RawReserve", "DEFAULT_RETENTION_S"]
+
+import time
+from abc import ABC, abstractmethod
+from calendar import timegm
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from topology.accounting import epsilon_from_rho
+from topology.errors import ConfigError, InternalError
+from topology.periods import period_id as _period_id
+from topology.periods import period_start as _period_start
+
+from workers.ledger.allocation import Snapshot, price, state_of
+from workers.ledger.config import ScopeConfig
+from workers.ledger.keys import check_scope_name
+from workers.ledger.types import (
+    AuditEntry,
+    AuditKind,
+    BreakerInfo,
+    Outcome,
+    PendingRelease,
+    PeriodReconcile,
+    PeriodSummary,
+    Quote,
+    ReconcileReport,
+    ReleaseRequest,
+    Reservation,
+    ScopeStatus,
+    State,
+)
+from workers.ledger.units import cost_to_units, units_to_float
+
+DEFAULT_RETENTION_S = 35 * 86_400
+"""How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""
+
+_PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class RawReserve:
+    """What the reserve step returns, before it is typed."""
+
+    outcome: str
+    payload: bytes
+    reason: str
+    spent_units: int
+    cap_units: int
+    state: str
+    cost_units: int
+
+
+def period_start_of(period_s: int, pid: str) -> int:
+    """The start (epoch s) of the period named `pid` (inverse of `topology.periods.period_id`)."""
+    for fmt in _PERIOD_FORMATS:
+        try:
+            start = timegm(datetime.strptime(pid, fmt).timetuple())
+        except ValueError:
+            continue
+        if _period_id(period_s, start) == pid and _period_start(period_s, start) == start:
+            return start
+    raise InternalError(f"period id {pid!r} does not name a {period_s} s period")
+
+
+class Ledger(ABC):
+    """The budget ledger (DESIGN §4–§5). Every method is async; backends differ only in storage."""
+
+    backend: str = "abstract"
+
+    def __init__(
+        self,
+        configs: Mapping[str, ScopeConfig],
+        *,
+        clock: Callable[[], float] = time.time,
+        retention_s: int = DEFAULT_RETENTION_S,
+    ) -> None:
+        self._configs = dict(configs)
+        self._metric_scope = {p.name: cfg for cfg in self._configs.values() for p in cfg.metrics}
+        self._clock = clock
+        self._retention_s = int(retention_s)
+
+    # ---- public contract -------------------------------------------------------------------
+
+    async def register(self, actor: str = "ledger") -> list[str]:
+        """Store every scope's config; returns the scopes whose config was new or changed (audited)."""
+        changed = []
+        for name, cfg in self._configs.items():
+            if await self._register(name, cfg.stored_fields(), actor, self._now_ms()):
+                changed.append(name)
+        return changed
+
+    def scope_of(self, metric: str) -> ScopeConfig:
+        """The scope config a metric is charged to."""
+        try:
+            return self._metric_scope[metric]
+        except KeyError:
+            raise ConfigError(f"metric {metric!r} is not in the topology this ledger was opened with") from None
+
+    async def quote(self, metric: str, window_start: int, window_end: int) -> Quote:
+        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied."""
+        cfg = self.scope_of(metric)
+        pstart = _period_start(cfg.period_s, window_start)
+        pid = _period_id(cfg.period_s, pstart)
+        stored, breaker, period, counts = await self._snapshot(
+            cfg.name, pid, [p.name for p in cfg.metrics], int(window_end)
+        )
+        if not stored:
+            raise InternalError(f"scope {cfg.name!r} is not registered: open_ledger registers it")
+        snap = Snapshot(
+            cap_units=int(stored["cap"]),
+            reserve_units=int(stored["reserve"]),
+            warn_units=int(stored["warn"]),
+            spent_units=int(period.get("spent", 0)),
+            grant_units=int(period.get("grant", 0)),
+            breaker=_breaker_for(breaker, pid),
+            charged_after=counts,
+        )
+        return price(cfg, snap, metric, pid, pstart, int(window_start), int(window_end))
+
+    async def reserve(self, req: ReleaseRequest) -> Reservation:
+        """Charge one release atomically, or return its stored payload, or refuse (changing nothing)."""
+        cfg = self._configs.get(req.scope)
+        if cfg is None:
+            raise ConfigError(f"budget scope {req.scope!r} is not in the topology this ledger was opened with")
+        cfg.metric(req.metric)
+        if not isinstance(req.payload, (bytes, bytearray)):
+            raise InternalError("release payload must be bytes")
+        if not req.release_id or not req.actor:
+            raise InternalError("release_id and actor must be non-empty")
+        units = cost_to_units(req.cost)
+        pstart = period_start_of(cfg.period_s, req.period_id)
+        raw = await self._reserve(req, units, pstart, self._now_ms())
+        return Reservation(
+            outcome=Outcome(raw.outcome),
+            payload=raw.payload,
+            reason=raw.reason,
+            ratio_after=raw.spent_units / raw.cap_units,
+            state=State(raw.state),
+            cost_units=raw.cost_units,
+        )
+
+    async def commit(self, release_id: str, scope: str) -> bool:
+        """Mark a reserved release published; False when it was already published or is unknown."""
+        check_scope_name(scope)
+        return await self._commit(scope, release_id, self._now_ms()) == 1
+
+    async def pending(self, older_than_s: float) -> list[PendingRelease]:
+        """Releases reserved longer than `older_than_s` ago and not yet published (for the sweeper)."""
+        before = self._now_ms() - int(older_than_s * 1000)
+        out: list[PendingRelease] = []
+        for scope in await self.scopes():
+            out.extend(await self._pending(scope, before))
+        return sorted(out, key=lambda p: (p.reserved_at_ms, p.release_id))
+
+    async def scopes(self) -> list[str]:
+        """Scopes of this ledger's topology, or every registered scope when opened without one."""
+        return sorted(self._configs) if self._configs else sorted(await self._scopes())
+
+    async def status(self, scope: str) -> ScopeStatus:
+        """Where the scope stands in its current (wall-clock) period."""
+        stored = await self._stored(scope)
+        period_s = int(stored["period_s"])
+        now = self._clock()
+        pstart = _period_start(period_s, now)
+        pid = _period_id(period_s, pstart)
+        period = await self._period_fields(scope, pid)
+        breaker = _breaker_for(await self._breaker_fields(scope), pid)
+        cap, reserve, warn = int(stored["cap"]), int(stored["reserve"]), int(stored["warn"])
+        spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
+        elapsed = max(1.0, now - pstart)
+        projected = spent * period_s / elapsed
+        delta = float(stored["delta"])
+        spent_f = units_to_float(spent)
+        eps = epsilon_from_rho(spent_f, delta) if stored["accounting"] == "zcdp" and spent else spent_f
+        return ScopeStatus(
+            scope=scope,
+            accounting=stored["accounting"],
+            period_id=pid,
+            period_start=pstart,
+            period_end=pstart + period_s,
+            cap=units_to_float(cap),
+            spent=spent_f,
+            ratio=spent / cap,
+            epsilon_equiv=eps,
+            delta=delta,
+            state=state_of(spent, warn, breaker is not None),
+            granted=int(period.get("granted", 0)),
+            refused=int(period.get("refused", 0)),
+            reserve_left=units_to_float(max(0, min(reserve, cap - spent))),
+            pool_left=units_to_float(max(0, min(cap, cap - reserve + grant) - spent)),
+            seconds_to_period_end=int(pstart + period_s - now),
+            projected_spend=units_to_float(int(projected)),
+            projected_ratio=projected / cap,
+            warn_at=float(stored["warn_at"]),
+            breaker=breaker,
+            cap_units=cap,
+            spent_units=spent,
+        )
+
+    async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
+        """The scope's period blocks, newest first."""
+        await self._stored(scope)
+        out = []
+        for pid, start in await self._period_ids(scope, limit):
+            f = await self._period_fields(scope, pid)
+            out.append(
+                PeriodSummary(
+                    period_id=pid,
+                    start=start,
+                    cap_units=int(f.get("cap", 0)),
+                    reserve_units=int(f.get("reserve", 0)),
+                    spent_units=int(f.get("spent", 0)),
+                    granted=int(f.get("granted", 0)),
+                    refused=int(f.get("refused", 0)),
+                    grant_units=int(f.get("grant", 0)),
+                )
+            )
+        return out
+
+    async def audit(self, scope: str, since_ms: int = 0, limit: int | None = None) -> list[AuditEntry]:
+        """The scope's audit trail from `since_ms` (epoch ms), oldest first."""
+        check_scope_name(scope)
+        rows = await self._audit(scope, int(since_ms), limit)
+        return [AuditEntry(id=i, kind=AuditKind(f["kind"]), fields=f) for i, f in rows]
+
+    async def reconcile(self, scope: str) -> ReconcileReport:
+        """Rebuild each period's spend from the audit stream's charges and compare with the stored spend."""
+        await self._stored(scope)
+        audited: dict[str, list[int]] = {}
+        for entry in await self.audit(scope):
+            if entry.kind is AuditKind.CHARGE:
+                sums = audited.setdefault(entry.fields["period"], [0, 0])
+                sums[0] += int(entry.fields["cost"])
+                sums[1] += 1
+        pids = {pid for pid, _ in await self._period_ids(scope, None)} | set(audited)
+        rows = []
+        for pid in sorted(pids):
+            f = await self._period_fields(scope, pid)
+            a = audited.get(pid, [0, 0])
+            rows.append(PeriodReconcile(pid, int(f.get("spent", 0)), a[0], int(f.get("granted", 0)), a[1]))
+        return ReconcileReport(scope, tuple(rows))
+
+    async def open_breaker(self, scope: str, reason: str, actor: str) -> bool:
+        """Operator opens the scope's breaker (stays open across periods until closed); True if it changed."""
+        return await self._operator_breaker(scope, "open", reason, actor)
+
+    async def close_breaker(self, scope: str, reason: str, actor: str) -> bool:
+        """Operator closes the breaker (manual and automatic); True if it changed."""
+        return await self._operator_breaker(scope, "close", reason, actor)
+
+    async def grant_reserve(self, scope: str, amount: float, reason: str, actor: str) -> int:
+        """Operator lets ordinary metrics draw `amount` of the reserve in the current period (audited)."""
+        _need_reason(reason, actor)
+        stored = await self._stored(scope)
+        period_s = int(stored["period_s"])
+        pstart = _period_start(period_s, self._clock())
+        return await self._grant(
+            scope, _period_id(period_s, pstart), pstart, cost_to_units(amount), reason, actor, self._now_ms()
+        )
+
+    async def close(self) -> None:
+        """Release connections (no-op for the in-process backend)."""
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def _stored(self, scope: str) -> dict[str, str]:
+        check_scope_name(scope)
+        stored = await self._config_fields(scope)
+        if not stored:
+            known = ", ".join(await self._scopes()) or "none"
+            raise ConfigError(
+                f"budget scope {scope!r} is not registered in the ledger (registered: {known}): "
+                "check --scope, or start a worker with the topology first"
+            )
+        return stored
+
+    async def _operator_breaker(self, scope: str, action: str, reason: str, actor: str) -> bool:
+        _need_reason(reason, actor)
+        stored = await self._stored(scope)
+        period_s = int(stored["period_s"])
+        pid = _period_id(period_s, self._clock())
+        return await self._breaker(scope, action, reason, actor, pid, self._now_ms())
+
+    # ---- backend primitives ---------------------------------------------------------------------
+
+    @abstractmethod
+    async def _register(self, scope: str, fields: dict[str, str], actor: str, now_ms: int) -> bool: ...
+
+    @abstractmethod
+    async def _snapshot(
+        self, scope: str, pid: str, metrics: Sequence[str], window_end: int
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
+        """(config, breaker, period, charged-after counts) in one consistent read."""
+
+    @abstractmethod
+    async def _reserve(self, req: ReleaseRequest, cost_units: int, period_start: int, now_ms: int) -> RawReserve: ...
+
+    @abstractmethod
+    async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
+
+    @abstractmethod
+    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]: ...
+
+    @abstractmethod
+    async def _config_fields(self, scope: str) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def _breaker_fields(self, scope: str) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
+        """(period id, start), newest first."""
+
+    @abstractmethod
+    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]: ...
+
+    @abstractmethod
+    async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool: ...
+
+    @abstractmethod
+    async def _grant(
+        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
+    ) -> int: ...
+
+    @abstractmethod
+    async def _scopes(self) -> list[str]: ...
+
+
+def _need_reason(reason: str, actor: str) -> None:
+    if not reason or not reason.strip():
+        raise ConfigError('--reason "…": an operator action needs a reason (it goes to the audit trail)')
+    if not actor or not actor.strip():
+        raise ConfigError("--actor: an operator action needs an actor name (it goes to the audit trail)")
+
+
+def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
+    """The breaker that holds period `pid` open: the manual one, or an automatic open of this period."""
+    if fields.get("manual") == "1":
+        return BreakerInfo(True, fields.get("manual_reason", ""), fields.get("manual_actor", ""),
+                           int(fields.get("manual_at", 0)))
+    if fields.get("auto_period") == pid:
+        return BreakerInfo(False, fields.get("auto_reason", ""), "ledger", int(fields.get("auto_at", 0)), pid)
+    return None

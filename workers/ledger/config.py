@@ -1,0 +1,120 @@
+"""A budget scope as the ledger registers it: cap, reserve and warning threshold in units, metric plans.
+
+Built from the topology once at `open_ledger`; its digest is stored with the scope so a changed
+config is noticed and audited.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MetricPlan", "ScopeConfig", "scope_configs"]
+
+import hashlib
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+
+from topology.accounting import rho_cap
+from topology.errors import ConfigError
+from topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
+
+from workers.ledger.keys import check_scope_name
+from workers.ledger.units import cap_to_units, share_of_units
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    """What allocation needs of one metric: weight (exact), window, releases per period."""
+
+    name: str
+    weight: Fraction
+    window: Window
+    per_period: int
+    may_use_reserve: bool
+
+
+@dataclass(frozen=True)
+class ScopeConfig:
+    """One budget scope in ledger terms."""
+
+    name: str
+    accounting: Accounting
+    epsilon: float
+    delta: float
+    period_s: int
+    cap_units: int
+    reserve_units: int
+    warn_units: int
+    reserve: float
+    warn_at: float
+    on_warning: WarningPolicy
+    metrics: tuple[MetricPlan, ...]
+
+    @classmethod
+    def from_budget(cls, budget: Budget, metrics: list[Metric]) -> ScopeConfig:
+        """Cap = ρ* (CKS20) for zCDP scopes, ε for pure ones; reserve and warn_at as fractions of it."""
+        check_scope_name(budget.name)
+        where = f"budget {budget.name!r}"
+        if not 0 <= budget.reserve < 1:
+            raise ConfigError(f"{where}: reserve {budget.reserve!r} must be in [0, 1)")
+        if not 0 < budget.warn_at <= 1:
+            raise ConfigError(f"{where}: warn_at {budget.warn_at!r} must be in (0, 1]")
+        cap = rho_cap(budget.epsilon, budget.delta) if budget.accounting is Accounting.ZCDP else budget.epsilon
+        cap_units = cap_to_units(cap, where)
+        plans = tuple(
+            MetricPlan(
+                m.name,
+                Fraction(repr(float(m.weight))),
+                m.window,
+                m.window.releases_per_period(budget.period_s),
+                m.may_use_reserve,
+            )
+            for m in metrics
+        )
+        return cls(
+            name=budget.name,
+            accounting=budget.accounting,
+            epsilon=budget.epsilon,
+            delta=budget.delta,
+            period_s=budget.period_s,
+            cap_units=cap_units,
+            reserve_units=share_of_units(cap_units, budget.reserve),
+            warn_units=share_of_units(cap_units, budget.warn_at),
+            reserve=budget.reserve,
+            warn_at=budget.warn_at,
+            on_warning=budget.on_warning,
+            metrics=plans,
+        )
+
+    def metric(self, name: str) -> MetricPlan:
+        """The plan of one metric of this scope (ConfigError if it is not charged here)."""
+        for plan in self.metrics:
+            if plan.name == name:
+                return plan
+        raise ConfigError(f"metric {name!r} is not charged to budget {self.name!r}")
+
+    def stored_fields(self) -> dict[str, str]:
+        """The fields kept in the scope's config hash (read by scripts and the CLI)."""
+        fields = {
+            "cap": str(self.cap_units),
+            "reserve": str(self.reserve_units),
+            "warn": str(self.warn_units),
+            "reserve_frac": repr(self.reserve),
+            "warn_at": repr(self.warn_at),
+            "accounting": self.accounting.value,
+            "epsilon": repr(self.epsilon),
+            "delta": repr(self.delta),
+            "period_s": str(self.period_s),
+            "stretch": repr(self.on_warning.stretch),
+            "thin": str(self.on_warning.thin),
+            "metrics": json.dumps(
+                [[p.name, str(p.weight), p.window.size_s, p.window.every_s, p.may_use_reserve] for p in self.metrics],
+                separators=(",", ":"),
+            ),
+        }
+        fields["digest"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        return fields
+
+
+def scope_configs(topology: Topology) -> dict[str, ScopeConfig]:
+    """Every budget scope of a topology, by name."""
+    return {name: ScopeConfig.from_budget(b, topology.metrics_of(name)) for name, b in topology.budgets.items()}

@@ -1,0 +1,40 @@
+"""Refuse to run the ledger on a Redis that could lose an acknowledged charge (DESIGN §4).
+
+A durable server has `appendonly yes` and `appendfsync always`: a reply to a charge means it
+is on disk. Anything else is refused unless the operator passes `--allow-volatile`, loudly.
+"""
+
+from __future__ import annotations
+
+__all__ = ["check_durability", "durability_problem"]
+
+import sys
+from collections.abc import Mapping
+
+from topology.errors import ConfigError
+
+
+def durability_problem(settings: Mapping[str, str]) -> str | None:
+    """None when the server settings are durable, else what is wrong, in one phrase."""
+    aof = settings.get("appendonly", "?")
+    fsync = settings.get("appendfsync", "?")
+    if aof != "yes" or fsync != "always":
+        return f"appendonly={aof}, appendfsync={fsync} (need appendonly=yes, appendfsync=always)"
+    return None
+
+
+def check_durability(url: str, settings: Mapping[str, str], allow_volatile: bool) -> None:
+    """ConfigError on a non-durable server; with `allow_volatile` print a loud warning instead."""
+    problem = durability_problem(settings)
+    if problem is None:
+        return
+    if not allow_volatile:
+        raise ConfigError(
+            f"redis {url}: not durable: {problem}: an acknowledged charge could be lost on a crash; "
+            "configure AOF with fsync always, or pass --allow-volatile for throwaway runs"
+        )
+    print(
+        f"dpstream: WARNING: ledger on a NON-DURABLE Redis ({url}: {problem}); "
+        "acknowledged charges can be lost on a crash (--allow-volatile)",
+        file=sys.stderr,
+    )

@@ -1,0 +1,11 @@
+"""The ledger's own error: Redis cannot be reached, so nothing is granted (fail closed)."""
+
+from __future__ import annotations
+
+__all__ = ["LedgerUnavailable"]
+
+from topology.errors import DpstreamError
+
+
+class LedgerUnavailable(DpstreamError):
+    """The ledger's store did not answer: no charge was made, nothing may be published."""

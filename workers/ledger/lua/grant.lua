@@ -1,0 +1,29 @@
+-- grant.lua: an operator lets ordinary metrics draw `units` of the reserve in one period; audited.
+--
+-- KEYS[1] period   hash    dpstream:{S}:period:P
+-- KEYS[2] breaker  hash    dpstream:{S}:breaker
+-- KEYS[3] audit    stream  dpstream:{S}:audit
+-- KEYS[4] config   hash    dpstream:{S}:config
+-- KEYS[5] periods  zset    dpstream:{S}:periods
+-- ARGV: [1] units (integer > 0) [2] reason (non-empty) [3] actor [4] now_ms [5] period id [6] period start
+-- Returns the period's total grant in units.
+-- Invariant: the grant only widens the pool up to the cap; spend can never pass the cap.
+
+local units = tonumber(ARGV[1])
+if not units or units <= 0 or units ~= math.floor(units) then
+  return redis.error_reply('dpstream: grant: bad units ' .. tostring(ARGV[1]))
+end
+if ARGV[2] == '' then return redis.error_reply('dpstream: grant: a reason is required') end
+local cfg = redis.call('HMGET', KEYS[4], 'cap', 'reserve')
+if not cfg[1] then return redis.error_reply('dpstream: grant: scope not registered') end
+redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'start', ARGV[6])
+redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5])
+local total = redis.call('HINCRBY', KEYS[1], 'grant', ARGV[1])
+redis.call('XADD', KEYS[3], '*', 'kind', 'grant', 'period', ARGV[5], 'release_id', '', 'metric', '', 'cost', ARGV[1],
+           'spent', '', 'ratio', '', 'state', '', 'reason', ARGV[2], 'actor', ARGV[3])
+if redis.call('HGET', KEYS[2], 'auto_period') == ARGV[5] then
+  redis.call('HDEL', KEYS[2], 'auto_period', 'auto_start', 'auto_reason', 'auto_at')
+  redis.call('XADD', KEYS[3], '*', 'kind', 'breaker_close', 'period', ARGV[5], 'release_id', '', 'metric', '',
+             'cost', '', 'spent', '', 'ratio', '', 'state', '', 'reason', 'reserve granted: ' .. ARGV[2], 'actor', ARGV[3])
+end
+return total

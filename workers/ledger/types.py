@@ -1,0 +1,228 @@
+"""Values the ledger takes and returns: requests, outcomes, quotes, status, audit entries."""
+
+from __future__ import annotations
+
+__all__ = [
+    "Outcome",
+    "State",
+    "AuditKind",
+    "ReleaseRequest",
+    "Reservation",
+    "Quote",
+    "PendingRelease",
+    "BreakerInfo",
+    "PeriodSummary",
+    "ScopeStatus",
+    "AuditEntry",
+    "PeriodReconcile",
+    "ReconcileReport",
+    "RATIO_TOKEN",
+]
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+RATIO_TOKEN = b'"ratio_after":null'
+"""The placeholder in a release record that `reserve` replaces with the ratio after the charge."""
+
+
+class Outcome(Enum):
+    """What `reserve` did."""
+
+    GRANTED = "granted"
+    """Charged now; the payload is stored and must be published."""
+    DUPLICATE = "duplicate"
+    """The release_id was charged before: nothing charged, the first stored payload returned."""
+    REFUSED = "refused"
+    """Not charged (breaker open or no budget left); nothing stored; `reason` says why."""
+
+
+class State(Enum):
+    """A scope's state in one period (DESIGN §5)."""
+
+    NORMAL = "normal"
+    """ratio < warn_at."""
+    WARNING = "warning"
+    """ratio ≥ warn_at: `on_warning` stretches noise or thins releases."""
+    OPEN = "open"
+    """Breaker open (the next release could not fit, or an operator opened it): everything refused."""
+
+
+class AuditKind(Enum):
+    """Kinds of audit stream entries."""
+
+    CHARGE = "charge"
+    REFUSAL = "refusal"
+    BREAKER_OPEN = "breaker_open"
+    BREAKER_CLOSE = "breaker_close"
+    STATE = "state"
+    PERIOD = "period"
+    GRANT = "grant"
+    CONFIG = "config"
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """One release to charge: its id, where it is charged, its cost and its full record bytes."""
+
+    release_id: str
+    scope: str
+    period_id: str
+    metric: str
+    window_start: int
+    window_end: int
+    cost: float
+    """In the scope's currency (ρ or ε); charged rounded up to 1e-12."""
+    payload: bytes
+    may_use_reserve: bool = False
+    actor: str = "worker"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The answer of `reserve`."""
+
+    outcome: Outcome
+    payload: bytes
+    """The stored, final bytes to publish (empty when refused)."""
+    reason: str
+    ratio_after: float
+    """spent / cap of the period after this call."""
+    state: State
+    cost_units: int = 0
+    """Units charged now (0 unless GRANTED)."""
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What the next release of a metric may cost now (DESIGN §5), and whether it may go at all."""
+
+    metric: str
+    scope: str
+    period_id: str
+    cost: float
+    """Grantable cost in the scope's currency (0 when refused or thinned)."""
+    cost_units: int
+    state: State
+    thinned: bool = False
+    """True when `on_warning: thin` skips this window: do not release it."""
+    stretched: bool = False
+    """True when the `on_warning` stretch factor was applied."""
+    refused_reason: str | None = None
+    may_use_reserve: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when a release with this cost may be reserved."""
+        return self.refused_reason is None and not self.thinned and self.cost_units > 0
+
+
+@dataclass(frozen=True)
+class PendingRelease:
+    """A release reserved but not yet published: the sweeper republishes `payload` as is."""
+
+    release_id: str
+    scope: str
+    period_id: str
+    metric: str
+    window_start: int
+    window_end: int
+    cost_units: int
+    reserved_at_ms: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class BreakerInfo:
+    """Who opened a breaker and why."""
+
+    manual: bool
+    reason: str
+    actor: str
+    at_ms: int
+    period_id: str = ""
+
+
+@dataclass(frozen=True)
+class PeriodSummary:
+    """One period block as stored."""
+
+    period_id: str
+    start: int
+    cap_units: int
+    reserve_units: int
+    spent_units: int
+    granted: int
+    refused: int
+    grant_units: int
+
+
+@dataclass(frozen=True)
+class ScopeStatus:
+    """Where a scope's budget stands in its current period (`dpstream budget status`)."""
+
+    scope: str
+    accounting: str
+    period_id: str
+    period_start: int
+    period_end: int
+    cap: float
+    spent: float
+    ratio: float
+    epsilon_equiv: float
+    delta: float
+    state: State
+    granted: int
+    refused: int
+    reserve_left: float
+    pool_left: float
+    seconds_to_period_end: int
+    projected_spend: float
+    projected_ratio: float
+    warn_at: float
+    breaker: BreakerInfo | None = None
+    cap_units: int = 0
+    spent_units: int = 0
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audit stream entry (id `ms-seq`, as Redis stream ids)."""
+
+    id: str
+    kind: AuditKind
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def at_ms(self) -> int:
+        """Time of the entry, in ms since the epoch (from its id)."""
+        return int(self.id.split("-", 1)[0])
+
+
+@dataclass(frozen=True)
+class PeriodReconcile:
+    """Spend of one period as stored and as rebuilt from the audit stream."""
+
+    period_id: str
+    stored_units: int
+    audited_units: int
+    stored_granted: int
+    audited_charges: int
+
+    @property
+    def ok(self) -> bool:
+        """True when stored spend and charge count equal the audit's."""
+        return self.stored_units == self.audited_units and self.stored_granted == self.audited_charges
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """`budget reconcile` result for one scope."""
+
+    scope: str
+    periods: tuple[PeriodReconcile, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when every period matches."""
+        return all(p.ok for p in self.periods)
