@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords and not runslow:
             item.add_marker(skip_slow)
-        if integration_dir in Path(str(item.fspath)).parents:
+        if integration_dir in item.path.parents:
             item.add_marker(pytest.mark.integration)
 
 
