@@ -1,0 +1,9 @@
+"""Noise for every published value: OpenDP mechanisms, error bars, and the empirical audit.
+
+Sampling is runtime (here); what a release costs is arithmetic (`topology.accounting`).
+"""
+
+from workers.noise.mechanisms import TOP_K_SELECTION_SHARE, ReleaseMechanism, build_release_mechanism
+from workers.noise.release import NoisyRelease
+
+__all__ = ["build_release_mechanism", "NoisyRelease", "ReleaseMechanism", "TOP_K_SELECTION_SHARE"]

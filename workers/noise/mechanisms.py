@@ -1,0 +1,304 @@
+"""Release mechanisms: true aggregates in, `NoisyRelease` out, charged exactly what the plan says.
+
+`build_release_mechanism(metric, accounting, cost, delta=...)` builds (once per argument set,
+cached) the OpenDP measurements for one release of `metric` at the granted `cost`, checking each
+privacy map against the charge. Counts are noised as integers; real sums and means on a
+fixed-point grid (`workers.noise.grid`); a mean without public denominator is a centred noisy
+sum over a noisy count (cost split as `topology.calibration` says); histograms are one vector
+release; top-k is OpenDP's noisy top-k; data-derived keys pass Laplace/Gaussian thresholding
+with the partition-selection δ the plan grants (`delta`).
+
+The noisy-ratio mean's interval is approximate (delta method on the noisy parts, post-processing
+only): h ≈ z·√(σ_sum² + m̂²σ_count²)/max(n̂, 1), m̂ the noisy centred mean, capped at the bounds' width.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ReleaseMechanism", "build_release_mechanism", "TOP_K_SELECTION_SHARE"]
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+from topology.calibration import Z95, NoiseComponent, calibrate
+from topology.errors import InternalError
+from topology.model import Accounting, Aggregate, Mechanism, Metric
+from workers.noise import discrete, measurements
+from workers.noise.grid import FixedPointGrid, choose_grid
+from workers.noise.release import NoisyRelease, apply_postprocess
+
+TOP_K_SELECTION_SHARE = 0.5
+"""Share of a top-k release's cost spent on choosing candidates when its keys come from the data."""
+
+_NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
+
+
+@dataclass(frozen=True)
+class _Codec:
+    """How a true aggregate becomes grid integers and back: value ≈ units × unit."""
+
+    unit: float
+    per_key_units: int
+    grid: FixedPointGrid | None
+    """None for integer aggregates (counts), which are noised as they are."""
+
+    def encode(self, value: float | int) -> int:
+        if self.grid is not None:
+            return self.grid.encode(float(value))
+        if isinstance(value, bool) or not float(value).is_integer():
+            raise InternalError(f"count aggregate {type(value).__name__} is not an integer")
+        return int(value)
+
+    def decode(self, units: int) -> float:
+        return self.grid.decode(units) if self.grid is not None else float(units)
+
+
+def _codec(component: NoiseComponent, integer: bool) -> _Codec:
+    if integer:
+        linf = component.sensitivity.linf
+        if not float(linf).is_integer():
+            raise InternalError(f"integer aggregate with non-integer sensitivity {linf}")
+        return _Codec(1.0, int(linf), None)
+    grid = choose_grid(component.sensitivity.linf, component.scale)
+    return _Codec(grid.step, grid.per_key_units, grid)
+
+
+def _keys_touched(metric: Metric) -> int:
+    return metric.contribution.max_keys if metric.group_by is not None else 1
+
+
+def _released_keys(metric: Metric) -> tuple[str, ...] | None:
+    """The public key list ('' for ungrouped), or None when keys come from the data."""
+    if metric.group_by is None:
+        return ("",)
+    return metric.keys
+
+
+def _noise(component: NoiseComponent, accounting: Accounting, codec: _Codec, keys: int) -> measurements.IntegerNoise:
+    l1 = keys * codec.per_key_units
+    l2 = math.sqrt(keys) * codec.per_key_units
+    return measurements.integer_noise(component.mechanism, accounting, component.cost, l1, l2)
+
+
+def _spread(noise: measurements.IntegerNoise, codec: _Codec) -> dict[str, float]:
+    out = {"scale": noise.scale * codec.unit, "stddev": noise.stddev * codec.unit}
+    if codec.grid is not None:
+        out["grid_step"] = codec.unit
+    return out
+
+
+def _selection_info(thr: measurements.Threshold, unit: float, granted: float) -> dict[str, Any]:
+    return {"mechanism": thr.name, "threshold": thr.threshold * unit, "delta": thr.delta, "delta_granted": granted}
+
+
+class ReleaseMechanism:
+    """One metric's release at one cost: `release(true_values) -> NoisyRelease`."""
+
+    metric: Metric
+    cost: float
+    delta: float
+    partition_selection: dict[str, Any] | None = None
+    """Static partition-selection facts (mechanism, threshold, δ) for the plan, or None."""
+
+    def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:  # pragma: no cover - interface
+        """Noise one window's true aggregates."""
+        raise NotImplementedError
+
+    def noise_batch(self, true_value: Any, n: int) -> list[float]:  # pragma: no cover - interface
+        """n independent releases of one key's true value, before post-processing (tests, audit)."""
+        raise NotImplementedError
+
+
+class _ValueRelease(ReleaseMechanism):
+    """Counts, sums and means over a public denominator: one noisy integer per key."""
+
+    def __init__(self, metric: Metric, accounting: Accounting, cost: float, delta: float) -> None:
+        (component,) = calibrate(metric, accounting, cost)
+        self.metric, self.cost, self.delta = metric, cost, delta
+        integer = metric.aggregate in (Aggregate.COUNT, Aggregate.COUNT_UNITS)
+        self._codec = _codec(component, integer)
+        self._noise = _noise(component, accounting, self._codec, _keys_touched(metric))
+        self._keys = _released_keys(metric)
+        self._threshold = None
+        suffix = "" if integer else "_fixed_point"
+        self._name = _NAMES[component.mechanism] + suffix
+        if self._keys is None:
+            self._threshold = measurements.threshold(
+                self._noise, accounting, metric.contribution.max_keys, self._codec.per_key_units, delta
+            )
+            self.partition_selection = _selection_info(self._threshold, self._codec.unit, delta)
+
+    def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
+        """Noisy value per public key (zero-filled), or per key surviving partition selection."""
+        codec = self._codec
+        if self._threshold is not None:
+            noisy_units = self._threshold.draw({str(k): codec.encode(v) for k, v in true_values.items()})
+            raw = {k: codec.decode(u) for k, u in sorted(noisy_units.items())}
+        else:
+            assert self._keys is not None
+            units = self._noise.draw([codec.encode(true_values.get(k, 0)) for k in self._keys])
+            raw = {k: codec.decode(u) for k, u in zip(self._keys, units)}
+        values, flags = apply_postprocess(raw, self.metric.postprocess)
+        return NoisyRelease(
+            values=values,
+            mechanism=self._name,
+            noise=_spread(self._noise, codec),
+            ci={"level": discrete.LEVEL, "half_width": self._noise.ci_half_width * codec.unit},
+            cost=self.cost,
+            postprocess=flags,
+            partition_selection=self.partition_selection,
+        )
+
+    def noise_batch(self, true_value: Any, n: int) -> list[float]:
+        """n independent noisy copies of one key's value (one OpenDP vector call)."""
+        units = self._noise.draw([self._codec.encode(true_value)] * n)
+        return [self._codec.decode(u) for u in units]
+
+
+class _RatioMeanRelease(ReleaseMechanism):
+    """Mean without public denominator: mid + noisy centred sum / noisy count, clamped to the bounds."""
+
+    def __init__(self, metric: Metric, accounting: Accounting, cost: float, delta: float) -> None:
+        sum_part, count_part = calibrate(metric, accounting, cost)
+        assert metric.bounds is not None
+        self.metric, self.cost, self.delta = metric, cost, delta
+        self._lower, self._upper = metric.bounds.lower, metric.bounds.upper
+        self._mid = Fraction(metric.bounds.lower) / 2 + Fraction(metric.bounds.upper) / 2
+        keys = _keys_touched(metric)
+        self._sum_codec = _codec(sum_part, integer=False)
+        self._count_codec = _codec(count_part, integer=True)
+        self._sum = _noise(sum_part, accounting, self._sum_codec, keys)
+        self._count = _noise(count_part, accounting, self._count_codec, keys)
+        self._keys = _released_keys(metric)
+        self._threshold = None
+        self._name = _NAMES[sum_part.mechanism] + "_fixed_point_ratio"
+        if self._keys is None:
+            self._threshold = measurements.threshold(
+                self._count, accounting, metric.contribution.max_keys, self._count_codec.per_key_units, delta
+            )
+            self.partition_selection = _selection_info(self._threshold, 1.0, delta)
+
+    def _centred_units(self, total: float, count: int) -> int:
+        if not math.isfinite(total):
+            raise InternalError("non-finite true sum reached the noisy-mean encoder")
+        centred = Fraction(total) - self._mid * int(count)
+        assert self._sum_codec.grid is not None
+        return self._sum_codec.grid.encode(centred)
+
+    def _finish(self, sum_units: int, count_units: int) -> tuple[float, float]:
+        """The clamped noisy mean and its approximate 95 % half-width."""
+        n_hat = max(float(count_units), 1.0)
+        centred = self._sum_codec.decode(sum_units) / n_hat
+        half_range = (self._upper - self._lower) / 2.0
+        centred = min(max(centred, -half_range), half_range)
+        s_sum = self._sum.stddev * self._sum_codec.unit
+        s_count = self._count.stddev
+        half = min(Z95 * math.sqrt(s_sum**2 + (centred * s_count) ** 2) / n_hat, self._upper - self._lower)
+        return float(self._mid) + centred, half
+
+    def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
+        """Noisy mean per key from (clamped raw sum, count) pairs."""
+        if self._threshold is not None:
+            counts = self._threshold.draw({str(k): int(c) for k, (_, c) in true_values.items()})
+            keys = tuple(sorted(counts))
+            count_units = [counts[k] for k in keys]
+        else:
+            assert self._keys is not None
+            keys = self._keys
+            count_units = self._count.draw([int(true_values.get(k, (0.0, 0))[1]) for k in keys])
+        pairs = [true_values.get(k, (0.0, 0)) for k in keys]
+        sum_units = self._sum.draw([self._centred_units(float(s), int(c)) for s, c in pairs]) if keys else []
+        raw, halves = {}, {}
+        for key, su, cu in zip(keys, sum_units, count_units):
+            raw[key], halves[key] = self._finish(su, cu)
+        values, flags = apply_postprocess(raw, self.metric.postprocess)
+        flags["clamp_bounds"] = True
+        return NoisyRelease(
+            values=values,
+            mechanism=self._name,
+            noise={"sum": _spread(self._sum, self._sum_codec), "count": _spread(self._count, self._count_codec)},
+            ci={"level": discrete.LEVEL, "half_width": halves, "approximate": True},
+            cost=self.cost,
+            postprocess=flags,
+            partition_selection=self.partition_selection,
+        )
+
+    def noise_batch(self, true_value: Any, n: int) -> list[float]:
+        """n independent noisy means of one key's (sum, count)."""
+        total, count = true_value
+        sums = self._sum.draw([self._centred_units(float(total), int(count))] * n)
+        counts = self._count.draw([int(count)] * n)
+        return [self._finish(s, c)[0] for s, c in zip(sums, counts)]
+
+
+class _TopKRelease(ReleaseMechanism):
+    """The k highest-count keys by OpenDP's noisy top-k; data-derived candidates are thresholded first."""
+
+    def __init__(self, metric: Metric, accounting: Accounting, cost: float, delta: float) -> None:
+        (component,) = calibrate(metric, accounting, cost)
+        self.metric, self.cost, self.delta = metric, cost, delta
+        k = metric.k or 1
+        linf = int(component.sensitivity.linf)
+        self._keys = metric.keys
+        self._threshold = None
+        select_cost = cost
+        if self._keys is None:
+            select_cost = cost * (1.0 - TOP_K_SELECTION_SHARE)
+            mechanism = Mechanism.GAUSSIAN if accounting is Accounting.ZCDP else Mechanism.LAPLACE
+            max_keys = metric.contribution.max_keys
+            noise = measurements.integer_noise(
+                mechanism, accounting, cost * TOP_K_SELECTION_SHARE, max_keys * linf, math.sqrt(max_keys) * linf
+            )
+            self._threshold = measurements.threshold(noise, accounting, max_keys, linf, delta)
+            self.partition_selection = _selection_info(self._threshold, 1.0, delta) | {
+                "cost_share": TOP_K_SELECTION_SHARE
+            }
+        self._top = measurements.top_k(accounting, select_cost, k, linf)
+
+    def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
+        """Keys in rank order; candidates are the declared keys or those surviving selection."""
+        counts = {str(k): int(v) for k, v in true_values.items()}
+        if self._threshold is not None:
+            candidates = tuple(sorted(self._threshold.draw(counts)))
+        else:
+            assert self._keys is not None
+            candidates = self._keys
+        chosen = self._top.select([counts.get(k, 0) for k in candidates]) if candidates else []
+        return NoisyRelease(
+            values={},
+            keys=tuple(candidates[i] for i in chosen),
+            mechanism=self._top.name,
+            noise={"scale": self._top.scale, "stddev": None},
+            ci=None,
+            cost=self.cost,
+            postprocess={"round": False, "clamp_zero": False},
+            partition_selection=self.partition_selection,
+        )
+
+    def noise_batch(self, true_value: Any, n: int) -> list[float]:
+        """Index (into the declared keys) of the first-ranked key, n times: for tests and the audit."""
+        scores = [int(true_value.get(k, 0)) for k in (self._keys or sorted(true_value))]
+        return [float(self._top.select(scores)[0]) for _ in range(n)]
+
+
+@lru_cache(maxsize=1024)
+def _build(metric: Metric, accounting: Accounting, cost: float, delta: float) -> ReleaseMechanism:
+    if metric.aggregate is Aggregate.TOP_K:
+        return _TopKRelease(metric, accounting, cost, delta)
+    if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
+        return _RatioMeanRelease(metric, accounting, cost, delta)
+    return _ValueRelease(metric, accounting, cost, delta)
+
+
+def build_release_mechanism(metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0) -> ReleaseMechanism:
+    """The (cached) mechanism releasing `metric` at `cost`; `delta` is its partition-selection δ.
+
+    Raises InternalError if any OpenDP privacy map disagrees with the charge (1e-9 relative),
+    or if data-derived keys are released without a δ in (0, 1).
+    """
+    if not math.isfinite(cost) or cost <= 0:
+        raise InternalError(f"metric {metric.name!r}: release priced at non-positive cost {cost}")
+    return _build(metric, accounting, float(cost), float(delta))

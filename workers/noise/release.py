@@ -1,0 +1,64 @@
+"""`NoisyRelease`: the noisy values of one window plus the noise metadata of the release record."""
+
+from __future__ import annotations
+
+__all__ = ["NoisyRelease", "apply_postprocess"]
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from topology.model import PostProcess
+
+
+@dataclass(frozen=True)
+class NoisyRelease:
+    """What one release publishes (DESIGN §6: values, mechanism, noise, ci) and what it cost.
+
+    `values` maps each released key to its noisy value ('' for an ungrouped metric); a top-k
+    release has `keys` in rank order and empty `values`. `noise` is {scale, stddev} in value
+    units, or {component: {scale, stddev}} when several noisy parts make up the value.
+    `ci` is {level, half_width}: the half-width is one number for every key, except for a
+    noisy-ratio mean, where it is an approximate per-key dict (see `workers.noise.mechanisms`).
+    """
+
+    values: dict[str, float]
+    mechanism: str
+    noise: dict[str, Any]
+    ci: dict[str, Any] | None
+    cost: float
+    postprocess: dict[str, bool] = field(default_factory=dict)
+    keys: tuple[str, ...] = ()
+    partition_selection: dict[str, Any] | None = None
+
+    def to_record_fields(self) -> dict[str, Any]:
+        """The release-record fields this object owns, as plain JSON-able values."""
+        fields: dict[str, Any] = {
+            "values": dict(self.values),
+            "mechanism": self.mechanism,
+            "noise": _plain(self.noise),
+            "ci": _plain(self.ci),
+            "postprocess": dict(self.postprocess),
+        }
+        if self.keys or self.mechanism.startswith("noisy_top_k"):
+            fields["keys"] = list(self.keys)
+        if self.partition_selection is not None:
+            fields["partition_selection"] = _plain(self.partition_selection)
+        return fields
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def apply_postprocess(values: dict[str, float], options: PostProcess) -> tuple[dict[str, float], dict[str, bool]]:
+    """Round and/or clamp at 0 (free post-processing); returns the values and the flags applied."""
+    out = dict(values)
+    if options.clamp_zero:
+        out = {k: max(0.0, v) for k, v in out.items()}
+    if options.round:
+        out = {k: float(round(v)) for k, v in out.items()}
+    return out, {"round": options.round, "clamp_zero": options.clamp_zero}
