@@ -1,0 +1,137 @@
+"""Contribution bounding per (unit, window): L0 max_keys, L∞ max_per_key, clamping, count_units."""
+
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+from topology.loader import load_topology_text
+from workers.pipeline import PartitionPipeline
+
+_YAML = """
+version: 1
+sources:
+  clicks: {topic: t.clicks, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  views:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    group_by: page
+    keys: [a, b, c, d]
+    contribution: {max_keys: 2, max_per_key: 3}
+    mechanism: gaussian
+  total:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    contribution: {max_per_key: 4}
+    mechanism: gaussian
+  users:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count_units
+    mechanism: gaussian
+  spend:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: sum
+    value: eur
+    bounds: [-10, 100]
+    contribution: {max_per_key: 2}
+    mechanism: gaussian
+  avg:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: mean
+    value: eur
+    bounds: [0, 50]
+    contribution: {max_per_key: 1}
+    mechanism: gaussian
+sinks: {releases: t.rel, dead_letter: t.dlq}
+"""
+
+
+class Rec(NamedTuple):
+    offset: int
+    value: bytes
+    timestamp: int | None = None
+
+
+def _rec(offset: int, **fields: object) -> Rec:
+    return Rec(offset, json.dumps(fields).encode())
+
+
+def _partials(events: list[dict]) -> dict[str, dict]:
+    topo = load_topology_text(_YAML)
+    pipe = PartitionPipeline(topo, "clicks", 0)
+    out = pipe.process_batch([_rec(i, **e) for i, e in enumerate(events)])
+    partials = out.partials + pipe.flush().partials
+    return {p.metric: p.values for p in partials if p.start == 0}, pipe.refresh_counts()
+
+
+def test_heavy_unit_moves_count_by_at_most_l0_times_linf():
+    """One unit sending 10,000 events over 4 keys adds at most max_keys × max_per_key to the histogram."""
+    heavy = [{"user_id": "heavy", "ts": i % 60, "page": "abcd"[i % 4]} for i in range(10_000)]
+    light = [{"user_id": f"u{i}", "ts": 30, "page": "a"} for i in range(5)]
+    values, counts = _partials(light + heavy)
+    assert sum(values["views"].values()) - 5 <= 2 * 3
+    assert sum(values["views"].values()) == 5 + 2 * 3
+    assert values["total"][""] == 5 + 4
+    assert values["users"][""] == 6
+    assert counts.capped >= 10_000 - 6
+
+
+def test_l0_keeps_the_first_keys_in_offset_order():
+    """The keys kept for a unit are the first ones it touched, in partition order."""
+    events = [{"user_id": "x", "ts": 1, "page": p} for p in ["c", "a", "d", "a", "b", "c"]]
+    values, _ = _partials(events)
+    assert values["views"] == {"c": 2, "a": 2}
+
+
+def test_values_are_clamped_and_counted():
+    """Out-of-bounds values are clamped to bounds before summing; each clamp is counted."""
+    events = [
+        {"user_id": "a", "ts": 1, "eur": 1000},
+        {"user_id": "b", "ts": 1, "eur": -50},
+        {"user_id": "c", "ts": 1, "eur": 20.5},
+        {"user_id": "d", "ts": 1},
+    ]
+    values, counts = _partials(events)
+    assert values["spend"][""] == 100 - 10 + 20.5
+    assert values["avg"][""] == [50 + 0 + 20.5, 3]
+    assert counts.clamped == 2 + 2  # two metrics clamp the two outliers each
+    assert counts.skipped >= 2  # the event without `eur` is skipped by spend and avg
+
+
+def test_count_units_counts_a_unit_once_per_window():
+    """count_units adds 1 per unit per window however many events the unit sends."""
+    events = [{"user_id": f"u{i % 3}", "ts": i % 60} for i in range(300)]
+    values, _ = _partials(events)
+    assert values["users"][""] == 3
+
+
+def test_unknown_declared_keys_do_not_use_l0_slots():
+    """Events outside the declared keys are skipped before bounding, so they consume no L0 slot."""
+    events = [{"user_id": "x", "ts": 1, "page": p} for p in ["zz", "yy", "a", "b"]]
+    values, _ = _partials(events)
+    assert values["views"] == {"a": 1, "b": 1}
+
+
+def test_integer_and_string_units_are_the_same_person():
+    """A unit given as 7 and as "7" is bounded as one unit (merging identities is the safe side)."""
+    events = [{"user_id": 7, "ts": 1}, {"user_id": "7", "ts": 2}]
+    values, _ = _partials(events)
+    assert values["users"][""] == 1

@@ -1,0 +1,150 @@
+"""Event parsing and validation: the fixed reason vocabulary, timestamps, dead letters."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import NamedTuple
+
+import pytest
+
+from topology.errors import EventError
+from topology.loader import load_topology_text
+from workers.pipeline import REASONS, EventParser, PartitionPipeline
+
+_YAML = """
+version: 1
+sources:
+  clicks: {topic: t.clicks, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  basket:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: sum
+    value: eur
+    bounds: [0, 100]
+    mechanism: gaussian
+  pages:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    group_by: page
+    keys: [a, b]
+    mechanism: gaussian
+sinks: {releases: t.rel, dead_letter: t.dlq}
+"""
+
+
+class Rec(NamedTuple):
+    offset: int
+    value: bytes | None
+    timestamp: int | None = None
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology_text(_YAML)
+
+
+@pytest.fixture()
+def parser(topo):
+    return EventParser(topo.sources["clicks"], value_fields=["eur"], key_fields=["page"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "not_json"),
+        (b"\xff\xfe", "not_json"),
+        (b"[1, 2]", "not_object"),
+        (b'"text"', "not_object"),
+        (b'{"ts": 10}', "missing_unit"),
+        (b'{"user_id": "", "ts": 10}', "missing_unit"),
+        (b'{"user_id": 1.5, "ts": 10}', "bad_unit"),
+        (b'{"user_id": true, "ts": 10}', "bad_unit"),
+        (b'{"user_id": "u", "ts": "yesterday"}', "bad_timestamp"),
+        (b'{"user_id": "u", "ts": -5}', "bad_timestamp"),
+        (b'{"user_id": "u", "ts": "2026-01-01T00:00:00"}', "bad_timestamp"),
+        (b'{"user_id": "u", "ts": [1]}', "bad_timestamp"),
+        (b'{"user_id": "u"}', "missing_timestamp"),
+        (b'{"user_id": "u", "ts": 10, "eur": "12"}', "bad_value"),
+        (b'{"user_id": "u", "ts": 10, "page": {"x": 1}}', "bad_key"),
+    ],
+)
+def test_invalid_events_get_their_reason(parser, raw, reason):
+    """Each malformed shape raises EventError with its reason from the fixed vocabulary."""
+    assert reason in REASONS
+    with pytest.raises(EventError) as info:
+        parser.parse(raw, None, 0)
+    assert info.value.reason == reason
+    assert "yesterday" not in str(info.value) and "12" not in str(info.value)
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"1e400"])
+def test_non_finite_value_is_bad_value_or_not_json(parser, literal):
+    """NaN / infinite values are never accepted, whichever JSON decoder is in use."""
+    with pytest.raises(EventError) as info:
+        parser.parse(b'{"user_id": "u", "ts": 10, "eur": ' + literal + b"}", None, 0)
+    assert info.value.reason in ("bad_value", "not_json")
+
+
+@pytest.mark.parametrize(
+    ("ts", "expected"),
+    [
+        (1_700_000_000, 1_700_000_000.0),
+        (1_700_000_000_500, 1_700_000_000.5),
+        (1_700_000_000.25, 1_700_000_000.25),
+        ("1700000000", 1_700_000_000.0),
+        ("2023-11-14T22:13:20Z", 1_700_000_000.0),
+        ("2023-11-15T00:13:20+02:00", 1_700_000_000.0),
+    ],
+)
+def test_timestamps_in_seconds_ms_or_iso(parser, ts, expected):
+    """Epoch seconds, milliseconds, numeric strings and ISO-8601 with offset all give epoch seconds."""
+    ev = parser.parse(json.dumps({"user_id": "u", "ts": ts}).encode(), None, 0)
+    assert ev.time == pytest.approx(expected)
+
+
+def test_absent_timestamp_uses_record_time(parser):
+    """An event without its timestamp field takes the Kafka record time (ms)."""
+    ev = parser.parse(b'{"user_id": 7}', 1_700_000_000_000, 0)
+    assert ev.time == 1_700_000_000.0
+    assert ev.unit == "7"
+
+
+def test_absent_value_and_key_are_not_errors(parser):
+    """Optional numeric / group fields may be absent: the event is valid."""
+    ev = parser.parse(b'{"user_id": "u", "ts": 5}', None, 0)
+    assert ev.fields == {"user_id": "u", "ts": 5}
+
+
+def test_pipeline_dead_letters_and_keeps_going(topo):
+    """Bad events become dead letters (reason, offset, raw bytes) and good ones around them count."""
+    pipe = PartitionPipeline(topo, "clicks", 3)
+    recs = [
+        Rec(0, b'{"user_id": "u1", "ts": 10, "page": "a"}'),
+        Rec(1, b"garbage"),
+        Rec(2, None),
+        Rec(3, b'{"user_id": "u2", "ts": 11, "eur": "x"}'),
+        Rec(4, b'{"user_id": "u3", "ts": 12, "page": "b"}'),
+    ]
+    out = pipe.process_batch(recs)
+    assert [(d.reason, d.offset) for d in out.dead_letters] == [("not_json", 1), ("not_json", 2), ("bad_value", 3)]
+    dl = json.loads(out.dead_letters[0].to_bytes())
+    assert dl == {
+        "reason": "not_json",
+        "source": "clicks",
+        "topic": "t.clicks",
+        "partition": 3,
+        "offset": 1,
+        "raw_b64": base64.b64encode(b"garbage").decode(),
+    }
+    counts = pipe.refresh_counts().snapshot()
+    assert counts["accepted"] == 2
+    assert counts["invalid:not_json"] == 2 and counts["invalid:bad_value"] == 1
