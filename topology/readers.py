@@ -32,6 +32,7 @@ from topology.yaml_positions import Map, Node, Scalar, Seq
 E = TypeVar("E", bound=Enum)
 
 _NUMBER_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_INT_TEXT = re.compile(r"^[-+]?\d+$")
 _ZERO_DURATION = re.compile(r"^\s*0+\s*[smhd]?\s*$")
 _MAX_SHOWN = 60
 
@@ -87,7 +88,7 @@ def read_number(node: Node, subject: str, field: str) -> float:
     """A finite real number; booleans are not numbers, unquoted `1e-6` is."""
     if isinstance(node, Scalar):
         value = node.value
-        if isinstance(value, str) and node.plain and _NUMBER_TEXT.match(value):
+        if isinstance(value, str) and (node.plain or node.substituted) and _NUMBER_TEXT.match(value.strip()):
             value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
@@ -98,10 +99,13 @@ def read_number(node: Node, subject: str, field: str) -> float:
 
 def read_int(node: Node, subject: str, field: str, minimum: int) -> int:
     """A whole number >= `minimum`; `2.0`, `true` and `"2"` are refused."""
-    if isinstance(node, Scalar) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        if node.value < minimum:
+    value = node.value if isinstance(node, Scalar) else None
+    if isinstance(node, Scalar) and node.substituted and isinstance(value, str) and _INT_TEXT.match(value.strip()):
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < minimum:
             raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be at least {minimum}")
-        return node.value
+        return value
     raise FieldProblem(
         node.line, f"{subject}: {field} {show(node)}: must be a whole number >= {minimum}, e.g. {field}: {max(minimum, 1)}"
     )

@@ -29,6 +29,8 @@ class Scalar:
     line: int
     plain: bool
     """True when written unquoted (so `1e-6` may be read as a number)."""
+    substituted: bool = False
+    """True when `${...}` was expanded: quoting was for YAML, so numeric text may still be a number."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,11 @@ def compose_located(text: str, env: Mapping[str, str]) -> Node | None:
         if context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
             context = f"{context} (started on line {exc.context_mark.line + 1})"
         parts = [p for p in (context, exc.problem) if p]
-        raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; fix the syntax on this line") from exc
+        fix = "fix the syntax on this line"
+        lines = text.splitlines()
+        if "${" in (lines[line - 1] if 0 < line <= len(lines) else "") and "flow" in (exc.context or ""):
+            fix = "inside {...} or [...] quote a ${...} reference, e.g. \"${VAR:-default}\""
+        raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; {fix}") from exc
     except yaml.YAMLError as exc:
         raise LocatedError(1, f"invalid YAML: {_one_line(str(exc))}") from exc
     if root is None:
@@ -108,6 +114,7 @@ class _Builder:
     def _scalar(self, node: yaml.ScalarNode, line: int) -> Scalar:
         plain = node.style is None
         text = node.value
+        substituted = False
         if node.tag == _STR_TAG or plain:
             if has_reference(text):
                 try:
@@ -116,11 +123,12 @@ class _Builder:
                     raise LocatedError(line, str(exc)) from exc
                 tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
                 node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
+                substituted = True
         try:
             value = self._constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             raise LocatedError(line, f"cannot read {text!r}: {_one_line(str(exc))}") from exc
-        return Scalar(value, _one_line(text), line, plain)
+        return Scalar(value, _one_line(text), line, plain, substituted)
 
     def _mapping(self, node: yaml.MappingNode, line: int) -> Map:
         entries: list[tuple[str, int, Node]] = []

@@ -1,0 +1,112 @@
+"""Write a Topology back as YAML in the loader's format (load(dump(t)) == t).
+
+Used by the round-trip tests and by tools that generate or normalise topology files.
+"""
+
+from __future__ import annotations
+
+__all__ = ["topology_document", "dump_topology"]
+
+from typing import Any
+
+import yaml
+
+from topology.durations import format_duration
+from topology.model import (
+    Accounting,
+    Budget,
+    Contribution,
+    KafkaSettings,
+    Metric,
+    PostProcess,
+    RedisSettings,
+    Source,
+    Topology,
+    WarningPolicy,
+    WindowKind,
+)
+
+
+def topology_document(topology: Topology) -> dict[str, Any]:
+    """The YAML-shaped dict of a topology (defaults left out, durations as `5m`)."""
+    doc: dict[str, Any] = {"version": topology.version}
+    if topology.kafka != KafkaSettings():
+        doc["kafka"] = {"bootstrap": topology.kafka.bootstrap}
+    if topology.redis != RedisSettings():
+        doc["redis"] = {"url": topology.redis.url}
+    doc["sources"] = {name: _source(s) for name, s in topology.sources.items()}
+    doc["budgets"] = {name: _budget(b) for name, b in topology.budgets.items()}
+    doc["metrics"] = {name: _metric(m) for name, m in topology.metrics.items()}
+    sinks: dict[str, Any] = {"releases": topology.sinks.releases, "dead_letter": topology.sinks.dead_letter}
+    if topology.sinks.partials:
+        sinks["partials"] = topology.sinks.partials
+    doc["sinks"] = sinks
+    return doc
+
+
+def dump_topology(topology: Topology) -> str:
+    """YAML text that `topology.loader.load_topology_text` reads back to an equal Topology."""
+    return yaml.safe_dump(topology_document(topology), sort_keys=False, allow_unicode=True)
+
+
+def _source(source: Source) -> dict[str, Any]:
+    out: dict[str, Any] = {"topic": source.topic, "privacy_unit": source.privacy_unit}
+    if source.timestamp is not None:
+        out["timestamp"] = source.timestamp
+    if source.allowed_lateness_s:
+        out["allowed_lateness"] = format_duration(source.allowed_lateness_s)
+    if source.idle_timeout_s != Source("", "", "").idle_timeout_s:
+        out["idle_timeout"] = format_duration(source.idle_timeout_s)
+    if source.keyed_by_unit:
+        out["keyed_by_unit"] = True
+    return out
+
+
+def _budget(budget: Budget) -> dict[str, Any]:
+    out: dict[str, Any] = {"epsilon": budget.epsilon}
+    if budget.accounting is Accounting.ZCDP:
+        out["delta"] = budget.delta
+    out["accounting"] = budget.accounting.value
+    out["period"] = format_duration(budget.period_s)
+    out["reserve"] = budget.reserve
+    out["warn_at"] = budget.warn_at
+    if budget.on_warning.stretch != WarningPolicy().stretch:
+        out["on_warning"] = {"stretch": budget.on_warning.stretch}
+    elif budget.on_warning.thin != WarningPolicy().thin:
+        out["on_warning"] = {"thin": budget.on_warning.thin}
+    return out
+
+
+def _metric(metric: Metric) -> dict[str, Any]:
+    window = metric.window
+    out: dict[str, Any] = {
+        "source": metric.source,
+        "budget": metric.budget,
+        "weight": metric.weight,
+        "window": (
+            {"tumbling": format_duration(window.size_s)}
+            if window.kind is WindowKind.TUMBLING
+            else {"hopping": format_duration(window.size_s), "every": format_duration(window.every_s)}
+        ),
+        "aggregate": metric.aggregate.value,
+        "mechanism": metric.mechanism.value,
+    }
+    if metric.contribution != Contribution():
+        out["contribution"] = {
+            "max_keys": metric.contribution.max_keys,
+            "max_per_key": metric.contribution.max_per_key,
+        }
+    optional = {
+        "value": metric.value,
+        "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds else None,
+        "denominator": metric.denominator,
+        "group_by": metric.group_by,
+        "keys": list(metric.keys) if metric.keys is not None else None,
+        "k": metric.k,
+    }
+    out.update({key: value for key, value in optional.items() if value is not None})
+    if metric.may_use_reserve:
+        out["may_use_reserve"] = True
+    if metric.postprocess != PostProcess():
+        out["postprocess"] = {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero}
+    return out
