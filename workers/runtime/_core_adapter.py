@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from topology.model import Source, Topology
-from workers.pipeline.partials import WindowPartial
 from workers.pipeline.partition import BatchOutput, PartitionPipeline
 from workers.runtime.core import ProcessorOutput
 
@@ -43,34 +42,3 @@ def make_partition_core(topology: Topology, source: Source, topic: str, partitio
     return _PipelineCore(PartitionPipeline(topology, source.name, partition, topic=topic, started_at=time.time()))
 
 
-def partial_info(raw: bytes) -> WindowPartial:
-    return WindowPartial.from_bytes(raw)
-
-
-def make_releaser(topology: Topology, redis_url: str) -> Any:
-    from workers.release import open_releaser  # lands with workers/release
-
-    return open_releaser(topology, redis_url)
-
-
-def close_releaser(releaser: Any) -> None:
-    close = getattr(releaser, "close", None)
-    if close is not None:
-        close()
-
-
-def release_window(
-    releaser: Any, topology: Topology, partials: list[bytes], publish: Callable[[str, bytes], None]
-) -> bool:
-    """Merge the partials of one window and release it; True when a record was published."""
-    from workers.pipeline.merger import merge_partials  # lands with workers/pipeline
-
-    parts = [WindowPartial.from_bytes(p) for p in partials]
-    first = parts[0]
-    values = merge_partials(topology.metrics[first.metric], parts)
-    outcome = releaser.release(first.metric, (first.start, first.end), values, publish)
-    return bool(getattr(outcome, "published", True))
-
-
-def sweep(releaser: Any, age_s: float, publish: Callable[[str, bytes], None]) -> int:
-    return int(releaser.sweep(age_s, publish) or 0)

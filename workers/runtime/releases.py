@@ -1,19 +1,20 @@
 """The release side: a Faust agent on the partials topic (keyed by metric: one owner per metric).
 
-Partials of a window are merged in a changelogged Table (deduped by source partition, so replayed
-partials change nothing). When every source partition has reported — or at the deadline — the
-core's Releaser computes the aggregate, draws noise, reserves with the ledger and publishes the
-stored record (idempotent producer, key = release_id). Deadline checks arrive as tick messages on
-the same topic because a Faust Table can only be written while iterating its stream.
+Each metric's `PartialMerger` state lives in a changelogged Table (one key per metric), so a
+rebalanced or restarted owner resumes it; partials are deduped by (window, partition), so replayed
+partials change nothing. A merged window goes to the core's `Releaser` (quote → noise → reserve →
+publish the stored bytes with key = release_id on an idempotent producer → commit). Deadline checks
+arrive as tick messages on the same topic, because a Faust Table is only written while iterating
+its stream. A sweeper timer republishes reserved-but-unpublished records with their stored bytes.
 """
 
 from __future__ import annotations
 
-__all__ = ["ReleaseSide", "TICK_PREFIX"]
+__all__ = ["ReleaseSide", "ReleaseStats", "TICK_PREFIX", "FAULT_ENV"]
 
-import asyncio
-import base64
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,9 @@ import faust
 from aiokafka import AIOKafkaProducer
 
 from topology.model import Topology
-from workers.runtime import _core_adapter as core
+from workers.pipeline.merger import MergedWindow, PartialMerger
+from workers.pipeline.partials import WindowPartial
+from workers.release import Releaser, ReleaseResult, sweep
 from workers.runtime.settings import RuntimeSettings
 
 _log = logging.getLogger(__name__)
@@ -30,107 +33,120 @@ _log = logging.getLogger(__name__)
 TICK_PREFIX = b"dpstream-tick:"
 """Value prefix of deadline-check messages on the partials topic (never a valid partial)."""
 
+FAULT_ENV = "DPSTREAM_FAULT"
+"""Test hook: `kill_before_publish` makes the worker SIGKILL itself after a reserve, before publishing."""
+
 
 @dataclass
 class ReleaseStats:
-    """Counters of the release side (close→publish latencies in seconds, for the benchmark)."""
+    """Counters of the release side; close→publish latencies (seconds) feed the benchmark."""
 
     partials: int = 0
-    duplicates: int = 0
     released: int = 0
     by_deadline: int = 0
+    failed: int = 0
     latencies: list[float] = field(default_factory=list)
+    last: list[ReleaseResult] = field(default_factory=list)
 
 
 class ReleaseSide:
-    """Agent, table, tick and sweeper timers of one Faust app, bound to one releaser (ledger inside)."""
+    """Agent, table, tick and sweeper timers of one Faust app, bound to one ledger."""
 
-    def __init__(self, app: faust.App, topology: Topology, settings: RuntimeSettings, expected: dict[str, int]) -> None:
+    def __init__(self, app: faust.App, topology: Topology, settings: RuntimeSettings, partitions: dict[str, int]) -> None:
         self.app = app
         self.topology = topology
         self.settings = settings
         self.stats = ReleaseStats()
-        self._expected = expected  # metric → number of source partitions that report partials
-        self._releaser: Any = None
+        self._partitions = partitions  # metric → number of source partitions that report partials
+        self._ledger: Any = None
+        self._releaser: Releaser | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._closed_at: dict[tuple[str, int], float] = {}
         self.topic = app.topic(
             topology.sinks.partials_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
         )
-        self.table = app.Table("dpstream-partials", default=None, partitions=settings.partitions, value_serializer="json")
+        self.table = app.Table("dpstream-mergers", default=None, partitions=settings.partitions)
         app.agent(self.topic, name="dpstream-release")(self._agent)
         app.timer(1.0, name="dpstream-deadline-tick")(self._tick)
         app.timer(settings.sweep_interval_s, name="dpstream-sweeper")(self._sweep)
 
     async def start(self) -> None:
-        """Open the idempotent releases producer and the releaser (ledger connection)."""
+        """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable)."""
+        from workers.ledger import open_ledger
+
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap, enable_idempotence=True, acks="all", linger_ms=0
         )
         await self._producer.start()
-        self._releaser = await asyncio.to_thread(core.make_releaser, self.topology, self.settings.redis_url)
+        self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
+        self._releaser = Releaser(self.topology, self._ledger)
 
     async def stop(self) -> None:
-        """Close the producer and the releaser."""
+        """Close the producer and the ledger."""
         if self._producer is not None:
             await self._producer.stop()
-        if self._releaser is not None:
-            await asyncio.to_thread(core.close_releaser, self._releaser)
+        if self._ledger is not None:
+            await self._ledger.close()
+
+    @property
+    def releaser(self) -> Releaser | None:
+        """The releaser (its `counts` hold outcomes by kind)."""
+        return self._releaser
 
     async def _agent(self, stream: faust.StreamT) -> None:
         async for event in stream.events():
-            value = event.value
-            if value.startswith(TICK_PREFIX):
-                await self._on_tick(event.key.decode(), float(value[len(TICK_PREFIX):]))
-            else:
-                await self._on_partial(value, event.message.timestamp)
-
-    async def _on_partial(self, value: bytes, sent_at: float) -> None:
-        info = core.partial_info(value)
-        key = f"{info.metric}|{info.start}|{info.end}"
-        entry = self.table.get(key) or {"parts": {}, "first": time.time(), "released": False}
-        part = str(info.partition)
-        if entry["released"] or part in entry["parts"]:
-            self.stats.duplicates += 1
-            return
-        self.stats.partials += 1
-        entry["parts"][part] = base64.b64encode(value).decode("ascii")
-        entry["closed_at"] = max(entry.get("closed_at", 0.0), sent_at)  # producer time of the partial
-        if len(entry["parts"]) >= self._expected.get(info.metric, 1):
-            await self._release(key, entry, by_deadline=False)
-        self.table[key] = entry
-
-    async def _on_tick(self, metric: str, now: float) -> None:
-        for key, entry in list(self.table.items()):
-            if not key.startswith(metric + "|") or not entry or entry["released"]:
+            metric = event.key.decode()
+            if metric not in self.topology.metrics:
                 continue
-            if now - entry["first"] >= self.settings.deadline_s:
-                await self._release(key, entry, by_deadline=True)
-                self.table[key] = entry
+            merger = self._merger(metric)
+            value: bytes = event.value
+            now = time.time()
+            if value.startswith(TICK_PREFIX):
+                ready = merger.expire(now)
+                self.stats.by_deadline += len(ready)
+            else:
+                partial = WindowPartial.from_bytes(value)
+                self.stats.partials += 1
+                key = (metric, partial.start)
+                self._closed_at[key] = max(self._closed_at.get(key, 0.0), event.message.timestamp)
+                ready = merger.add(partial, now)
+            if not ready and not value.startswith(TICK_PREFIX):
+                self.table[metric] = merger.to_state()
+                continue
+            for merged in ready:
+                await self._release(merged)
+            self.table[metric] = merger.to_state()
 
-    async def _release(self, key: str, entry: dict[str, Any], by_deadline: bool) -> None:
-        """Merge, quote, noise, reserve, publish, commit (the core's Releaser); mark the entry released."""
-        partials = [base64.b64decode(v) for v in entry["parts"].values()]
-        loop = asyncio.get_running_loop()
-        published = await asyncio.to_thread(core.release_window, self._releaser, self.topology, partials, self._publisher(loop))
-        entry["released"] = True
-        entry["parts"] = {}
+    def _merger(self, metric: str) -> PartialMerger:
+        parts = range(self._partitions.get(metric, 1))
+        state = self.table.get(metric)
+        if state is None:
+            return PartialMerger(metric, parts, self.settings.deadline_s)
+        return PartialMerger.from_state(metric, parts, state, self.settings.deadline_s)
+
+    async def _release(self, merged: MergedWindow) -> None:
+        assert self._releaser is not None
+        try:
+            result = await self._releaser.release_merged(merged, self._publish_release)
+        except Exception as exc:  # noqa: BLE001 - fail closed: counted, the window is not retried with new noise
+            self.stats.failed += 1
+            _log.error("release of %s [%d, %d) failed: %s", merged.metric, merged.start, merged.end, type(exc).__name__)
+            return
         self.stats.released += 1
-        self.stats.by_deadline += by_deadline
-        if published and entry.get("closed_at"):
-            self.stats.latencies.append(max(0.0, time.time() - entry["closed_at"]))
+        self.stats.last.append(result)
+        del self.stats.last[:-100]
+        closed = self._closed_at.pop((merged.metric, merged.start), None)
+        if result.payload and closed:
+            self.stats.latencies.append(max(0.0, time.time() - closed))
 
-    def _publisher(self, loop: asyncio.AbstractEventLoop):  # noqa: ANN202 - sync callable for the releaser thread
-        producer = self._producer
-        topic = self.topology.sinks.releases
+    async def _publish_release(self, value: bytes, key: bytes) -> None:
+        if os.environ.get(FAULT_ENV) == "kill_before_publish":
+            os.kill(os.getpid(), signal.SIGKILL)
+        await self._publish(value, key)
 
-        def publish(release_id: str, payload: bytes) -> None:
-            assert producer is not None
-            future = asyncio.run_coroutine_threadsafe(
-                producer.send_and_wait(topic, payload, key=release_id.encode()), loop
-            )
-            future.result(timeout=30)
-
-        return publish
+    async def _publish(self, value: bytes, key: bytes) -> None:
+        assert self._producer is not None
+        await self._producer.send_and_wait(self.topology.sinks.releases, value, key=key)
 
     async def _tick(self) -> None:
         """Ask each metric's owner to check its deadlines (ticks ride the metric's partition)."""
@@ -142,12 +158,9 @@ class ReleaseSide:
 
     async def _sweep(self) -> None:
         """Republish reserved-but-unpublished releases with their stored bytes."""
-        if self._releaser is None:
+        if self._ledger is None or self._releaser is None:
             return
-        loop = asyncio.get_running_loop()
         try:
-            await asyncio.to_thread(core.sweep, self._releaser, self.settings.sweep_age_s, self._publisher(loop))
+            await sweep(self._ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
         except Exception as exc:  # noqa: BLE001 - the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
-
-
