@@ -64,6 +64,7 @@ class MetricAccumulator:
         self.windows: dict[int, _WindowState] = {}
         self.next_start: int | None = None
         """Smallest window start not yet emitted; None until the partition has a time."""
+        self.emitted_any = False
         self.capped = 0
         self.clamped = 0
         self.skipped = 0
@@ -117,9 +118,14 @@ class MetricAccumulator:
         while start <= last:
             s = start
             start += every
-            if s + size <= watermark or (next_start is not None and s < next_start):
+            if s + size <= watermark:
                 late = True
                 continue
+            if next_start is not None and s < next_start:
+                if self.emitted_any:
+                    late = True
+                    continue
+                next_start = self.next_start = s  # before any emission: extend the sequence back
             st = windows.get(s)
             if st is None:
                 st = windows[s] = _WindowState(offset)
@@ -185,6 +191,8 @@ class MetricAccumulator:
                 continue
             out.append((s, {}))
             s += every
+        if s != self.next_start:
+            self.emitted_any = True
         self.next_start = s
         return out
 

@@ -101,7 +101,7 @@ class PartitionPipeline:
                 continue
             if ts > maxt:
                 if maxt == -math.inf:
-                    self._start_sequences(ts - lateness)
+                    self._start_sequences(ts, covering=True)
                 maxt = ts
                 if ts - lateness > wm:
                     wm = ts - lateness
@@ -162,10 +162,12 @@ class PartitionPipeline:
         return self.counts
 
     # -- internals ---------------------------------------------------------------------
-    def _start_sequences(self, watermark: float) -> None:
-        """The partition's first time: each metric's sequence starts at its first non-final window."""
+    def _start_sequences(self, t: float, covering: bool = False) -> None:
+        """The partition's first time: each metric's window sequence starts at the first window of
+        the first event (`covering`), or, for a partition idle from the start, at the first window
+        not yet final at watermark `t`. Earlier windows never get a partial from this partition."""
         for acc in self._accs:
-            acc.start_at(acc.first_start_after(watermark))
+            acc.start_at(acc.first_start_covering(t) if covering else acc.first_start_after(t))
 
     def _emit(self) -> list[WindowPartial]:
         out: list[WindowPartial] = []

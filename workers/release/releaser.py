@@ -8,13 +8,13 @@ the *stored* bytes with key = release_id → `commit`. A crash after reserve lea
 
 from __future__ import annotations
 
-__all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
+__all__ = ["Publish", "MechanismFactory", "Releaser", "selection_delta", "sweep"]
 
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from topology.model import Metric, Topology
+from topology.model import Budget, Metric, Topology
 from workers.ledger.types import Outcome, ReleaseRequest
 from workers.pipeline.merger import MergedWindow
 from workers.release.ids import release_id as make_release_id
@@ -32,6 +32,15 @@ def _default_factory() -> MechanismFactory:
     from workers.noise import build_release_mechanism
 
     return build_release_mechanism
+
+
+def selection_delta(metric: Metric, budget: Budget) -> float:
+    """δ of one release's partition selection: the scope's δ split evenly over the metric's
+    releases in a period (0 for public keys). So selection adds at most δ per period per metric.
+    """
+    if not metric.needs_partition_selection:
+        return 0.0
+    return budget.delta / max(1, metric.window.releases_per_period(budget.period_s))
 
 
 class Releaser:
@@ -100,7 +109,7 @@ class Releaser:
         if quote.refused_reason is not None or quote.cost <= 0:
             reason = quote.refused_reason or "no_budget"
             return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, reason)
-        mechanism = self._factory(m, budget.accounting, quote.cost, delta=budget.delta)
+        mechanism = self._factory(m, budget.accounting, quote.cost, delta=selection_delta(m, budget))
         noisy = mechanism.release(true_values)
         record = build_record(
             release_id=rid,

@@ -1,0 +1,141 @@
+"""The release protocol on the in-process ledger with real OpenDP noise: one noisy value per window."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from topology.loader import load_topology_text
+from workers.ledger import open_ledger
+from workers.release import ReleaseOutcome, Releaser, sweep
+
+_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d, reserve: 0.2}
+metrics:
+  hist:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1h}
+    aggregate: count
+    group_by: page
+    keys: [a, b]
+    contribution: {max_keys: 1, max_per_key: 1}
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+
+_T0 = 1_796_000_400  # an hour boundary
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+class _Sink:
+    """Collects (value, key) the way a releases topic would."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[bytes, bytes]] = []
+        self.fail = fail
+
+    async def __call__(self, value: bytes, key: bytes) -> None:
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.sent.append((value, key))
+
+
+def _max_error(record: dict) -> float:
+    """|noise| bound with false-failure rate < 1e-9 per value: 7σ for Gaussian noise."""
+    return 7.0 * float(record["noise"]["stddev"])
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology_text(_YAML)
+
+
+def test_granted_release_publishes_the_stored_record_keyed_by_release_id(topo):
+    """A granted release publishes the ledger's stored bytes once, key = release_id, values near the truth."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 500, "b": 20}, sink)
+        return res, sink, rel
+
+    res, sink, rel = _run(go())
+    assert res.outcome is ReleaseOutcome.PUBLISHED
+    [(value, key)] = sink.sent
+    assert key == res.release_id.encode() and value == res.payload
+    rec = json.loads(value)
+    assert rec["release_id"] == rel.release_id("hist", _T0, _T0 + 3600)
+    assert rec["budget"]["ratio_after"] is not None and rec["budget"]["ratio_after"] > 0
+    assert abs(rec["values"]["a"] - 500) <= _max_error(rec)
+    assert abs(rec["values"]["b"] - 20) <= _max_error(rec)
+    assert rel.counts.snapshot()["published"] == 1
+
+
+def test_known_release_id_republishes_identical_bytes(topo):
+    """A second release of the same window (fresh noise, other true values) publishes the first bytes."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        first = await rel.release("hist", (_T0, _T0 + 3600), {"a": 5, "b": 5}, sink)
+        second = await rel.release("hist", (_T0, _T0 + 3600), {"a": 10**6, "b": 0}, sink)
+        status = await ledger.status("b")
+        return first, second, sink, status, rel
+
+    first, second, sink, status, rel = _run(go())
+    assert second.outcome is ReleaseOutcome.DUPLICATE
+    assert sink.sent[0] == sink.sent[1] and second.payload == first.payload
+    assert status.granted == 1
+    assert rel.counts.snapshot()["duplicate"] == 1
+
+
+def test_refused_release_publishes_nothing(topo):
+    """With the breaker open the release is suppressed with a reason and nothing is published."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        await ledger.open_breaker("b", "test", "pytest")
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 1, "b": 1}, sink)
+        return res, sink, rel
+
+    res, sink, rel = _run(go())
+    assert res.outcome is ReleaseOutcome.SUPPRESSED and res.reason
+    assert sink.sent == [] and res.payload == b""
+    assert rel.counts.snapshot()["suppressed"] == 1
+
+
+def test_sweeper_republishes_a_reserved_release_with_its_stored_bytes(topo):
+    """A publish failure after reserve leaves the release reserved; the sweeper publishes those bytes once."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger)
+        with pytest.raises(ConnectionError):
+            await rel.release("hist", (_T0, _T0 + 3600), {"a": 3, "b": 4}, _Sink(fail=True))
+        [pending] = await ledger.pending(0)
+        sink = _Sink()
+        swept = await sweep(ledger, sink, 0, rel.counts)
+        again = await sweep(ledger, sink, 0, rel.counts)
+        status = await ledger.status("b")
+        return pending, sink, swept, again, status, rel
+
+    pending, sink, swept, again, status, rel = _run(go())
+    assert (swept, again) == (1, 0)
+    assert sink.sent == [(pending.payload, pending.release_id.encode())]
+    assert status.granted == 1
+    assert rel.counts.failed == 1 and rel.counts.swept == 1

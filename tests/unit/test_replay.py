@@ -1,0 +1,162 @@
+"""`dpstream replay`: the whole core over a file — windows released once, bounded, deduped, fail-closed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from topology.loader import load_topology_text
+from workers.cli import main
+from workers.commands.replay import replay_lines
+from workers.ledger import open_ledger
+from workers.release import ReleaseOutcome, release_id
+
+_YAML = """
+version: 1
+sources:
+  clicks: {topic: t.clicks, privacy_unit: user_id, timestamp: ts, allowed_lateness: 5s}
+budgets:
+  big: {epsilon: 200.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  views:
+    source: clicks
+    budget: big
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    contribution: {max_per_key: 5}
+    mechanism: gaussian
+  pages:
+    source: clicks
+    budget: big
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    group_by: page
+    keys: [a, b, c]
+    contribution: {max_keys: 2, max_per_key: 1}
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+
+_T0 = 1_796_000_400  # minute-aligned
+
+
+def _bound(rec: dict) -> float:
+    """|noise| bound for one discrete Gaussian value with false-failure rate ≈ 2.6e-12: 7σ."""
+    assert rec["mechanism"] == "discrete_gaussian"
+    return 7.0 * float(rec["noise"]["stddev"])
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology_text(_YAML)
+
+
+def _events() -> list[bytes]:
+    ev = []
+    for i in range(20):  # window 0: 20 light users, one event each on page a
+        ev.append({"user_id": f"u{i}", "ts": _T0 + i, "page": "a"})
+    for i in range(10_000):  # window 0: one heavy user
+        ev.append({"user_id": "heavy", "ts": _T0 + (i % 60), "page": "abc"[i % 3]})
+    for i in range(7):  # window 2 (window 1 stays empty)
+        ev.append({"user_id": f"v{i}", "ts": _T0 + 125, "page": "b"})
+    ev.sort(key=lambda e: e["ts"])
+    return [json.dumps(e).encode() for e in ev] + [b"not json", b'{"ts": 1}']
+
+
+async def _replay(topo, ledger, partitions=1):
+    published: list[tuple[bytes, bytes]] = []
+
+    async def publish(value: bytes, key: bytes) -> None:
+        published.append((value, key))
+
+    summary = await replay_lines(topo, _events(), ledger, publish, partitions=partitions)
+    return summary, published
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_every_window_released_once_bounded_and_near_truth(topo, partitions):
+    """Windows 0, 1 (empty) and 2 of both metrics are released once; values sit within 7σ of the bounded truth."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        return await _replay(topo, ledger, partitions)
+
+    summary, published = asyncio.run(go())
+    recs = {(r["metric"], r["window"]["start_epoch"]): r for r in (json.loads(v) for v, _ in published)}
+    assert len(recs) == len(published) == 6
+    truth = {
+        ("views", _T0): 20 + 5,  # the heavy unit adds max_per_key = 5
+        ("views", _T0 + 60): 0,
+        ("views", _T0 + 120): 7,
+    }
+    for (metric, start), want in truth.items():
+        rec = recs[(metric, start)]
+        assert rec["release_id"] == release_id(topo.topology_version, metric, start, start + 60)
+        assert abs(rec["values"][""] - want) <= _bound(rec)
+        assert rec["complete"] is True
+    assert abs(recs[("views", _T0)]["values"][""] - 10_020) > _bound(recs[("views", _T0)])  # unbounded is far off
+    pages0 = recs[("pages", _T0)]
+    assert set(pages0["values"]) == {"a", "b", "c"}
+    heavy_total = sum(pages0["values"].values())
+    assert abs(heavy_total - (20 + 2)) <= 3 * _bound(pages0)  # heavy unit: at most max_keys × max_per_key
+    assert set(recs[("pages", _T0 + 60)]["values"]) == {"a", "b", "c"}  # empty window, public keys
+    assert summary.events.invalid == {"not_json": 1, "missing_unit": 1}
+    assert summary.releases.snapshot()["published"] == 6
+
+
+def test_replaying_twice_on_one_ledger_returns_identical_bytes(topo):
+    """The second replay is all DUPLICATE and publishes byte-identical records (no second noisy value)."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        first = await _replay(topo, ledger)
+        second = await _replay(topo, ledger)
+        return first, second
+
+    (s1, p1), (s2, p2) = asyncio.run(go())
+    assert p1 == p2
+    assert {r.outcome for r in s2.results} == {ReleaseOutcome.DUPLICATE}
+    assert s2.releases.snapshot()["duplicate"] == len(p1) == 6
+
+
+def test_refused_releases_publish_nothing(topo):
+    """With the scope's breaker open every window is suppressed with a reason and nothing is published."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        await ledger.open_breaker("big", "maintenance", "pytest")
+        return await _replay(topo, ledger)
+
+    summary, published = asyncio.run(go())
+    assert published == []
+    assert summary.releases.snapshot()["suppressed"] == 6
+    assert all(r.reason for r in summary.results)
+
+
+def test_cli_writes_json_lines_and_a_summary_without_raw_values(topo, tmp_path, capsys):
+    """`dpstream replay` writes one record per line to --out and counts dead letters by reason on stderr."""
+    topo_file = tmp_path / "t.yaml"
+    topo_file.write_text(_YAML)
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"\n".join(_events()[-40:] + [b'{"user_id": "secret-42", "ts": "soon"}']) + b"\n")
+    out = tmp_path / "rel.jsonl"
+    assert main(["replay", str(topo_file), str(events), "--out", str(out), "--partitions", "2"]) == 0
+    lines = out.read_bytes().splitlines()
+    assert lines and all(json.loads(line)["release_id"] for line in lines)
+    err = capsys.readouterr().err
+    assert "invalid:bad_timestamp=1" in err and "invalid:not_json=1" in err
+    assert "secret-42" not in err and "soon" not in err
+
+
+def test_cli_names_a_missing_events_file(tmp_path, capsys):
+    """A missing events file is a one-line user error (exit 2)."""
+    topo_file = tmp_path / "t.yaml"
+    topo_file.write_text(_YAML)
+    assert main(["replay", str(topo_file), str(tmp_path / "nope.jsonl")]) == 2
+    assert "cannot read events file" in capsys.readouterr().err
+    assert math.isfinite(1.0)
