@@ -32,8 +32,8 @@ unrounded; `null` marks a value that does not apply.
           "horizon": {                       # guarantee over 30 days of renewals, per privacy unit
             "days": 30,
             "periods": int,                  # ceil(30 days / period): 30 for 1d, 720 for 1h
-            "rho": float | null,             # periods × pool (zcdp only)
-            "epsilon": float,                # planned spend composed: zcdp CKS(rho, δ); pure periods × pool
+            "rho": float | null,             # periods × planned_total (zcdp only)
+            "epsilon": float,                # planned spend composed: zcdp CKS(rho, δ); pure periods × planned_total
             "delta": float,                  # zcdp: the scope's δ; pure: 0
             "epsilon_if_reserve_spent": float,  # same with the full cap spent every period
             "naive_epsilon": float,          # periods × ε (basic composition of the stated promise)
@@ -330,16 +330,16 @@ def _metric_plan(
     )
 
 
-def _horizon(budget: Budget, cap: float, pool: float) -> HorizonGuarantee:
+def _horizon(budget: Budget, cap: float, planned: float) -> HorizonGuarantee:
     periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
     if budget.accounting is Accounting.ZCDP:
-        rho = periods * pool
+        rho = periods * planned
         eps = acc.epsilon_from_rho(rho, budget.delta) if rho > 0 else 0.0
         eps_full = acc.epsilon_from_rho(periods * cap, budget.delta)
         delta = budget.delta
     else:
         rho = None
-        eps = periods * pool
+        eps = periods * planned
         eps_full = periods * cap
         delta = 0.0
     return HorizonGuarantee(
@@ -382,7 +382,7 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
         thin=budget.on_warning.thin,
         metrics=plans,
         planned_epsilon=_to_epsilon(budget, planned) if planned > 0 else 0.0,
-        horizon=_horizon(budget, cap, pool),
+        horizon=_horizon(budget, cap, planned),
     )
 
 

@@ -140,9 +140,10 @@ def test_declared_keys_need_no_partition_selection():
 
 
 def test_scope_without_metrics_plans_nothing():
-    """A budget no metric draws on has a pool but plans no spend."""
+    """A budget no metric draws on has a pool but plans no spend, and its 30-day guarantee spends nothing."""
     scope = build_plan(_topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY))).scope("b")
     assert scope.releases_per_period == 0 and scope.planned_total == 0.0 and scope.planned_epsilon == 0.0
+    assert scope.pool > 0 and scope.horizon.rho == 0.0 and scope.horizon.epsilon == 0.0
 
 
 # ---- reference topologies (through the loader) ----------------------------------------------------
