@@ -18,6 +18,8 @@ from topology.substitution import SubstitutionError, has_reference, substitute_e
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
+_MAX_NODES = 100_000
+"""A topology has hundreds of values; this bounds alias expansion ("billion laughs")."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,14 @@ def compose_located(text: str, env: Mapping[str, str]) -> Node | None:
         raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; {fix}") from exc
     except yaml.YAMLError as exc:
         raise LocatedError(1, f"invalid YAML: {_one_line(str(exc))}") from exc
+    except RecursionError:
+        raise LocatedError(1, "invalid YAML: nested too deeply; a topology needs a few levels only") from None
     if root is None:
         return None
-    return _Builder(env).build(root)
+    try:
+        return _Builder(env).build(root)
+    except RecursionError:
+        raise LocatedError(1, "invalid YAML: nested too deeply; a topology needs a few levels only") from None
 
 
 class _Builder:
@@ -100,15 +107,26 @@ class _Builder:
         self._env = env
         self._constructor = yaml.constructor.SafeConstructor()
         self._resolver = yaml.resolver.Resolver()
+        self._open: set[int] = set()
+        self._built = 0
 
     def build(self, node: yaml.Node) -> Node:
         line = node.start_mark.line + 1
+        self._built += 1
+        if self._built > _MAX_NODES:
+            raise LocatedError(line, f"more than {_MAX_NODES} values (aliases expand too far); write the topology out plainly")
         if isinstance(node, yaml.ScalarNode):
             return self._scalar(node, line)
-        if isinstance(node, yaml.SequenceNode):
-            return Seq(tuple(self.build(item) for item in node.value), line)
-        if isinstance(node, yaml.MappingNode):
-            return self._mapping(node, line)
+        if id(node) in self._open:
+            raise LocatedError(line, "an alias refers to the mapping or list that contains it; remove the cycle")
+        self._open.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return Seq(tuple(self.build(item) for item in node.value), line)
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, line)
+        finally:
+            self._open.discard(id(node))
         raise LocatedError(line, f"unsupported YAML node {type(node).__name__}")
 
     def _scalar(self, node: yaml.ScalarNode, line: int) -> Scalar:

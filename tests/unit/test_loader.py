@@ -197,3 +197,11 @@ def test_random_valid_topologies_round_trip(topology) -> None:  # type: ignore[n
     loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})
     assert loaded == topology
     assert loaded.topology_version == topology.topology_version
+
+
+def test_alias_cycles_and_deep_nesting_are_config_errors() -> None:
+    """Self-referencing aliases and absurd nesting give a ConfigError, never a RecursionError."""
+    with pytest.raises(ConfigError, match=r"^<string>:1: an alias refers to the mapping or list that contains it"):
+        load_topology_text("a: &a [*a]\n")
+    with pytest.raises(ConfigError, match=r"^<string>:1: invalid YAML: nested too deeply"):
+        load_topology_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
