@@ -302,7 +302,9 @@ class _Loader:
         f = _Fields(self, "budget", name, f"budget '{name}'", node, line)
         epsilon = f.get("epsilon", read_number)
         delta = f.get("delta", read_number)
-        accounting = f.get("accounting", read_enum, Accounting, default=Accounting.ZCDP)
+        accounting = f.get("accounting", read_enum, Accounting)
+        if accounting is None and not f.has("accounting"):
+            accounting = Accounting.ZCDP
         period = f.get("period", read_duration)
         reserve = f.get("reserve", read_number, default=0.2)
         warn_at = f.get("warn_at", read_number, default=0.8)
@@ -326,7 +328,7 @@ class _Loader:
                 f.bad("delta", "zcdp accounting needs 0 < delta < 1, e.g. delta: 1.0e-6; or use accounting: pure")
             elif delta is not None and not 0 < delta < 1:
                 f.bad("delta", "must be in (0, 1), and far below 1/number of units; e.g. delta: 1.0e-6")
-        elif delta is not None and delta_node is not None:
+        elif accounting is Accounting.PURE and delta is not None and delta_node is not None:
             if not 0 <= delta < 1:
                 f.bad("delta", "must be in [0, 1); pure accounting ignores it anyway, so remove it")
             elif delta > 0:
