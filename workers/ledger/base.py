@@ -14,6 +14,7 @@ from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 from topology.accounting import epsilon_from_rho
 from topology.errors import ConfigError, InternalError
@@ -59,6 +60,7 @@ class RawReserve:
     cost_units: int
 
 
+@lru_cache(maxsize=1024)
 def period_start_of(period_s: int, pid: str) -> int:
     """The start (epoch s) of the period named `pid` (inverse of `topology.periods.period_id`)."""
     for fmt in _PERIOD_FORMATS:
@@ -134,8 +136,10 @@ class Ledger(ABC):
         cfg.metric(req.metric)
         if not isinstance(req.payload, (bytes, bytearray)):
             raise InternalError("release payload must be bytes")
-        if not req.release_id or not req.actor:
-            raise InternalError("release_id and actor must be non-empty")
+        for name in ("release_id", "metric", "period_id", "actor"):
+            value = getattr(req, name)
+            if not value or "\n" in value:
+                raise InternalError(f"release {name} must be non-empty and on one line, got {value!r}")
         units = cost_to_units(req.cost)
         pstart = period_start_of(cfg.period_s, req.period_id)
         raw = await self._reserve(req, units, pstart, self._now_ms())

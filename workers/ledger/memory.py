@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from workers.ledger.base import Ledger, RawReserve
 from workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
 
-_AUDIT_FIELDS = ("kind", "period", "release_id", "metric", "cost", "spent", "ratio", "state", "reason", "actor")
+_ALWAYS = ("kind", "period", "spent", "ratio", "actor")
+"""Audit fields every reserve entry carries; other empty fields are left out (as reserve.lua does)."""
 
 
 @dataclass
@@ -56,8 +57,7 @@ class MemoryLedger(Ledger):
     def _xadd(self, s: _Scope, now_ms: int, fields: dict[str, str]) -> None:
         ms, seq = self._last_id
         self._last_id = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
-        entry = {name: "" for name in _AUDIT_FIELDS}
-        entry.update(fields)
+        entry = {k: v for k, v in fields.items() if v != "" or k in _ALWAYS}
         s.audit.append((f"{self._last_id[0]}-{self._last_id[1]}", entry))
 
     # ---- the scripts -------------------------------------------------------------------------
@@ -110,9 +110,9 @@ class MemoryLedger(Ledger):
 
         def touch_period() -> dict[str, str]:
             block = s.periods.setdefault(pid, {})
-            block.update(cap=s.config["cap"], reserve=s.config["reserve"], start=str(pstart))
             if pid not in s.period_index:
                 s.period_index[pid] = pstart
+                block.update(cap=s.config["cap"], reserve=s.config["reserve"], start=str(pstart))
                 audit("period", reason="period block opened", actor="ledger", state=state_of(spent, manual))
             return block
 
@@ -185,7 +185,7 @@ class MemoryLedger(Ledger):
         with self._lock:
             s = self._scope(scope)
             br = s.breaker
-            fields = {"kind": "", "period": pid, "reason": reason, "actor": actor}
+            fields = {"period": pid, "reason": reason, "actor": actor}
             if action == "open":
                 if br.get("manual") == "1":
                     return False

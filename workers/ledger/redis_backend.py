@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ["RedisLedger", "connect"]
 
 from collections.abc import Awaitable, Sequence
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -32,6 +33,11 @@ def connect(url: str, max_connections: int = 128) -> aioredis.Redis:
         url, max_connections=max_connections, timeout=10, socket_connect_timeout=2.0, socket_timeout=5.0
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+@lru_cache(maxsize=256)
+def _keys(scope: str) -> ScopeKeys:
+    return ScopeKeys(scope)
 
 
 def _s(value: Any) -> str:
@@ -92,17 +98,21 @@ class RedisLedger(Ledger):
         return int(changed) == 1
 
     async def _reserve(self, req: ReleaseRequest, cost_units: int, period_start: int, now_ms: int) -> RawReserve:
-        k = ScopeKeys(req.scope)
+        k = _keys(req.scope)
         keys = [
             k.config, k.breaker, k.period(req.period_id), k.release(req.release_id),
             k.ends(req.period_id, req.metric), k.audit, k.pending, k.periods,
         ]
-        args = [
-            req.release_id, req.period_id, period_start, req.metric, int(req.window_start), int(req.window_end),
-            cost_units, 1 if req.may_use_reserve else 0, now_ms, self._retention_s, bytes(req.payload), req.actor,
-        ]
-        out = await self._guard(self._scripts["reserve"](keys=keys, args=args))
-        return RawReserve(_s(out[0]), bytes(out[1]), _s(out[2]), int(out[3]), int(out[4]), _s(out[5]), int(out[6]))
+        header = "\n".join((
+            req.release_id, req.period_id, str(period_start), req.metric, str(int(req.window_start)),
+            str(int(req.window_end)), str(cost_units), "1" if req.may_use_reserve else "0", str(now_ms),
+            str(self._retention_s), req.actor,
+        ))
+        out = await self._guard(self._scripts["reserve"](keys=keys, args=[header, bytes(req.payload)]))
+        outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
+        reason = rest.decode() if outcome == b"refused" else ""
+        payload = b"" if outcome == b"refused" else rest
+        return RawReserve(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         k = ScopeKeys(scope)

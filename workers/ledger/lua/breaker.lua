@@ -11,8 +11,8 @@ local action, reason, actor, now, pid = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 if reason == nil or reason == '' then return redis.error_reply('dpstream: breaker: a reason is required') end
 local br = redis.call('HMGET', KEYS[1], 'manual', 'auto_period')
 local function audit(kind, state)
-  redis.call('XADD', KEYS[2], '*', 'kind', kind, 'period', pid, 'release_id', '', 'metric', '', 'cost', '',
-             'spent', '', 'ratio', '', 'state', state, 'reason', reason, 'actor', actor)
+  redis.call('XADD', KEYS[2], '*', 'kind', kind, 'period', pid,
+             'state', state, 'reason', reason, 'actor', actor)
 end
 if action == 'open' then
   if br[1] == '1' then return {0, 'already open (manual)'} end

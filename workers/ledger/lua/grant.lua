@@ -19,11 +19,11 @@ if not cfg[1] then return redis.error_reply('dpstream: grant: scope not register
 redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'start', ARGV[6])
 redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5])
 local total = redis.call('HINCRBY', KEYS[1], 'grant', ARGV[1])
-redis.call('XADD', KEYS[3], '*', 'kind', 'grant', 'period', ARGV[5], 'release_id', '', 'metric', '', 'cost', ARGV[1],
-           'spent', '', 'ratio', '', 'state', '', 'reason', ARGV[2], 'actor', ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'kind', 'grant', 'period', ARGV[5], 'cost', ARGV[1],
+           'reason', ARGV[2], 'actor', ARGV[3])
 if redis.call('HGET', KEYS[2], 'auto_period') == ARGV[5] then
   redis.call('HDEL', KEYS[2], 'auto_period', 'auto_start', 'auto_reason', 'auto_at')
-  redis.call('XADD', KEYS[3], '*', 'kind', 'breaker_close', 'period', ARGV[5], 'release_id', '', 'metric', '',
-             'cost', '', 'spent', '', 'ratio', '', 'state', '', 'reason', 'reserve granted: ' .. ARGV[2], 'actor', ARGV[3])
+  redis.call('XADD', KEYS[3], '*', 'kind', 'breaker_close', 'period', ARGV[5],
+             'reason', 'reserve granted: ' .. ARGV[2], 'actor', ARGV[3])
 end
 return total

@@ -14,6 +14,6 @@ redis.call('HSET', KEYS[1], 'registered_at', ARGV[3])
 local reason = 'config registered ' .. ARGV[1]
 if old then reason = 'config changed ' .. old .. ' -> ' .. ARGV[1] end
 local cap = redis.call('HGET', KEYS[1], 'cap')
-redis.call('XADD', KEYS[2], '*', 'kind', 'config', 'period', '', 'release_id', '', 'metric', '', 'cost', cap,
-           'spent', '', 'ratio', '', 'state', '', 'reason', reason, 'actor', ARGV[2])
+redis.call('XADD', KEYS[2], '*', 'kind', 'config', 'cost', cap,
+           'reason', reason, 'actor', ARGV[2])
 return 1

@@ -8,23 +8,27 @@
 -- KEYS[6] audit    stream  dpstream:{S}:audit
 -- KEYS[7] pending  zset    dpstream:{S}:pending    reserved, not yet published (score: reserve ms)
 -- KEYS[8] periods  zset    dpstream:{S}:periods    period ids (score: period start s)
--- ARGV: [1] release_id [2] period_id [3] period_start_s [4] metric [5] window_start [6] window_end
---       [7] cost_units (integer > 0) [8] may_use_reserve 0|1 [9] now_ms [10] retention_s
---       [11] payload bytes [12] actor
--- Returns {outcome, payload, reason, spent_after, cap, state, cost_units}
---   outcome: 'granted' | 'duplicate' | 'refused'; payload: the stored final bytes ('' if refused).
+-- ARGV[1] header: newline-separated release_id, period_id, period_start_s, metric, window_start,
+--         window_end, cost_units (integer > 0), may_use_reserve 0|1, now_ms, retention_s, actor
+-- ARGV[2] payload bytes
+-- Returns one bulk string: outcome \n spent_after \n cap \n state \n cost_units \n rest
+--   outcome: 'granted' | 'duplicate' | 'refused'; rest: the stored final payload (granted,
+--   duplicate) or the reason (refused). One string keeps the reply cheap to parse.
 -- Invariants: everything is validated before the first write; a refusal charges and stores
 -- nothing (it only counts and audits itself, and opens the breaker when the release cannot fit
 -- the whole cap); spent <= cap always; a known release_id is never charged again.
 -- The token "ratio_after":null in the payload is replaced by the ratio after this charge (%.6f).
 
-local rid, pid, pstart, metric = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local cost_s, may_use, now, actor = ARGV[7], ARGV[8], ARGV[9], ARGV[12]
+local h = {}
+for field in string.gmatch(ARGV[1], '[^\n]+') do h[#h + 1] = field end
+if #h ~= 11 then return redis.error_reply('dpstream: reserve: header needs 11 fields, got ' .. #h) end
+local rid, pid, pstart, metric, wstart, wend = h[1], h[2], h[3], h[4], h[5], h[6]
+local cost_s, may_use, now, retention, actor = h[7], h[8], h[9], h[10], h[11]
 local cost = tonumber(cost_s)
 if not cost or cost <= 0 or cost ~= math.floor(cost) or cost > 9007199254740991 then
   return redis.error_reply('dpstream: reserve: bad cost_units ' .. tostring(cost_s))
 end
-if not tonumber(pstart) or not tonumber(ARGV[6]) or not tonumber(ARGV[10]) then
+if not tonumber(pstart) or not tonumber(wend) or not tonumber(retention) then
   return redis.error_reply('dpstream: reserve: bad period_start, window_end or retention')
 end
 
@@ -47,26 +51,37 @@ local function state_of(s, open)
   return 'normal'
 end
 local function ratio_of(s) return string.format('%.6f', s / cap) end
+local function reply(outcome, s, state, charged, rest)
+  return outcome .. '\n' .. string.format('%d', s) .. '\n' .. cfg[1] .. '\n' .. state .. '\n' ..
+         string.format('%d', charged) .. '\n' .. rest
+end
 
 -- 1. a known release_id: the first stored bytes, nothing charged
 local known = redis.call('HMGET', KEYS[4], 'payload')
 if known[1] then
-  return {'duplicate', known[1], '', spent, cap, state_of(spent, manual or auto_here), 0}
+  return reply('duplicate', spent, state_of(spent, manual or auto_here), 0, known[1])
 end
 
 local function audit(kind, fields)
-  local entry = {'kind', kind, 'period', pid, 'release_id', '', 'metric', '', 'cost', '', 'spent', string.format('%d', spent),
-                 'ratio', ratio_of(spent), 'state', '', 'reason', '', 'actor', actor}
+  -- empty fields are left out of the entry (readers default them to '')
+  local entry = {'kind', kind, 'period', pid, 'spent', string.format('%d', spent), 'ratio', ratio_of(spent),
+                 'actor', actor}
   for i = 1, #fields, 2 do
+    local replaced = false
     for j = 1, #entry, 2 do
-      if entry[j] == fields[i] then entry[j + 1] = fields[i + 1] end
+      if entry[j] == fields[i] then entry[j + 1] = fields[i + 1]; replaced = true end
+    end
+    if not replaced and fields[i + 1] ~= '' then
+      entry[#entry + 1] = fields[i]
+      entry[#entry + 1] = fields[i + 1]
     end
   end
   redis.call('XADD', KEYS[6], '*', unpack(entry))
 end
 local function touch_period()
-  redis.call('HSET', KEYS[3], 'cap', cfg[1], 'reserve', cfg[2], 'start', pstart)
+  -- a new period block records the cap and reserve it starts with
   if redis.call('ZADD', KEYS[8], 'NX', pstart, pid) == 1 then
+    redis.call('HSET', KEYS[3], 'cap', cfg[1], 'reserve', cfg[2], 'start', pstart)
     audit('period', {'reason', 'period block opened', 'actor', 'ledger', 'state', state_of(spent, manual)})
   end
 end
@@ -88,7 +103,7 @@ local function refuse(reason, open_now)
     redis.call('HSET', KEYS[2], 'auto_period', pid, 'auto_start', pstart, 'auto_reason', reason, 'auto_at', now)
     audit('breaker_open', {'reason', reason, 'actor', 'ledger', 'state', 'open'})
   end
-  return {'refused', '', reason, spent, cap, state_of(spent, open), 0}
+  return reply('refused', spent, state_of(spent, open), 0, reason)
 end
 
 -- 3. checks (no write above this line except the rollover close and refusal bookkeeping)
@@ -110,14 +125,14 @@ touch_period()
 local after_spent = redis.call('HINCRBY', KEYS[3], 'spent', cost_s)
 redis.call('HINCRBY', KEYS[3], 'granted', 1)
 local ratio = string.format('%.6f', after_spent / cap)
-local payload = ARGV[11]
+local payload = ARGV[2]
 local i, j = string.find(payload, '"ratio_after":null', 1, true)
 if i then payload = string.sub(payload, 1, i - 1) .. '"ratio_after":' .. ratio .. string.sub(payload, j + 1) end
-redis.call('HSET', KEYS[4], 'state', 'reserved', 'period', pid, 'metric', metric, 'window_start', ARGV[5],
-           'window_end', ARGV[6], 'cost', cost_s, 'payload', payload, 'ratio_after', ratio, 'reserved_at', now)
-redis.call('EXPIRE', KEYS[4], ARGV[10])
-redis.call('ZADD', KEYS[5], ARGV[6], rid)
-redis.call('EXPIRE', KEYS[5], ARGV[10])
+redis.call('HSET', KEYS[4], 'state', 'reserved', 'period', pid, 'metric', metric, 'window_start', wstart,
+           'window_end', wend, 'cost', cost_s, 'payload', payload, 'ratio_after', ratio, 'reserved_at', now)
+redis.call('EXPIRE', KEYS[4], retention)
+redis.call('ZADD', KEYS[5], wend, rid)
+redis.call('EXPIRE', KEYS[5], retention)
 redis.call('ZADD', KEYS[7], now, rid)
 spent = after_spent
 local after = state_of(after_spent, false)
@@ -125,4 +140,4 @@ audit('charge', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'state', a
 if after ~= before then
   audit('state', {'reason', before .. ' -> ' .. after .. ' at ratio ' .. ratio, 'actor', 'ledger', 'state', after})
 end
-return {'granted', payload, '', after_spent, cap, after, cost}
+return reply('granted', after_spent, after, cost, payload)

@@ -1,0 +1,164 @@
+"""`dpstream bench ledger`: reserves/s and latency of the ledger next to a plain INCRBY, same client, same run.
+
+Both phases use one client built by `workers.ledger.redis_backend.connect` (same pool, timeouts)
+with N concurrent asyncio tasks, `--seconds` per operation, measured in two alternating halves. Without `--redis` a throwaway durable
+Redis (AOF, appendfsync always) is started in a temporary directory and stopped afterwards.
+Acceptance (issue #4): reserve/INCRBY throughput ratio ≥ 0.5 at 16 clients.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "run_bench", "BenchResult"]
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from topology.model import Accounting, Aggregate, Budget, Mechanism, Metric, Sinks, Source, Topology, Window
+from topology.periods import period_id, period_start
+
+from workers.ledger import ReleaseRequest, open_ledger
+from workers.ledger.redis_backend import connect
+
+_PAYLOAD = (
+    b'{"release_id":"%s","metric":"bench","window":{"start":0,"end":60},"values":{"all":1234.5},'
+    b'"mechanism":"gaussian","noise":{"scale":172.1,"stddev":172.1},"cost":{"rho":1e-9},'
+    b'"budget":{"scope":"bench","period":"p","ratio_after":null},"published_at":"2026-11-30T00:00:00Z"}'
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One measured phase."""
+
+    ops: int
+    seconds: float
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Both phases and the throughput ratio reserve / INCRBY."""
+
+    clients: int
+    seconds: float
+    incrby: Phase
+    reserve: Phase
+    ratio: float
+    redis: str
+
+
+def _bench_topology() -> Topology:
+    """One pure scope with a large cap and one metric, so the run never exhausts it."""
+    return Topology(
+        version=1,
+        sources={"s": Source("s", "bench.events", "user_id")},
+        budgets={"bench": Budget("bench", 1000.0, 0.0, Accounting.PURE, 86_400)},
+        metrics={"bench": Metric("bench", "s", "bench", 1.0, Window(60, 60), Aggregate.COUNT, Mechanism.LAPLACE)},
+        sinks=Sinks("bench.releases", "bench.dead"),
+    )
+
+
+async def _phase(clients: int, seconds: float, op: Callable[[int, int], Awaitable[object]]) -> Phase:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker(w: int) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await op(w, i)
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(clients)))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    n = len(latencies)
+    return Phase(n, elapsed, n / elapsed, latencies[n // 2] * 1e3, latencies[min(n - 1, int(n * 0.99))] * 1e3)
+
+
+def _merge(phases: list[Phase]) -> Phase:
+    """Throughput over all halves; latency percentiles as the worse half's (conservative)."""
+    ops = sum(p.ops for p in phases)
+    secs = sum(p.seconds for p in phases)
+    return Phase(ops, secs, ops / secs, max(p.p50_ms for p in phases), max(p.p99_ms for p in phases))
+
+
+async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool = False) -> BenchResult:
+    """Measure INCRBY, then reserve, on the Redis at `url`."""
+    client = connect(url, max_connections=max(clients, 1))
+    ledger = await open_ledger(
+        url, _bench_topology(), actor="bench", max_connections=max(clients, 1), allow_volatile=allow_volatile
+    )
+    run = uuid.uuid4().hex[:8]
+    counter = f"dpstream:bench:{run}:incrby"
+    now = time.time()
+    pstart = period_start(86_400, now)
+    pid = period_id(86_400, now)
+
+    async def incr(w: int, i: int) -> object:
+        return await client.incrby(counter, 1000)
+
+    async def reserve(w: int, i: int) -> object:
+        rid = f"{run}-{w}-{i}"
+        return await ledger.reserve(
+            ReleaseRequest(rid, "bench", pid, "bench", pstart, pstart + 60, 1e-9, _PAYLOAD % rid.encode(), actor="bench")
+        )
+
+    try:
+        await _phase(clients, min(0.5, seconds), incr)  # warm up connections
+        # alternate halves (INCRBY, reserve, INCRBY, reserve) so load drift on the host hits both alike
+        incs, ress = [], []
+        for _ in range(2):
+            incs.append(await _phase(clients, seconds / 2, incr))
+            ress.append(await _phase(clients, seconds / 2, reserve))
+        inc, res = _merge(incs), _merge(ress)
+        await client.delete(counter)
+    finally:
+        await client.aclose()
+        await ledger.close()
+    return BenchResult(clients, seconds, inc, res, res.per_second / inc.per_second, url)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.redis:
+        result = asyncio.run(run_bench(args.redis, args.clients, args.seconds, args.allow_volatile))
+    else:
+        from workers.localstack import RedisHandle, free_port
+
+        with tempfile.TemporaryDirectory(prefix="dpstream-bench-") as tmp:
+            handle = RedisHandle(free_port(), Path(tmp))
+            handle.start()
+            try:
+                result = asyncio.run(run_bench(handle.url, args.clients, args.seconds))
+            finally:
+                handle.stop()
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print(f"ledger bench: {result.clients} clients, {result.seconds:g} s per phase, {result.redis}")
+        for name, p in (("INCRBY", result.incrby), ("reserve", result.reserve)):
+            print(f"  {name:<8} {p.per_second:10.0f} ops/s   p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)")
+        print(f"  ratio reserve/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench ledger`."""
+    p = subparsers.add_parser("ledger", help="ledger reserves/s and latency vs plain INCRBY")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--redis", metavar="URL", help="use this Redis instead of a throwaway one")
+    p.add_argument("--allow-volatile", action="store_true", help="accept a --redis without AOF fsync always")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_main)

@@ -1,0 +1,284 @@
+"""`dpstream budget status|history|audit|reconcile|grant`: where each budget scope stands, from the ledger.
+
+`budget status --json` prints one object (the README quotes this shape):
+
+    {"scopes": [{
+        "scope": "web-daily", "accounting": "zcdp", "state": "normal",     # normal | warning | open
+        "period": {"id": "2026-11-30", "start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z",
+                   "seconds_left": 38400},
+        "cap": 0.024356, "spent": 0.0071, "ratio": 0.2915,                 # in the scope's currency (ρ or ε)
+        "epsilon_equiv": 0.49, "delta": 1e-06, "warn_at": 0.8,             # ε of the spend at δ (zCDP), or ε itself
+        "releases": {"granted": 812, "refused": 0},
+        "reserve_left": 0.004871, "pool_left": 0.012414,
+        "projected": {"spend": 0.0112, "ratio": 0.46},                     # at the current rate, at period end
+        "breaker": null,                                                   # or {"manual", "reason", "actor", "at"}
+        "units": {"cap": 24356000000, "spent": 7100000000}                 # exact integers (1e-12)
+    }]}
+
+The ledger is found by `--redis URL`, else the topology's `redis.url` (`--topology FILE`), else
+`$DPSTREAM_REDIS`, else redis://localhost:6379/0. Reading never changes the ledger.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "open_cli_ledger", "iso", "status_json"]
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from topology.durations import parse_duration
+from topology.errors import ConfigError
+
+from workers.ledger import Ledger, ScopeStatus, open_ledger
+from workers.ledger.units import units_to_float
+
+_DEFAULT_REDIS = "redis://localhost:6379/0"
+
+
+def iso(ts: float) -> str:
+    """UTC ISO-8601 with a Z, to the second."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def add_ledger_args(parser: argparse.ArgumentParser) -> None:
+    """--redis, --topology, --allow-volatile, --json: how every ledger command finds and prints."""
+    parser.add_argument("--redis", metavar="URL", help="ledger Redis (default: the topology's, $DPSTREAM_REDIS, localhost)")
+    parser.add_argument("--topology", metavar="FILE", help="topology file: its redis.url and budget scopes")
+    parser.add_argument("--allow-volatile", action="store_true", help="accept a Redis without AOF fsync always (loud)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
+    """Open the ledger the command line names (without registering anything); also the topology's scopes."""
+    url, scopes = getattr(args, "redis", None), []
+    if getattr(args, "topology", None):
+        from topology.loader import load_topology
+
+        topo = load_topology(args.topology)
+        url = url or topo.redis.url
+        scopes = sorted(topo.budgets)
+    url = url or os.environ.get("DPSTREAM_REDIS", "").strip() or _DEFAULT_REDIS
+    if url == "memory":
+        raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
+    ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))
+    return ledger, scopes
+
+
+def _run(args: argparse.Namespace, body: Callable[[Ledger, list[str]], Awaitable[int]]) -> int:
+    async def main() -> int:
+        ledger, scopes = await open_cli_ledger(args)
+        try:
+            return await body(ledger, scopes)
+        finally:
+            await ledger.close()
+
+    return asyncio.run(main())
+
+
+async def _scopes(ledger: Ledger, args: argparse.Namespace, topo_scopes: list[str]) -> list[str]:
+    if getattr(args, "scope", None):
+        return [args.scope]
+    scopes = topo_scopes or await ledger.scopes()
+    if not scopes:
+        raise ConfigError("no budget scope is registered in this ledger: start a worker with the topology first")
+    return scopes
+
+
+def status_json(s: ScopeStatus) -> dict[str, Any]:
+    """One scope's status as the documented JSON object."""
+    return {
+        "scope": s.scope,
+        "accounting": s.accounting,
+        "state": s.state.value,
+        "period": {"id": s.period_id, "start": iso(s.period_start), "end": iso(s.period_end),
+                   "seconds_left": s.seconds_to_period_end},
+        "cap": s.cap,
+        "spent": s.spent,
+        "ratio": s.ratio,
+        "epsilon_equiv": s.epsilon_equiv,
+        "delta": s.delta,
+        "warn_at": s.warn_at,
+        "releases": {"granted": s.granted, "refused": s.refused},
+        "reserve_left": s.reserve_left,
+        "pool_left": s.pool_left,
+        "projected": {"spend": s.projected_spend, "ratio": s.projected_ratio},
+        "breaker": None if s.breaker is None else {
+            "manual": s.breaker.manual, "reason": s.breaker.reason, "actor": s.breaker.actor,
+            "at": iso(s.breaker.at_ms / 1000)},
+        "units": {"cap": s.cap_units, "spent": s.spent_units},
+    }
+
+
+def _status_text(s: ScopeStatus) -> str:
+    cur = "ρ" if s.accounting == "zcdp" else "ε"
+    hours, rest = divmod(s.seconds_to_period_end, 3600)
+    lines = [
+        f"{s.scope}  [{s.state.value.upper()}]  period {s.period_id} ({hours}h{rest // 60:02d}m left)",
+        f"  spent {cur} {s.spent:.6g} of cap {s.cap:.6g}  ratio {s.ratio:.4f} (warn at {s.warn_at:g})"
+        + (f"  ε-equivalent {s.epsilon_equiv:.4g} at δ={s.delta:g}" if s.accounting == "zcdp" else ""),
+        f"  releases granted {s.granted}, refused {s.refused}",
+        f"  pool left {s.pool_left:.6g}  reserve left {s.reserve_left:.6g}",
+        f"  projected at period end {s.projected_spend:.6g} (ratio {s.projected_ratio:.3f})",
+    ]
+    if s.breaker is not None:
+        kind = "manual" if s.breaker.manual else "automatic"
+        lines.append(f"  breaker OPEN ({kind}) by {s.breaker.actor} at {iso(s.breaker.at_ms / 1000)}: {s.breaker.reason}")
+    return "\n".join(lines)
+
+
+def _status(args: argparse.Namespace) -> int:
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        rows = [await ledger.status(scope) for scope in await _scopes(ledger, args, topo_scopes)]
+        if args.json:
+            print(json.dumps({"scopes": [status_json(s) for s in rows]}, indent=2))
+        else:
+            print("\n".join(_status_text(s) for s in rows))
+        return 0
+
+    return _run(args, body)
+
+
+def _history(args: argparse.Namespace) -> int:
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for scope in await _scopes(ledger, args, topo_scopes):
+            out[scope] = [
+                {"period": p.period_id, "start": iso(p.start), "cap": units_to_float(p.cap_units),
+                 "spent": units_to_float(p.spent_units),
+                 "ratio": p.spent_units / p.cap_units if p.cap_units else 0.0,
+                 "granted": p.granted, "refused": p.refused, "reserve_granted": units_to_float(p.grant_units)}
+                for p in await ledger.history(scope, args.limit)
+            ]
+        if args.json:
+            print(json.dumps({"scopes": out}, indent=2))
+            return 0
+        for scope, rows in out.items():
+            print(scope)
+            for r in rows:
+                print(f"  {r['period']:<20} spent {r['spent']:.6g} / {r['cap']:.6g}  ratio {r['ratio']:.4f}  "
+                      f"granted {r['granted']}  refused {r['refused']}")
+        return 0
+
+    return _run(args, body)
+
+
+def _since_ms(text: str | None) -> int:
+    """`--since`: a duration back from now (`1h`, `2d`) or an ISO-8601 UTC time."""
+    if not text:
+        return 0
+    try:
+        return int((time.time() - parse_duration(text)) * 1000)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--since {text!r}: not a duration (1h, 2d) or ISO-8601 time (2026-11-30T00:00Z)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    since = _since_ms(args.since)
+
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        entries = []
+        for scope in await _scopes(ledger, args, topo_scopes):
+            for e in await ledger.audit(scope, since, args.limit):
+                entries.append({"scope": scope, "id": e.id, "at": iso(e.at_ms / 1000),
+                                **{k: v for k, v in e.fields.items() if v != ""}})
+        if args.json:
+            print(json.dumps({"entries": entries}, indent=2))
+            return 0
+        for e in entries:
+            detail = " ".join(f"{k}={e[k]}" for k in ("period", "metric", "release_id", "cost", "ratio", "state", "actor")
+                              if k in e)
+            reason = f"  ({e['reason']})" if "reason" in e else ""
+            print(f"{e['at']} {e['scope']} {e['kind']:<13} {detail}{reason}")
+        return 0
+
+    return _run(args, body)
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        reports = [await ledger.reconcile(scope) for scope in await _scopes(ledger, args, topo_scopes)]
+        if args.json:
+            print(json.dumps({"ok": all(r.ok for r in reports), "scopes": [
+                {"scope": r.scope, "ok": r.ok, "periods": [
+                    {"period": p.period_id, "ok": p.ok, "stored_units": p.stored_units,
+                     "audited_units": p.audited_units, "stored_granted": p.stored_granted,
+                     "audited_charges": p.audited_charges} for p in r.periods]} for r in reports]}, indent=2))
+        else:
+            for r in reports:
+                for p in r.periods:
+                    mark = "ok" if p.ok else "MISMATCH"
+                    print(f"{r.scope} {p.period_id}: stored {p.stored_units} units / {p.stored_granted} charges, "
+                          f"audit {p.audited_units} units / {p.audited_charges} charges: {mark}")
+                if not r.periods:
+                    print(f"{r.scope}: no periods yet: ok")
+        return 0 if all(r.ok for r in reports) else 1
+
+    return _run(args, body)
+
+
+def _grant(args: argparse.Namespace) -> int:
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        total = await ledger.grant_reserve(args.scope, args.amount, args.reason, args.actor)
+        if args.json:
+            print(json.dumps({"scope": args.scope, "granted_total": units_to_float(total)}))
+        else:
+            print(f"{args.scope}: ordinary metrics may now draw {units_to_float(total):.6g} of the reserve this period")
+        return 0
+
+    return _run(args, body)
+
+
+def default_actor() -> str:
+    """The operator's name for the audit trail: $USER, else 'operator'."""
+    return os.environ.get("USER") or "operator"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `budget` and its sub-commands."""
+    parser = subparsers.add_parser("budget", help="budget status, history, audit trail, reconciliation")
+    sub = parser.add_subparsers(dest="budget_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+    p = sub.add_parser("status", help="cap, spent, ratio, ε-equivalent, state of each scope's current period")
+    p.add_argument("--scope")
+    add_ledger_args(p)
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("history", help="past period blocks of each scope, newest first")
+    p.add_argument("--scope")
+    p.add_argument("--limit", type=int, default=30)
+    add_ledger_args(p)
+    p.set_defaults(func=_history)
+
+    p = sub.add_parser("audit", help="the ledger's audit trail (charges, refusals, breaker, config)")
+    p.add_argument("--scope")
+    p.add_argument("--since", help="a duration back from now (1h) or an ISO-8601 time")
+    p.add_argument("--limit", type=int, default=None)
+    add_ledger_args(p)
+    p.set_defaults(func=_audit)
+
+    p = sub.add_parser("reconcile", help="rebuild spend from the audit stream; exit 1 on any mismatch")
+    p.add_argument("--scope")
+    add_ledger_args(p)
+    p.set_defaults(func=_reconcile)
+
+    p = sub.add_parser("grant", help="let ordinary metrics draw part of the reserve this period (audited)")
+    p.add_argument("--scope", required=True)
+    p.add_argument("--amount", type=float, required=True, help="in the scope's currency (ρ or ε)")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--actor", default=default_actor())
+    add_ledger_args(p)
+    p.set_defaults(func=_grant)
