@@ -69,6 +69,8 @@ class MetricAccumulator:
         self.clamped = 0
         self.skipped = 0
         """Events without this metric's value / group field, or outside its declared keys."""
+        self.add_fn = self._make_add()
+        """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
     # -- window grid -------------------------------------------------------------------
     def first_start_covering(self, ts: float) -> int:
@@ -81,83 +83,106 @@ class MetricAccumulator:
 
     # -- hot path ----------------------------------------------------------------------
     def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
-        """Add one validated event; returns True when some window of it was already final (late)."""
-        if self._group is not None:
-            key = fields.get(self._group)
-            if key is None:
-                self.skipped += 1
-                return False
-            if type(key) is not str:
-                key = str(key)
-            if self._keys is not None and key not in self._keys:
-                self.skipped += 1
-                return False
-        else:
-            key = ""
-        v = 0.0
-        if self._value is not None:
-            raw = fields.get(self._value)
-            if raw is None:
-                self.skipped += 1
-                return False
-            v = float(raw)
-            if v < self._lo:
-                v = self._lo
-                self.clamped += 1
-            elif v > self._hi:
-                v = self._hi
-                self.clamped += 1
-        every = self.every
-        size = self.size
-        last = int(ts // every) * every
-        start = last - size + every
-        late = False
-        next_start = self.next_start
-        windows = self.windows
+        """Add one validated event; returns True when some window of it was already final (late).
+
+        Replaced per instance by a closure specialised to this metric (see `_make_add`): the hot
+        path then reads its settings from closure cells instead of attributes.
+        """
+        return self.add_fn(unit, ts, fields, offset, watermark)
+
+    def _make_add(self):  # noqa: C901 - one flat function is the point: it runs per event
+        group = self._group
+        declared = self._keys
+        value_field = self._value
+        lo, hi = self._lo, self._hi
+        max_keys, max_per_key = self._max_keys, self._max_per_key
+        bounded = self._bounded
         kind = self._kind
-        while start <= last:
-            s = start
-            start += every
-            if s + size <= watermark:
-                late = True
-                continue
-            if next_start is not None and s < next_start:
-                if self.emitted_any:
+        every, size = self.every, self.size
+        windows = self.windows
+        is_units = kind == _UNITS
+        is_count = kind == _COUNT or is_units
+        is_sum = kind == _SUM
+        grouped = group is not None
+        acc = self
+
+        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
+            if grouped:
+                key = fields.get(group)
+                if key is None:
+                    acc.skipped += 1
+                    return False
+                if type(key) is not str:
+                    key = str(key)
+                if declared is not None and key not in declared:
+                    acc.skipped += 1
+                    return False
+                uk: Any = (unit, key)
+            else:
+                key = ""
+                uk = unit
+            v = 0.0
+            if value_field is not None:
+                raw = fields.get(value_field)
+                if raw is None:
+                    acc.skipped += 1
+                    return False
+                v = float(raw)
+                if v < lo:
+                    v = lo
+                    acc.clamped += 1
+                elif v > hi:
+                    v = hi
+                    acc.clamped += 1
+            last = int(ts // every) * every
+            start = last - size + every
+            late = False
+            next_start = acc.next_start
+            while start <= last:
+                s = start
+                start += every
+                if s + size <= watermark:
                     late = True
                     continue
-                next_start = self.next_start = s  # before any emission: extend the sequence back
-            st = windows.get(s)
-            if st is None:
-                st = windows[s] = _WindowState(offset)
-            if self._bounded:
-                uk = (unit, key)
-                per_key = st.per_key
-                n = per_key.get(uk, 0)
-                if n == 0:
-                    unit_keys = st.unit_keys
-                    nk = unit_keys.get(unit, 0)
-                    if nk >= self._max_keys:
-                        self.capped += 1
+                if next_start is not None and s < next_start:
+                    if acc.emitted_any:
+                        late = True
                         continue
-                    unit_keys[unit] = nk + 1
-                elif n >= self._max_per_key:
-                    if kind != _UNITS:
-                        self.capped += 1
-                    continue
-                per_key[uk] = n + 1
-            agg = st.agg
-            if kind == _COUNT or kind == _UNITS:
-                agg[key] = agg.get(key, 0) + 1
-            elif kind == _SUM:
-                agg[key] = agg.get(key, 0.0) + v
-            else:
-                pair = agg.get(key)
-                if pair is None:
-                    agg[key] = [v, 1]
+                    acc.next_start = next_start = s  # before any emission: extend the sequence back
+                st = windows.get(s)
+                if st is None:
+                    st = windows[s] = _WindowState(offset)
+                if bounded:
+                    per_key = st.per_key
+                    n = per_key.get(uk, 0)
+                    if n == 0:
+                        if grouped:
+                            unit_keys = st.unit_keys
+                            nk = unit_keys.get(unit, 0)
+                            if nk >= max_keys:
+                                acc.capped += 1
+                                continue
+                            unit_keys[unit] = nk + 1
+                    elif n >= max_per_key:
+                        if not is_units:
+                            acc.capped += 1
+                        continue
+                    per_key[uk] = n + 1
+                agg = st.agg
+                if is_count:
+                    agg[key] = agg.get(key, 0) + 1
+                elif is_sum:
+                    agg[key] = agg.get(key, 0.0) + v
                 else:
-                    pair[0] += v
-                    pair[1] += 1
-        return late
+                    pair = agg.get(key)
+                    if pair is None:
+                        agg[key] = [v, 1]
+                    else:
+                        pair[0] += v
+                        pair[1] += 1
+            return late
+
+        return add
 
     # -- emission ----------------------------------------------------------------------
     def start_at(self, start: int) -> None:

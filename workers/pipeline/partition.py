@@ -82,7 +82,7 @@ class PartitionPipeline:
     def process_batch(self, records: Iterable[RecordLike], now: float | None = None) -> BatchOutput:
         """Consume records in offset order; return partials of windows now final and dead letters."""
         parse = self._parser.parse
-        accs = self._accs
+        adds = [acc.add_fn for acc in self._accs]
         lateness = self._lateness
         maxt = self.max_event_time
         wm = self.watermark
@@ -107,8 +107,8 @@ class PartitionPipeline:
                     wm = ts - lateness
             accepted += 1
             was_late = False
-            for acc in accs:
-                if acc.add(unit, ts, fields, offset, wm):
+            for add in adds:
+                if add(unit, ts, fields, offset, wm):
                     was_late = True
             if was_late:
                 late += 1

@@ -1,0 +1,125 @@
+"""Micro-benchmark of the Kafka-free hot path: `PartitionPipeline.process_batch` events/s.
+
+    python -m workers.bench.pipeline_core [--events 1000000] [--topology web-analytics.yaml] [--json]
+
+Synthetic, pre-encoded events (a bench module, so numpy's RNG is fine here) at 10 events per
+event-second, half of them from a few heavy units that hit the caps; the JSON decode loop over the
+same bytes is timed alongside as the in-run baseline.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "run", "main"]
+
+import argparse
+import json
+import sys
+import time
+from importlib import resources
+from typing import NamedTuple
+
+import numpy as np
+
+from topology.loader import load_topology
+from workers.pipeline import PartitionPipeline
+from workers.pipeline.events import decode_json
+
+
+class _Rec(NamedTuple):
+    offset: int
+    value: bytes
+    timestamp: int | None = None
+
+
+def _events(n: int, seed: int = 7) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    heavy = rng.integers(0, 50, n)
+    light = rng.integers(0, 200_000, n)
+    use_heavy = rng.random(n) < 0.5
+    pages = ("home", "search", "product", "cart", "checkout")
+    page = rng.integers(0, 5, n)
+    ref = rng.integers(0, 40, n)
+    eur = rng.uniform(-20, 240, n).round(2)
+    sess = rng.uniform(0, 4000, n).round(1)
+    t0 = 1_790_000_000
+    out = []
+    for i in range(n):
+        unit = f"h{heavy[i]}" if use_heavy[i] else f"u{light[i]}"
+        out.append(
+            json.dumps(
+                {"user_id": unit, "ts": t0 + i // 10, "page": pages[page[i]], "referrer": f"r{ref[i]}.example",
+                 "basket_eur": float(eur[i]), "session_s": float(sess[i])},
+                separators=(",", ":"),
+            ).encode()
+        )
+    return out
+
+
+def run(events: int, topology_path: str | None = None, batch: int = 5000) -> dict[str, float]:
+    """Time process_batch over `events` synthetic events (one partition) and a bare decode loop."""
+    path = topology_path or str(resources.files("topology") / "examples" / "web-analytics.yaml")
+    topo = load_topology(path)
+    raw = _events(events)
+    recs = [_Rec(i, v) for i, v in enumerate(raw)]
+    t = time.perf_counter()
+    for v in raw:
+        decode_json(v)
+    decode_s = time.perf_counter() - t
+    pipe = PartitionPipeline(topo, next(iter(topo.sources)), 0)
+    partials = 0
+    t = time.perf_counter()
+    cpu = time.process_time()
+    for i in range(0, len(recs), batch):
+        partials += len(pipe.process_batch(recs[i : i + batch]).partials)
+    partials += len(pipe.flush().partials)
+    core_s = time.perf_counter() - t
+    cpu_s = time.process_time() - cpu
+    counts = pipe.refresh_counts().snapshot()
+    return {
+        "events": events,
+        "core_events_per_s": events / core_s,
+        "decode_only_events_per_s": events / decode_s,
+        "core_vs_decode_ratio": decode_s / core_s,
+        "cpu_s_per_million": cpu_s / events * 1e6,
+        "us_per_event": core_s / events * 1e6,
+        "partials": partials,
+        "capped": counts["capped"],
+    }
+
+
+def _print(result: dict[str, float], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    print(f"events                {result['events']:>12,}")
+    print(f"core process_batch    {result['core_events_per_s']:>12,.0f} events/s ({result['us_per_event']:.2f} µs/event)")
+    print(f"JSON decode only      {result['decode_only_events_per_s']:>12,.0f} events/s")
+    print(f"core / decode ratio   {result['core_vs_decode_ratio']:>12.2f}")
+    print(f"CPU s per 1M events   {result['cpu_s_per_million']:>12.2f}")
+    print(f"partials emitted      {result['partials']:>12,}   capped contributions {result['capped']:,}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `pipeline-core` (only reachable if the bench dispatcher lists it)."""
+    p = subparsers.add_parser("pipeline-core", help="events/s of the Kafka-free core")
+    _arguments(p)
+    p.set_defaults(func=lambda a: _print(run(a.events, a.topology), a.json) or 0)
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--topology", default=None)
+    p.add_argument("--json", action="store_true")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workers.bench.pipeline_core`."""
+    p = argparse.ArgumentParser(prog="python -m workers.bench.pipeline_core")
+    _arguments(p)
+    a = p.parse_args(argv)
+    _print(run(a.events, a.topology), a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
