@@ -44,10 +44,14 @@ class _Codec:
     per_key_units: int
     grid: FixedPointGrid | None
     """None for integer aggregates (counts), which are noised as they are."""
+    divisor: float = 1.0
+    """Public denominator of a mean: its input is the clamped raw sum, divided exactly here."""
 
     def encode(self, value: float | int) -> int:
         if self.grid is not None:
-            return self.grid.encode(float(value))
+            if not math.isfinite(float(value)):
+                raise InternalError("non-finite true aggregate reached the fixed-point encoder")
+            return self.grid.encode(Fraction(float(value)) / Fraction(self.divisor))
         if isinstance(value, bool) or not float(value).is_integer():
             raise InternalError(f"count aggregate {type(value).__name__} is not an integer")
         return int(value)
@@ -56,14 +60,14 @@ class _Codec:
         return self.grid.decode(units) if self.grid is not None else float(units)
 
 
-def _codec(component: NoiseComponent, integer: bool) -> _Codec:
+def _codec(component: NoiseComponent, integer: bool, divisor: float | None = None) -> _Codec:
     if integer:
         linf = component.sensitivity.linf
         if not float(linf).is_integer():
             raise InternalError(f"integer aggregate with non-integer sensitivity {linf}")
         return _Codec(1.0, int(linf), None)
     grid = choose_grid(component.sensitivity.linf, component.scale)
-    return _Codec(grid.step, grid.per_key_units, grid)
+    return _Codec(grid.step, grid.per_key_units, grid, divisor or 1.0)
 
 
 def _keys_touched(metric: Metric) -> int:
@@ -113,13 +117,17 @@ class ReleaseMechanism:
 
 
 class _ValueRelease(ReleaseMechanism):
-    """Counts, sums and means over a public denominator: one noisy integer per key."""
+    """Counts, sums and means over a public denominator: one noisy integer per key.
+
+    Inputs per key: an int count, or a clamped raw float sum (also for a public-denominator
+    mean, which is noised on a grid in mean units and released as sum / denominator).
+    """
 
     def __init__(self, metric: Metric, accounting: Accounting, cost: float, delta: float) -> None:
         (component,) = calibrate(metric, accounting, cost)
         self.metric, self.cost, self.delta = metric, cost, delta
         integer = metric.aggregate in (Aggregate.COUNT, Aggregate.COUNT_UNITS)
-        self._codec = _codec(component, integer)
+        self._codec = _codec(component, integer, metric.denominator)
         self._noise = _noise(component, accounting, self._codec, _keys_touched(metric))
         self._keys = _released_keys(metric)
         self._threshold = None
