@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from topology.model import Accounting, Aggregate, Budget, Mechanism, Metric, Sinks, Source, Topology, Window
+from topology.model import Topology
 from topology.periods import period_id, period_start
 
 from workers.ledger import ReleaseRequest, open_ledger
 from workers.ledger.redis_backend import connect
+from workers.ledger.samples import one_scope_topology
 
 _PAYLOAD = (
     b'{"release_id":"%s","metric":"bench","window":{"start":0,"end":60},"values":{"all":1234.5},'
@@ -58,13 +59,7 @@ class BenchResult:
 
 def _bench_topology() -> Topology:
     """One pure scope with a large cap and one metric, so the run never exhausts it."""
-    return Topology(
-        version=1,
-        sources={"s": Source("s", "bench.events", "user_id")},
-        budgets={"bench": Budget("bench", 1000.0, 0.0, Accounting.PURE, 86_400)},
-        metrics={"bench": Metric("bench", "s", "bench", 1.0, Window(60, 60), Aggregate.COUNT, Mechanism.LAPLACE)},
-        sinks=Sinks("bench.releases", "bench.dead"),
-    )
+    return one_scope_topology("bench", epsilon=1000.0, metrics=(("bench", 1.0, 60, 60, False),))
 
 
 async def _phase(clients: int, seconds: float, op: Callable[[int, int], Awaitable[object]]) -> Phase:

@@ -95,7 +95,7 @@ def price(
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
             return quote(0, thinned=True)
         if cfg.on_warning.stretch != 1.0:
-            units = _units(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
+            units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
     if units <= 0:
         reason = (

@@ -1,0 +1,275 @@
+"""The ledger contract, run against both backends (in-process and real Redis): same inputs, same answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from topology.errors import ConfigError
+from topology.loader import load_topology
+from topology.model import Accounting, WarningPolicy
+from topology.periods import period_id
+from workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
+from workers.ledger.samples import ManualClock, one_scope_topology
+
+DAY = 86_400
+T0 = 1_796_000_000  # 2026-11-30T... (inside one UTC day)
+P0 = (T0 // DAY) * DAY
+SEED = "topology/examples/seed-adaptive.yaml"
+RECORD = b'{"release_id":"%s","values":{"all":%d},"budget":{"scope":"s","ratio_after":null}}'
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def where(request: pytest.FixtureRequest) -> str:
+    """Where the ledger lives: 'memory' or the fresh session Redis."""
+    if request.param == "memory":
+        return "memory"
+    return request.getfixturevalue("fresh_redis").url
+
+
+def req(rid: str, cost: float, *, scope: str = "s", metric: str = "m", start: int = P0, size: int = DAY,
+        may_use_reserve: bool = False, value: int = 1) -> ReleaseRequest:
+    return ReleaseRequest(rid, scope, period_id(DAY, start), metric, start, start + size, cost,
+                          RECORD % (rid.encode(), value), may_use_reserve)
+
+
+async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
+    ledger = await open_ledger(where, load_topology(SEED), clock=ManualClock(T0))
+    quotes, results = [], []
+    for m in ("diagnosis", "income", "postcode", "member_tier"):
+        q = await ledger.quote(m, P0, P0 + DAY)
+        quotes.append(q.cost)
+        results.append(await ledger.reserve(
+            ReleaseRequest(f"r-{m}", q.scope, q.period_id, m, P0, P0 + DAY, q.cost, b'{"ratio_after":null}')))
+    return ledger, quotes, results
+
+
+def test_seed_002_sequence(where: str) -> None:
+    """Seed 002: grants 0.64, 0.48, 0.32, 0.16, ratio 0.8 is warning, a next 0.1 is refused unless from the reserve."""
+    async def body() -> None:
+        ledger, quotes, results = await _seed(where)
+        assert quotes == pytest.approx([0.64, 0.48, 0.32, 0.16], abs=1e-12)
+        assert [r.outcome for r in results] == [Outcome.GRANTED] * 4
+        assert results[-1].ratio_after == 0.8 and results[-1].state is State.WARNING
+        assert results[-1].payload == b'{"ratio_after":0.800000}'
+        pid = period_id(DAY, P0)
+        extra = await ledger.reserve(ReleaseRequest("x", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}"))
+        assert extra.outcome is Outcome.REFUSED and "pool exhausted" in extra.reason
+        from_reserve = await ledger.reserve(
+            ReleaseRequest("y", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}", may_use_reserve=True))
+        assert from_reserve.outcome is Outcome.GRANTED and from_reserve.ratio_after == pytest.approx(0.85)
+        await ledger.close()
+
+    run(body())
+
+
+def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
+    """A known release_id returns the first stored bytes (ratio filled in) and is charged once."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        first = await ledger.reserve(req("a", 0.25, value=1))
+        again = await ledger.reserve(req("a", 0.25, value=2))
+        assert first.outcome is Outcome.GRANTED and again.outcome is Outcome.DUPLICATE
+        assert again.payload == first.payload == b'{"release_id":"a","values":{"all":1},"budget":{"scope":"s","ratio_after":0.250000}}'
+        status = await ledger.status("s")
+        assert (status.granted, status.spent_units) == (1, 250_000_000_000)
+        await ledger.close()
+
+    run(body())
+
+
+def test_charges_are_rounded_up_to_units(where: str) -> None:
+    """0.1 (binary 0.1000000000000000055…) is charged 100000000001 units, never less."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        r = await ledger.reserve(req("a", 0.1))
+        assert r.cost_units == 100_000_000_001
+        assert (await ledger.status("s")).spent_units == 100_000_000_001
+        await ledger.close()
+
+    run(body())
+
+
+def test_refusal_changes_nothing_but_its_record(where: str) -> None:
+    """A refused reserve stores no release and no spend; the same id can be granted later."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        refused = await ledger.reserve(req("big", 0.9))  # pool is 0.8
+        assert refused.outcome is Outcome.REFUSED and refused.payload == b""
+        status = await ledger.status("s")
+        assert (status.spent_units, status.granted, status.refused) == (0, 0, 1)
+        assert await ledger.pending(0) == []
+        granted = await ledger.reserve(req("big", 0.5))
+        assert granted.outcome is Outcome.GRANTED
+        kinds = [e.kind for e in await ledger.audit("s")]
+        assert kinds.count(AuditKind.REFUSAL) == 1 and kinds.count(AuditKind.CHARGE) == 1
+        await ledger.close()
+
+    run(body())
+
+
+def test_pending_and_commit(where: str) -> None:
+    """Reserved releases are pending with their stored bytes until committed; commit is idempotent."""
+    async def body() -> None:
+        clock = ManualClock(T0)
+        ledger = await open_ledger(where, one_scope_topology(), clock=clock)
+        r = await ledger.reserve(req("a", 0.1))
+        clock.advance(60)
+        pending = await ledger.pending(30)
+        assert [(p.release_id, p.payload) for p in pending] == [("a", r.payload)]
+        assert await ledger.pending(120) == []
+        assert await ledger.commit("a", "s") is True
+        assert await ledger.commit("a", "s") is False
+        assert await ledger.pending(0) == []
+        await ledger.close()
+
+    run(body())
+
+
+def test_manual_breaker_refuses_everything_and_survives_rollover(where: str) -> None:
+    """An operator-opened breaker refuses all (reserve included) across periods until closed, all audited."""
+    async def body() -> None:
+        clock = ManualClock(T0)
+        ledger = await open_ledger(where, one_scope_topology(), clock=clock)
+        with pytest.raises(ConfigError, match="reason"):
+            await ledger.open_breaker("s", " ", "alice")
+        assert await ledger.open_breaker("s", "incident 42", "alice") is True
+        r = await ledger.reserve(req("a", 0.1, may_use_reserve=True))
+        assert r.outcome is Outcome.REFUSED and r.state is State.OPEN and "incident 42" in r.reason
+        q = await ledger.quote("m", P0 + DAY, P0 + 2 * DAY)
+        assert q.refused_reason and q.state is State.OPEN
+        clock.advance(DAY)
+        r2 = await ledger.reserve(req("b", 0.1, start=P0 + DAY))
+        assert r2.outcome is Outcome.REFUSED
+        assert await ledger.close_breaker("s", "resolved", "bob") is True
+        r3 = await ledger.reserve(req("b", 0.1, start=P0 + DAY))
+        assert r3.outcome is Outcome.GRANTED and r3.state is State.NORMAL
+        trail = [(e.kind, e.fields.get("actor"), e.fields.get("reason")) for e in await ledger.audit("s")]
+        assert (AuditKind.BREAKER_OPEN, "alice", "incident 42") in trail
+        assert (AuditKind.BREAKER_CLOSE, "bob", "resolved") in trail
+        await ledger.close()
+
+    run(body())
+
+
+def test_automatic_open_closes_with_the_new_period(where: str) -> None:
+    """A release that cannot fit the cap opens the breaker for the period; the next period starts closed."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        assert (await ledger.reserve(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.GRANTED
+        over = await ledger.reserve(req("b", 0.2, may_use_reserve=True))
+        assert over.outcome is Outcome.REFUSED and over.state is State.OPEN and "budget exhausted" in over.reason
+        small = await ledger.reserve(req("c", 0.01, may_use_reserve=True))
+        assert small.outcome is Outcome.REFUSED and "breaker open (automatic)" in small.reason
+        nxt = await ledger.reserve(req("d", 0.1, start=P0 + DAY))
+        assert nxt.outcome is Outcome.GRANTED and nxt.ratio_after == pytest.approx(0.1)
+        closes = [e for e in await ledger.audit("s") if e.kind is AuditKind.BREAKER_CLOSE]
+        assert len(closes) == 1 and "rollover" in closes[0].fields["reason"]
+        hist = await ledger.history("s")
+        assert [h.period_id for h in hist] == [period_id(DAY, P0 + DAY), period_id(DAY, P0)]
+        assert hist[1].spent_units == 900_000_000_001 and hist[0].spent_units == 100_000_000_001
+        await ledger.close()
+
+    run(body())
+
+
+def test_operator_grant_opens_the_reserve_to_ordinary_metrics(where: str) -> None:
+    """After the pool is spent, an audited operator grant lets ordinary releases draw that much reserve."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        assert (await ledger.reserve(req("a", 0.75))).outcome is Outcome.GRANTED
+        assert (await ledger.reserve(req("b", 0.0625))).outcome is Outcome.REFUSED
+        await ledger.grant_reserve("s", 0.0625, "quarterly report", "carol")
+        assert (await ledger.reserve(req("b", 0.0625))).outcome is Outcome.GRANTED
+        assert (await ledger.reserve(req("c", 0.06))).outcome is Outcome.REFUSED
+        grants = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
+        assert grants[0].fields["actor"] == "carol"
+        await ledger.close()
+
+    run(body())
+
+
+def test_config_changes_are_audited(fresh_redis: Any) -> None:
+    """Registering the same config again is silent; a changed cap is one more config audit entry (Redis persists it)."""
+    where = fresh_redis.url
+
+    async def body() -> None:
+        for eps in (1.0, 1.0, 2.0):
+            ledger = await open_ledger(where, one_scope_topology(epsilon=eps), clock=ManualClock(T0))
+            await ledger.close()
+        configs = [e for e in await ledger.audit("s") if e.kind is AuditKind.CONFIG]
+        assert len(configs) == 2 and "changed" in configs[1].fields["reason"]
+        assert (await ledger.status("s")).cap == 2.0
+
+    run(body())
+
+
+def test_warning_stretch_and_thinning(where: str) -> None:
+    """In warning, `stretch: 2` quarters a zCDP grant and `thin: 2` skips every other window."""
+    async def body() -> None:
+        metrics = (("m", 1.0, 3600, 3600, False),)
+        for policy, check in ((WarningPolicy(stretch=2.0), "stretch"), (WarningPolicy(thin=2), "thin")):
+            topo = one_scope_topology(accounting=Accounting.ZCDP, delta=1e-6, warn_at=0.5, on_warning=policy,
+                                      metrics=metrics, scope=f"z{check}")
+            ledger = await open_ledger(where, topo, clock=ManualClock(T0))
+            before = await ledger.quote("m", P0, P0 + 3600)
+            cap = (await ledger.status(f"z{check}")).cap
+            pid = period_id(DAY, P0)
+            await ledger.reserve(ReleaseRequest("big", f"z{check}", pid, "m", P0, P0 + 3600, cap * 0.6, b"{}"))
+            q1 = await ledger.quote("m", P0 + 3600, P0 + 7200)
+            q2 = await ledger.quote("m", P0 + 7200, P0 + 10800)
+            assert q1.state is State.WARNING and before.state is State.NORMAL
+            if check == "stretch":
+                plain = (cap * 0.8 - cap * 0.6) / 23
+                assert q1.stretched and q1.cost == pytest.approx(plain / 4, rel=1e-9)
+            else:
+                assert q1.thinned != q2.thinned and not (q1.ok and q2.ok)
+            await ledger.close()
+
+    run(body())
+
+
+def test_reconcile_matches_after_mixed_traffic(where: str) -> None:
+    """Spend rebuilt from the audit stream equals the stored spend, per period."""
+    async def body() -> None:
+        clock = ManualClock(T0)
+        ledger = await open_ledger(where, one_scope_topology(), clock=clock)
+        for i in range(20):
+            await ledger.reserve(req(f"r{i}", 0.05 + i / 1000, start=P0 + (i % 2) * DAY))
+        report = await ledger.reconcile("s")
+        assert report.ok and len(report.periods) == 2
+        assert sum(p.audited_charges for p in report.periods) == sum(p.stored_granted for p in report.periods) > 0
+        await ledger.close()
+
+    run(body())
+
+
+def test_both_backends_give_identical_answers(fresh_redis: Any) -> None:
+    """The same script of calls yields the same outcomes, bytes, ratios, states and audit kinds on both backends."""
+    async def script(where: str) -> list[Any]:
+        clock = ManualClock(T0)
+        ledger = await open_ledger(where, load_topology(SEED), clock=clock)
+        out: list[Any] = []
+        pid = period_id(DAY, P0)
+        for i, (m, cost, reserve) in enumerate([("diagnosis", 0.7, False), ("income", 0.33333, False),
+                                                 ("income", 0.33333, False), ("postcode", 0.7, False),
+                                                 ("postcode", 0.5, True), ("member_tier", 0.6, True),
+                                                 ("member_tier", 0.01, False)]):
+            r = await ledger.reserve(ReleaseRequest(f"id{i % 6}", "columns", pid, m, P0, P0 + DAY, cost,
+                                                    b'{"n":%d,"ratio_after":null}' % i, reserve))
+            q = await ledger.quote("diagnosis", P0, P0 + DAY)
+            out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units, q.cost_units, q.state))
+        status = await ledger.status("columns")
+        out.append((status.spent_units, status.granted, status.refused, status.state))
+        out.append([(e.kind, e.fields.get("cost"), e.fields.get("state")) for e in await ledger.audit("columns")])
+        await ledger.close()
+        return out
+
+    assert run(script("memory")) == run(script(fresh_redis.url))

@@ -1,0 +1,62 @@
+"""Small in-code topologies and a settable clock, for the ledger's tests, benchmark and demos."""
+
+from __future__ import annotations
+
+__all__ = ["ManualClock", "one_scope_topology"]
+
+from collections.abc import Sequence
+
+from topology.model import (
+    Accounting,
+    Aggregate,
+    Budget,
+    Mechanism,
+    Metric,
+    Sinks,
+    Source,
+    Topology,
+    WarningPolicy,
+    Window,
+)
+
+
+class ManualClock:
+    """A clock that only moves when told (`clock()` returns epoch seconds)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = float(now)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += seconds
+
+
+def one_scope_topology(
+    scope: str = "s",
+    *,
+    epsilon: float = 1.0,
+    delta: float = 0.0,
+    accounting: Accounting = Accounting.PURE,
+    period_s: int = 86_400,
+    reserve: float = 0.2,
+    warn_at: float = 0.8,
+    on_warning: WarningPolicy | None = None,
+    metrics: Sequence[tuple[str, float, int, int, bool]] = (("m", 1.0, 86_400, 86_400, False),),
+) -> Topology:
+    """One budget scope; metrics as (name, weight, window size s, every s, may_use_reserve)."""
+    mech = Mechanism.LAPLACE if accounting is Accounting.PURE else Mechanism.GAUSSIAN
+    return Topology(
+        version=1,
+        sources={"src": Source("src", "events", "user_id")},
+        budgets={scope: Budget(scope, epsilon, delta, accounting, period_s, reserve, warn_at,
+                               on_warning or WarningPolicy())},
+        metrics={
+            name: Metric(name, "src", scope, weight, Window(size, every), Aggregate.COUNT, mech,
+                         may_use_reserve=may_use)
+            for name, weight, size, every, may_use in metrics
+        },
+        sinks=Sinks("releases", "dead"),
+    )
