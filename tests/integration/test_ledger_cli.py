@@ -1,0 +1,71 @@
+"""`dpstream budget …` and `dpstream breaker …` against a real Redis, through the CLI entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from topology.periods import period_id, period_start
+from workers.cli import main
+from workers.ledger import ReleaseRequest, open_ledger
+from workers.ledger.keys import ScopeKeys
+from workers.ledger.samples import one_scope_topology
+
+
+def _charge(url: str, n: int) -> None:
+    async def body() -> None:
+        ledger = await open_ledger(url, one_scope_topology())
+        now = time.time()
+        start = period_start(86_400, now)
+        for i in range(n):
+            await ledger.reserve(ReleaseRequest(f"r{i}", "s", period_id(86_400, now), "m", start, start + 86_400,
+                                                0.125, b"{}"))
+        await ledger.close()
+
+    asyncio.run(body())
+
+
+def test_status_json_shape(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`budget status --json` reports cap, spent, ratio, state, releases and the period, as documented."""
+    _charge(fresh_redis.url, 2)
+    assert main(["budget", "status", "--redis", fresh_redis.url, "--json"]) == 0
+    (s,) = json.loads(capsys.readouterr().out)["scopes"]
+    assert (s["scope"], s["cap"], s["spent"], s["ratio"], s["state"]) == ("s", 1.0, 0.25, 0.25, "normal")
+    assert s["releases"] == {"granted": 2, "refused": 0} and s["units"]["spent"] == 250_000_000_000
+    assert set(s) >= {"epsilon_equiv", "reserve_left", "pool_left", "projected", "period", "breaker"}
+
+
+def test_breaker_cli_and_audit(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`breaker open` makes status OPEN with actor and reason; `budget audit` shows both actions."""
+    _charge(fresh_redis.url, 1)
+    assert main(["breaker", "open", "--scope", "s", "--reason", "drill", "--actor", "ops", "--redis", fresh_redis.url]) == 0
+    assert main(["budget", "status", "--scope", "s", "--redis", fresh_redis.url, "--json"]) == 0
+    capsys.readouterr()
+    assert main(["breaker", "close", "--scope", "s", "--reason", "drill over", "--redis", fresh_redis.url]) == 0
+    assert main(["budget", "audit", "--scope", "s", "--since", "1h", "--redis", fresh_redis.url, "--json"]) == 0
+    out = capsys.readouterr().out
+    entries = json.loads(out[out.index("{"):])["entries"]
+    kinds = [(e["kind"], e.get("reason")) for e in entries]
+    assert ("breaker_open", "drill") in kinds and ("breaker_close", "drill over") in kinds
+
+
+def test_reconcile_exit_code_reports_mismatch(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`budget reconcile` exits 0 when spend matches the audit, 1 after the stored spend is tampered with."""
+    _charge(fresh_redis.url, 3)
+    assert main(["budget", "reconcile", "--redis", fresh_redis.url]) == 0
+    with fresh_redis.client() as client:
+        client.hincrby(ScopeKeys("s").period(period_id(86_400, time.time())), "spent", 5)
+    assert main(["budget", "reconcile", "--redis", fresh_redis.url, "--json"]) == 1
+    assert '"ok": false' in capsys.readouterr().out
+
+
+def test_unknown_scope_is_a_one_line_config_error(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Asking for a scope the ledger does not know exits 2 with one line naming it."""
+    _charge(fresh_redis.url, 1)
+    assert main(["budget", "status", "--scope", "nope", "--redis", fresh_redis.url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'nope'" in err and len(err.splitlines()) == 1
