@@ -64,7 +64,7 @@ def _source(source: Source) -> dict[str, Any]:
 
 def _budget(budget: Budget) -> dict[str, Any]:
     out: dict[str, Any] = {"epsilon": budget.epsilon}
-    if budget.accounting is Accounting.ZCDP:
+    if budget.accounting is Accounting.ZCDP or budget.delta > 0:
         out["delta"] = budget.delta
     out["accounting"] = budget.accounting.value
     out["period"] = format_duration(budget.period_s)

@@ -46,6 +46,13 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
                 f"{subject}: reserve {budget.reserve:g} < 1 - warn_at ({need_reserve:g}): the plan alone "
                 f"spends past warn_at every period; raise reserve to {need_reserve:g} or warn_at to {need_warn_at:g}",
             )
+        selecting = [m for m in topology.metrics_of(budget.name) if m.needs_partition_selection]
+        if budget.accounting is Accounting.PURE and budget.delta > 0 and not selecting:
+            warn(
+                ("budget", budget.name, "delta"),
+                f"{subject}: delta {budget.delta:g}: pure accounting uses δ only for partition selection of "
+                "data-derived keys, and no metric of this budget selects keys; remove delta",
+            )
         if budget.accounting is Accounting.ZCDP:
             units = where.expected_units.get(budget.name)
             if units is not None and budget.delta * units * _UNITS_FACTOR > 1:

@@ -330,18 +330,12 @@ class _Loader:
                 f.bad("delta", "must be in (0, 1), and far below 1/number of units; e.g. delta: 1.0e-6")
         elif accounting is Accounting.PURE and delta is not None and delta_node is not None:
             if not 0 <= delta < 1:
-                f.bad("delta", "must be in [0, 1); pure accounting ignores it anyway, so remove it")
-            elif delta > 0:
-                message = (
-                    f"budget '{name}': delta {show(delta_node)}: pure accounting ignores δ "
-                    "(the guarantee is pure ε-DP, δ = 0); remove delta or use accounting: zcdp"
-                )
-                self.notes.append((delta_node.line, ConfigWarning(f"{self.path}:{delta_node.line}", message)))
+                f.bad("delta", "must be in [0, 1); pure accounting uses δ only for partition selection of data-derived keys")
         if not f.ok:
             return None
         if units is not None:
             self.expected_units[name] = units
-        stored_delta = 0.0 if accounting is Accounting.PURE else float(delta)
+        stored_delta = float(delta) if delta is not None else 0.0
         return Budget(name, epsilon, stored_delta, accounting, period, reserve, warn_at, policy)
 
     def _metric(self, name: str, node: Node, line: int) -> Metric | None:

@@ -19,7 +19,9 @@ unrounded; `null` marks a value that does not apply.
           "currency": "rho" | "epsilon",
           "epsilon": float, "delta": float,  # the scope's promise per period (δ = 0 for pure)
           "period": str, "period_s": int,    # e.g. "1d", 86400; periods are UTC-aligned
-          "cap": float,                      # ρ* (largest ρ fitting (ε, δ) by CKS20) or ε
+          "cap": float,                      # ρ* (largest ρ fitting (ε, conversion_delta) by CKS20) or ε
+          "selection_delta": float,          # δ per period set aside for partition selection (topology.selection)
+          "conversion_delta": float,         # δ at which ρ converts to ε (zcdp: δ − selection_delta; pure: 0)
           "reserve_fraction": float,         # never planned; only audited or may_use_reserve draws
           "reserve": float,                  # cap × reserve_fraction
           "pool": float,                     # cap − reserve: what the plan spends each period
@@ -34,7 +36,7 @@ unrounded; `null` marks a value that does not apply.
             "periods": int,                  # ceil(30 days / period): 30 for 1d, 720 for 1h
             "rho": float | null,             # periods × planned_total (zcdp only)
             "epsilon": float,                # planned spend composed: zcdp CKS(rho, δ); pure periods × planned_total
-            "delta": float,                  # zcdp: the scope's δ; pure: 0
+            "delta": float,                  # conversion δ + periods × selection δ (pure: periods × selection δ)
             "epsilon_if_reserve_spent": float,  # same with the full cap spent every period
             "naive_epsilon": float,          # periods × ε (basic composition of the stated promise)
             "naive_delta": float             # periods × δ
@@ -60,8 +62,10 @@ unrounded; `null` marks a value that does not apply.
               "keys": "none" | "declared" | "data",  # where the released keys come from
               "declared_keys": [str] | null,
               "partition_selection": bool,   # data-derived keys pass DP partition selection
+              "selection_delta": float,      # δ of one release's partition selection (0 if keys are declared)
               "k": int | null,               # top-k only
-              "components": [                # noisy parts of one release ('value', or 'sum'+'count')
+              "components": [                # noisy parts of one release ('value'; 'sum'+'count' of a noisy
+                                             # mean; 'selection'+'value' of a top-k over data-derived keys)
                 {
                   "component": str,
                   "mechanism": str,
@@ -105,6 +109,7 @@ from topology.allocation import MetricDemand, static_release_cost
 from topology.calibration import NoiseComponent, calibrate
 from topology.durations import format_duration
 from topology.model import Accounting, Budget, Mechanism, Metric, Topology, WindowKind
+from topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
 
 PLAN_JSON_VERSION = 1
 """Bumped whenever a field of `plan_to_json`'s output changes meaning or disappears."""
@@ -156,6 +161,7 @@ class MetricPlan:
     keys: str
     declared_keys: tuple[str, ...] | None
     partition_selection: bool
+    selection_delta: float
     k: int | None
     components: tuple[NoiseComponentPlan, ...]
 
@@ -189,6 +195,8 @@ class ScopePlan:
     delta: float
     period_s: int
     cap: float
+    selection_delta: float
+    conversion_delta: float
     reserve_fraction: float
     warn_at: float
     stretch: float
@@ -252,17 +260,11 @@ class Plan:
         raise KeyError(name)
 
 
-def _cap(budget: Budget) -> float:
-    if budget.accounting is Accounting.ZCDP:
-        return acc.rho_cap(budget.epsilon, budget.delta)
-    return budget.epsilon
-
-
-def _to_epsilon(budget: Budget, cost: float) -> float:
-    """ε-equivalent of a spend in the scope's currency at the scope's δ."""
+def _to_epsilon(budget: Budget, conversion: float, cost: float) -> float:
+    """ε-equivalent of a spend in the scope's currency at the scope's conversion δ."""
     if budget.accounting is Accounting.PURE:
         return cost
-    return acc.epsilon_from_rho(cost, budget.delta)
+    return acc.epsilon_from_rho(cost, conversion)
 
 
 def _expected_abs_error(mechanism: Mechanism, scale: float) -> float | None:
@@ -297,7 +299,12 @@ def _keys_source(metric: Metric) -> str:
 
 
 def _metric_plan(
-    topology: Topology, budget: Budget, metric: Metric, pool: float, demands: dict[str, MetricDemand]
+    topology: Topology,
+    budget: Budget,
+    metric: Metric,
+    pool: float,
+    demands: dict[str, MetricDemand],
+    conversion: float,
 ) -> MetricPlan:
     cost = static_release_cost(pool, metric.name, demands)
     total_weight = math.fsum(d.weight for d in demands.values())
@@ -319,29 +326,30 @@ def _metric_plan(
         weight_share=metric.weight / total_weight,
         releases_per_period=demands[metric.name].per_period,
         per_release_cost=cost,
-        per_release_epsilon=_to_epsilon(budget, cost),
+        per_release_epsilon=_to_epsilon(budget, conversion, cost),
         may_use_reserve=metric.may_use_reserve,
         group_by=metric.group_by,
         keys=_keys_source(metric),
         declared_keys=metric.keys,
         partition_selection=metric.needs_partition_selection,
+        selection_delta=selection_delta_per_release(metric, budget, list(topology.metrics.values())),
         k=metric.k,
         components=tuple(_component_plan(p) for p in calibrate(metric, budget.accounting, cost)),
     )
 
 
-def _horizon(budget: Budget, cap: float, planned: float) -> HorizonGuarantee:
+def _horizon(budget: Budget, cap: float, planned: float, selection: float, conversion: float) -> HorizonGuarantee:
     periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
     if budget.accounting is Accounting.ZCDP:
         rho = periods * planned
-        eps = acc.epsilon_from_rho(rho, budget.delta) if rho > 0 else 0.0
-        eps_full = acc.epsilon_from_rho(periods * cap, budget.delta)
-        delta = budget.delta
+        eps = acc.epsilon_from_rho(rho, conversion) if rho > 0 else 0.0
+        eps_full = acc.epsilon_from_rho(periods * cap, conversion)
+        delta = conversion + periods * selection
     else:
         rho = None
         eps = periods * planned
         eps_full = periods * cap
-        delta = 0.0
+        delta = periods * selection
     return HorizonGuarantee(
         days=HORIZON_DAYS,
         periods=periods,
@@ -356,9 +364,11 @@ def _horizon(budget: Budget, cap: float, planned: float) -> HorizonGuarantee:
 
 def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
     """The plan of one budget scope of `topology`."""
-    cap = _cap(budget)
-    pool = cap * (1.0 - budget.reserve)
     metrics = topology.metrics_of(budget.name)
+    cap = scope_cap(budget, metrics)
+    selection = selection_delta_total(budget, metrics)
+    conversion = conversion_delta(budget, metrics) if budget.accounting is Accounting.ZCDP else 0.0
+    pool = cap * (1.0 - budget.reserve)
     demands = {
         m.name: MetricDemand(
             weight=m.weight,
@@ -367,7 +377,7 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
         )
         for m in metrics
     }
-    plans = tuple(_metric_plan(topology, budget, m, pool, demands) for m in metrics)
+    plans = tuple(_metric_plan(topology, budget, m, pool, demands, conversion) for m in metrics)
     planned = math.fsum(p.per_period_cost for p in plans)
     return ScopePlan(
         name=budget.name,
@@ -376,13 +386,15 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
         delta=budget.delta,
         period_s=budget.period_s,
         cap=cap,
+        selection_delta=selection,
+        conversion_delta=conversion,
         reserve_fraction=budget.reserve,
         warn_at=budget.warn_at,
         stretch=budget.on_warning.stretch,
         thin=budget.on_warning.thin,
         metrics=plans,
-        planned_epsilon=_to_epsilon(budget, planned) if planned > 0 else 0.0,
-        horizon=_horizon(budget, cap, planned),
+        planned_epsilon=_to_epsilon(budget, conversion, planned) if planned > 0 else 0.0,
+        horizon=_horizon(budget, cap, planned, selection, conversion),
     )
 
 
@@ -434,6 +446,7 @@ def _metric_json(m: MetricPlan) -> dict[str, Any]:
         "keys": m.keys,
         "declared_keys": list(m.declared_keys) if m.declared_keys is not None else None,
         "partition_selection": m.partition_selection,
+        "selection_delta": m.selection_delta,
         "k": m.k,
         "components": [_component_json(c) for c in m.components],
     }
@@ -450,6 +463,8 @@ def _scope_json(s: ScopePlan) -> dict[str, Any]:
         "period": format_duration(s.period_s),
         "period_s": s.period_s,
         "cap": s.cap,
+        "selection_delta": s.selection_delta,
+        "conversion_delta": s.conversion_delta,
         "reserve_fraction": s.reserve_fraction,
         "reserve": s.reserve,
         "pool": s.pool,

@@ -99,6 +99,15 @@ def check_metric_links(
                 "laplace and exponential only; use mechanism: laplace, or accounting: zcdp in the budget",
             )
         )
+    if budget.accounting is Accounting.PURE and metric.needs_partition_selection and budget.delta <= 0:
+        problems.append(
+            Problem(
+                where.line("metric", metric.name, "group_by"),
+                f"{subject}: group_by '{metric.group_by}': keys come from the data, which needs DP partition "
+                f"selection with δ > 0, but budget '{budget.name}' is pure with no delta; declare keys: [...] "
+                "or give the budget a delta (e.g. delta: 1.0e-6)",
+            )
+        )
     window = metric.window
     if budget.period_s % window.size_s != 0:
         shape = (

@@ -55,7 +55,7 @@ def _budget(draw: st.DrawFn, name: str) -> Budget:
     return Budget(
         name=name,
         epsilon=draw(st.floats(0.01, 10.0)),
-        delta=draw(st.floats(1e-12, 0.5)) if accounting is Accounting.ZCDP else 0.0,
+        delta=draw(st.floats(1e-12, 0.5)) if accounting is Accounting.ZCDP else draw(st.sampled_from([0.0, 1e-6])),
         accounting=accounting,
         period_s=draw(st.sampled_from([3600, 86400, 7 * 86400])),
         reserve=draw(st.floats(0.0, 0.99)),
@@ -81,6 +81,8 @@ def _metric(draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, B
     bounds = Bounds(lower, lower + draw(st.floats(0.5, 1000))) if lower is not None else None
     group_by = draw(_FIELDS) if aggregate is Aggregate.TOP_K else draw(st.none() | _FIELDS)
     keys = tuple(draw(_KEYS)) if group_by is not None and draw(st.booleans()) else None
+    if group_by is not None and keys is None and budget.accounting is Accounting.PURE and budget.delta == 0:
+        keys = tuple(draw(_KEYS))  # data-derived keys need a δ for partition selection
     k = None
     if aggregate is Aggregate.TOP_K:
         k = draw(st.integers(1, len(keys) if keys else 10))

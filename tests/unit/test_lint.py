@@ -109,7 +109,7 @@ def test_pure_scope_with_delta_warns_and_unused_entities() -> None:
     messages = _messages(text)
     assert any("source 'idle': no metric reads it" in m for m in messages)
     assert any("budget 'spare': no metric draws on it" in m for m in messages)
-    assert any("delta 1.0e-6: pure accounting ignores δ" in m for m in messages)
+    assert any("delta 1e-06: pure accounting uses δ only for partition selection" in m for m in messages)
     lines = [int(m.split(":")[2]) for m in messages]
     assert lines == sorted(lines)
 
@@ -122,9 +122,10 @@ def test_lint_without_source_map_names_the_file() -> None:
 
 
 def test_examples_warnings() -> None:
-    """The examples warn exactly where expected: seed-example's pure δ and zero reserve, web-analytics' hopping window."""
+    """The examples warn exactly where expected: seed-example's zero reserve (its δ serves top-5's key selection), web-analytics' hopping window."""
     _, web = load_with_warnings(EXAMPLES / "web-analytics.yaml", env={})
     _, seed = load_with_warnings(EXAMPLES / "seed-example.yaml", env={})
     _, adaptive = load_with_warnings(EXAMPLES / "seed-adaptive.yaml", env={})
     assert [w.message.split(":")[0] for w in web] == ["metric 'active_users_5m'"]
-    assert len(seed) == 2 and adaptive == []
+    assert [w.message.split(':')[0] for w in seed] == ["budget 'risk-features'"] and adaptive == []
+    assert "reserve 0 < 1 - warn_at" in seed[0].message

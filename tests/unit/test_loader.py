@@ -57,11 +57,11 @@ def test_web_analytics_fields() -> None:
     assert t.kafka.bootstrap == "localhost:9092" and t.redis.url == "redis://localhost:6379/0"
 
 
-def test_pure_scope_stores_delta_zero_and_warns() -> None:
-    """seed-example's pure scope with δ=1e-6 loads with δ stored as 0 and a warning that δ is ignored."""
+def test_pure_scope_keeps_delta_for_partition_selection() -> None:
+    """seed-example's pure scope keeps δ=1e-6: its top-5 over data-derived merchants selects keys with it."""
     t, warnings = load_with_warnings(EXAMPLES / "seed-example.yaml", env={})
-    assert t.budgets["risk-features"].delta == 0.0
-    assert any("pure accounting ignores δ" in w.message for w in warnings)
+    assert t.budgets["risk-features"].delta == 1e-6
+    assert not any("delta" in w.message for w in warnings)
 
 
 def test_defaults() -> None:

@@ -169,10 +169,15 @@ def test_seed_adaptive_reproduces_seed_002():
 
 
 def test_web_analytics_releases_and_pool():
-    """web-analytics.yaml: 1440+1440+288+96+24 releases a day and planned ρ = 0.8·ρ*."""
+    """web-analytics.yaml: 1440+1440+288+96+24 releases a day and planned ρ = 0.8·ρ*.
+
+    Its top_referrers selects data-derived keys, so a tenth of δ is set aside for partition
+    selection and ρ* is the CKS20 cap of (ε = 1, δ = 0.9e-6).
+    """
     scope = build_plan(load_topology(EXAMPLES / "web-analytics.yaml")).scope("web-daily")
     assert [m.releases_per_period for m in scope.metrics] == [1440, 1440, 288, 96, 24]
-    assert scope.planned_total == pytest.approx(0.8 * acc.rho_cap(1.0, 1e-6), rel=1e-12)
+    assert scope.planned_total == pytest.approx(0.8 * acc.rho_cap(1.0, 0.9e-6), rel=1e-12)
+    assert scope.selection_delta == pytest.approx(1e-7) and scope.conversion_delta == pytest.approx(0.9e-6)
     active = scope.metrics[1]
     assert active.overlap == 5 and active.window_kind.value == "hopping"
 
@@ -185,7 +190,7 @@ def test_plan_json_shape_is_stable_and_serialisable():
     assert set(doc) == {"plan_version", "topology", "topology_version", "scopes"}
     (scope,) = doc["scopes"]
     assert set(scope) == {
-        "name", "accounting", "currency", "epsilon", "delta", "period", "period_s", "cap", "reserve_fraction",
+        "name", "accounting", "currency", "epsilon", "delta", "period", "period_s", "cap", "selection_delta", "conversion_delta", "reserve_fraction",
         "reserve", "pool", "warn_at", "on_warning", "releases_per_period", "planned_total", "planned_epsilon",
         "event_level", "horizon", "metrics",
     }
@@ -197,7 +202,7 @@ def test_plan_json_shape_is_stable_and_serialisable():
     assert set(metric) == {
         "name", "aggregate", "mechanism", "privacy_unit", "event_level", "window", "straddling_windows", "weight",
         "weight_share", "releases_per_period", "per_release_cost", "per_release_epsilon", "per_period_cost",
-        "may_use_reserve", "group_by", "keys", "declared_keys", "partition_selection", "k", "components",
+        "may_use_reserve", "group_by", "keys", "declared_keys", "partition_selection", "selection_delta", "k", "components",
     }
     assert set(metric["window"]) == {"kind", "size_s", "every_s", "overlap"}
     assert set(metric["components"][0]) == {
