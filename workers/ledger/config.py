@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from fractions import Fraction
 
-from topology.accounting import rho_cap
+from topology.selection import scope_cap
 from topology.errors import ConfigError
 from topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 
@@ -51,14 +51,14 @@ class ScopeConfig:
 
     @classmethod
     def from_budget(cls, budget: Budget, metrics: list[Metric]) -> ScopeConfig:
-        """Cap = ρ* (CKS20) for zCDP scopes, ε for pure ones; reserve and warn_at as fractions of it."""
+        """Cap = ρ* (CKS20, at the δ left after partition selection) for zCDP scopes, ε for pure ones."""
         check_scope_name(budget.name)
         where = f"budget {budget.name!r}"
         if not 0 <= budget.reserve < 1:
             raise ConfigError(f"{where}: reserve {budget.reserve!r} must be in [0, 1)")
         if not 0 < budget.warn_at <= 1:
             raise ConfigError(f"{where}: warn_at {budget.warn_at!r} must be in (0, 1]")
-        cap = rho_cap(budget.epsilon, budget.delta) if budget.accounting is Accounting.ZCDP else budget.epsilon
+        cap = scope_cap(budget, metrics)
         cap_units = cap_to_units(cap, where)
         plans = tuple(
             MetricPlan(

@@ -8,13 +8,14 @@ the *stored* bytes with key = release_id → `commit`. A crash after reserve lea
 
 from __future__ import annotations
 
-__all__ = ["Publish", "MechanismFactory", "Releaser", "selection_delta", "sweep"]
+__all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from topology.model import Budget, Metric, Topology
+from topology.selection import selection_delta_per_release
 from workers.ledger.types import Outcome, ReleaseRequest
 from workers.pipeline.merger import MergedWindow
 from workers.release.ids import release_id as make_release_id
@@ -34,15 +35,6 @@ def _default_factory() -> MechanismFactory:
     return build_release_mechanism
 
 
-def selection_delta(metric: Metric, budget: Budget) -> float:
-    """δ of one release's partition selection: the scope's δ split evenly over the metric's
-    releases in a period (0 for public keys). So selection adds at most δ per period per metric.
-    """
-    if not metric.needs_partition_selection:
-        return 0.0
-    return budget.delta / max(1, metric.window.releases_per_period(budget.period_s))
-
-
 class Releaser:
     """Runs the release protocol against one ledger for every metric of a topology."""
 
@@ -55,6 +47,7 @@ class Releaser:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.topology = topology
+        self._metrics = list(topology.metrics.values())
         self.version = topology.topology_version
         self.ledger = ledger
         self._factory = mechanism_factory or _default_factory()
@@ -109,7 +102,7 @@ class Releaser:
         if quote.refused_reason is not None or quote.cost <= 0:
             reason = quote.refused_reason or "no_budget"
             return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, reason)
-        mechanism = self._factory(m, budget.accounting, quote.cost, delta=selection_delta(m, budget))
+        mechanism = self._factory(m, budget.accounting, quote.cost, delta=selection_delta_per_release(m, budget, self._metrics))
         noisy = mechanism.release(true_values)
         record = build_record(
             release_id=rid,
