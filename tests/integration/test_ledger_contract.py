@@ -85,6 +85,18 @@ def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
     run(body())
 
 
+def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
+    """stored_payload returns the final stored bytes of a known release_id and None for an unknown one."""
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
+        first = await ledger.reserve(req("a", 0.25, value=1))
+        assert await ledger.stored_payload("s", "a") == first.payload
+        assert await ledger.stored_payload("s", "never-reserved") is None
+        await ledger.close()
+
+    run(body())
+
+
 def test_charges_are_rounded_up_to_units(where: str) -> None:
     """0.1 (binary 0.1000000000000000055…) is charged 100000000001 units, never less."""
     async def body() -> None:

@@ -139,3 +139,50 @@ def test_sweeper_republishes_a_reserved_release_with_its_stored_bytes(topo):
     assert sink.sent == [(pending.payload, pending.release_id.encode())]
     assert status.granted == 1
     assert rel.counts.failed == 1 and rel.counts.swept == 1
+
+
+_STRADDLE_YAML = _YAML.replace("period: 1d", "period: 1h").replace(
+    "window: {tumbling: 1h}", "window: {hopping: 2m, every: 1m}"
+)
+
+
+def test_window_straddling_a_period_boundary_is_charged_to_both_periods():
+    """DESIGN §3: a hopping window across the period boundary is charged in both periods, published once."""
+    topo = load_topology_text(_STRADDLE_YAML)
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        window = (_T0 + 3540, _T0 + 3660)  # 00:59–01:01 across the hour boundary
+        first = await rel.release("hist", window, {"a": 3, "b": 1}, sink)
+        again = await rel.release("hist", window, {"a": 3, "b": 1}, sink)
+        swept = await sweep(ledger, sink, older_than_s=0.0)
+        blocks = {p.period_id: p for p in await ledger.history("b")}
+        return first, again, swept, blocks, sink
+
+    first, again, swept, blocks, sink = _run(go())
+    assert first.outcome is ReleaseOutcome.PUBLISHED and again.outcome is ReleaseOutcome.DUPLICATE
+    assert swept == 0
+    assert len(blocks) == 2
+    spent = sorted(p.spent_units for p in blocks.values())
+    assert spent[0] == spent[1] and spent[0] > 0
+    assert all(key == first.release_id.encode() for _, key in sink.sent) and len({v for v, _ in sink.sent}) == 1
+
+
+def test_refusal_in_the_later_period_publishes_nothing_and_charges_nothing_earlier():
+    """If the later period cannot take the straddling window's charge, nothing is published or charged before it."""
+    topo = load_topology_text(_STRADDLE_YAML)
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        await ledger.open_breaker("b", "test: later period closed", "pytest")
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        res = await rel.release("hist", (_T0 + 3540, _T0 + 3660), {"a": 3}, sink)
+        return res, sink, await ledger.history("b")
+
+    res, sink, history = _run(go())
+    assert res.outcome is ReleaseOutcome.SUPPRESSED or res.outcome is ReleaseOutcome.DENIED
+    assert sink.sent == []
+    assert all(p.spent_units == 0 for p in history)

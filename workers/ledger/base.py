@@ -157,6 +157,15 @@ class Ledger(ABC):
         check_scope_name(scope)
         return await self._commit(scope, release_id, self._now_ms()) == 1
 
+    async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
+        """The final stored payload of a known release_id (None if unknown or past retention).
+
+        Lets a retry of a known window republish its stored bytes even when a fresh quote would
+        refuse (budget spent since, breaker open): the charge was made, the value is fixed.
+        """
+        check_scope_name(scope)
+        return await self._stored_payload(scope, release_id)
+
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
         """Releases reserved longer than `older_than_s` ago and not yet published (for the sweeper)."""
         before = self._now_ms() - int(older_than_s * 1000)
@@ -316,6 +325,9 @@ class Ledger(ABC):
 
     @abstractmethod
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]: ...
+
+    @abstractmethod
+    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
 
     @abstractmethod
     async def _config_fields(self, scope: str) -> dict[str, str]: ...

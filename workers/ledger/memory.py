@@ -223,6 +223,11 @@ class MemoryLedger(Ledger):
             counts = {m: sum(1 for end in s.ends.get((pid, m), {}).values() if end >= window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
 
+    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
+        with self._lock:
+            rel = self._scope(scope).releases.get(release_id)
+            return bytes(rel["payload"]) if rel is not None else None  # type: ignore[arg-type]
+
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
         with self._lock:
             s = self._scope(scope)

@@ -147,6 +147,10 @@ class RedisLedger(Ledger):
         counts = {m: int(c) for m, c in zip(metrics, out[3:])}
         return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts
 
+    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
+        raw = await self._guard(self._client.hget(ScopeKeys(scope).release(release_id), "payload"))
+        return bytes(raw) if raw is not None else None
+
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
         k = ScopeKeys(scope)
         rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))

@@ -11,10 +11,12 @@ from __future__ import annotations
 __all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import time
+from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from topology.model import Budget, Metric, Topology
+from topology.periods import period_ids_touched
 from topology.selection import selection_delta_per_release
 from workers.ledger.types import Outcome, ReleaseRequest
 from workers.pipeline.merger import MergedWindow
@@ -24,6 +26,9 @@ from workers.release.record import build_record, canonical_bytes, true_values_fo
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
+
+CHARGE_ONLY_SEPARATOR = "@"
+"""Joins a release_id and a later period: the id of a straddling window's extra, unpublished charge."""
 
 MechanismFactory = Callable[..., Any]
 """build_release_mechanism(metric, accounting, cost, delta=...) → object with .release(true_values)."""
@@ -96,6 +101,11 @@ class Releaser:
         complete: bool,
     ) -> ReleaseResult:
         budget = self.topology.budgets[m.budget]
+        known = await self.ledger.stored_payload(budget.name, rid)
+        if known is not None:  # a retry, a replay or another worker: same bytes, no fresh noise
+            await publish(known, rid.encode())
+            await self.ledger.commit(rid, budget.name)
+            return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, "thinned")
@@ -129,6 +139,9 @@ class Releaser:
             payload=canonical_bytes(record),
             may_use_reserve=m.may_use_reserve,
         )
+        refused = await self._charge_later_periods(request, budget.period_s)
+        if refused is not None:
+            return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, refused)
         reservation = await self.ledger.reserve(request)
         if reservation.outcome is Outcome.REFUSED:
             return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, reservation.reason or "refused")
@@ -139,11 +152,32 @@ class Releaser:
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
 
+    async def _charge_later_periods(self, request: ReleaseRequest, period_s: int) -> str | None:
+        """Charge a window that straddles a period boundary to every later period it touches too.
+
+        DESIGN §3: such a window holds events of both periods (block composition). The extra
+        charges are made *before* the main reserve, so a refusal there publishes nothing; they
+        are charge-only records (`<release_id>@<period>`) committed at once and never published.
+        Returns the refusal reason, or None when every extra period accepted (or already had) it.
+        """
+        for pid in period_ids_touched(period_s, request.window_start, request.window_end)[1:]:
+            charge_id = f"{request.release_id}{CHARGE_ONLY_SEPARATOR}{pid}"
+            marker = {"charge_only": True, "release_id": charge_id, "charge_of": request.release_id,
+                      "budget": {"scope": request.scope, "period": pid, "ratio_after": None}}
+            extra = replace(request, release_id=charge_id, period_id=pid, payload=canonical_bytes(marker))
+            reservation = await self.ledger.reserve(extra)
+            if reservation.outcome is Outcome.REFUSED:
+                return f"period {pid}: {reservation.reason or 'refused'}"
+            await self.ledger.commit(charge_id, request.scope)
+        return None
+
+
 async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
     """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
     done = 0
     for pending in await ledger.pending(older_than_s):
-        await publish(pending.payload, pending.release_id.encode())
+        if CHARGE_ONLY_SEPARATOR not in pending.release_id:
+            await publish(pending.payload, pending.release_id.encode())
         await ledger.commit(pending.release_id, pending.scope)
         done += 1
     if counts is not None:

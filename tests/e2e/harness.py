@@ -1,0 +1,159 @@
+"""Helpers of the end-to-end tests: a tmp topology with unique topics, worker subprocesses, topic readers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer
+
+from topology.loader import load_topology
+from topology.model import Topology
+
+TOPOLOGY = """\
+version: 1
+sources:
+  clicks:
+    topic: {prefix}.clicks
+    privacy_unit: user_id
+    timestamp: ts
+    allowed_lateness: 1s
+    idle_timeout: 2s
+    keyed_by_unit: {keyed}
+budgets:
+  b:
+    epsilon: {epsilon}
+    delta: 1.0e-6
+    accounting: zcdp
+    period: 1d
+metrics:
+  views:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {{tumbling: 2s}}
+    aggregate: count
+    group_by: page
+    keys: [home, cart]
+    contribution: {{max_keys: 2, max_per_key: 3}}
+    mechanism: gaussian
+  spend:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {{tumbling: 2s}}
+    aggregate: sum
+    value: basket_eur
+    bounds: [0, 100]
+    contribution: {{max_per_key: 2}}
+    mechanism: gaussian
+sinks:
+  releases: {prefix}.releases
+  dead_letter: {prefix}.dlq
+"""
+
+
+@dataclass
+class Deployment:
+    """One test's topology file, its topics and the workers started for it."""
+
+    path: Path
+    topology: Topology
+    bootstrap: str
+    redis_url: str
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def source_topic(self) -> str:
+        return self.topology.sources["clicks"].topic
+
+    def start_worker(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
+        log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        argv = [sys.executable, "-m", "workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
+                "--redis", self.redis_url, "--worker-id", name, "--deadline", "20"]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.workers.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        """SIGTERM every worker still running, SIGKILL after a grace period."""
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def log(self, name: str) -> str:
+        return (self.path.parent / f"{name}.log").read_text(errors="replace")
+
+
+def deploy(tmp_path: Path, bootstrap: str, redis_url: str, keyed: bool = True, epsilon: float = 1.0) -> Deployment:
+    """Write a small topology (2 s windows, 2 s idle timeout) with unique topic names."""
+    prefix = f"e2e-{uuid.uuid4().hex[:10]}"
+    path = tmp_path / "topology.yaml"
+    path.write_text(TOPOLOGY.format(prefix=prefix, keyed=str(keyed).lower(), epsilon=epsilon))
+    return Deployment(path, load_topology(path), bootstrap, redis_url)
+
+
+def send(bootstrap: str, topic: str, events: list[tuple[bytes | None, bytes]]) -> None:
+    """Produce (key, value) pairs in order and wait for every ack."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    for key, value in events:
+        producer.send(topic, value=value, key=key)
+    producer.flush()
+    producer.close()
+
+
+def event(user: str, ts: float, page: str = "home", basket: Any = 10.0) -> tuple[bytes, bytes]:
+    """One well-formed click of `user` at event time `ts`."""
+    doc = {"user_id": user, "ts": ts, "page": page, "basket_eur": basket}
+    return user.encode(), json.dumps(doc).encode()
+
+
+def read_all(bootstrap: str, topic: str, idle_ms: int = 1500) -> list[tuple[bytes | None, bytes]]:
+    """Every record of `topic` from the beginning (stops after `idle_ms` without new records)."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=idle_ms)
+    out = [(m.key, m.value) for m in consumer]
+    consumer.close()
+    return out
+
+
+def poll(condition: Callable[[], Any], timeout_s: float = 90.0, every_s: float = 1.0) -> Any:
+    """Call `condition` until it returns something truthy (returned) or the generous deadline passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every_s)
+
+
+def releases(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Decoded release records, in topic order."""
+    return [json.loads(v) for _k, v in read_all(bootstrap, topic)]
+
+
+def binomial_upper(n: int, p: float, alpha: float = 1e-6) -> int:
+    """Smallest k with P(Binomial(n, p) > k) < alpha: a miss-count bound with false-failure rate < alpha."""
+    tail = 1.0
+    for k in range(n + 1):
+        tail -= math.comb(n, k) * p**k * (1 - p) ** (n - k)
+        if tail < alpha:
+            return k
+    return n
