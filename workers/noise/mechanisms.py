@@ -26,12 +26,11 @@ from typing import Any
 from topology.calibration import Z95, NoiseComponent, calibrate
 from topology.errors import InternalError
 from topology.model import Accounting, Aggregate, Mechanism, Metric
+from topology.selection import TOP_K_SELECTION_SHARE  # the plan's split, shared so both agree
 from workers.noise import discrete, measurements
 from workers.noise.grid import FixedPointGrid, choose_grid
 from workers.noise.release import NoisyRelease, apply_postprocess
 
-TOP_K_SELECTION_SHARE = 0.5
-"""Share of a top-k release's cost spent on choosing candidates when its keys come from the data."""
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
 
