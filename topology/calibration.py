@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from topology import accounting as acc
 from topology.errors import InternalError
-from topology.model import Accounting, Mechanism, Metric
+from topology.model import Accounting, Aggregate, Mechanism, Metric
+from topology.selection import TOP_K_SELECTION_SHARE
 from topology.sensitivity import Sensitivity, release_sensitivities
 
 MEAN_SUM_SHARE = 0.5
@@ -93,9 +94,23 @@ def _component(sens: Sensitivity, mechanism: Mechanism, accounting: Accounting, 
 
 
 def calibrate(metric: Metric, accounting: Accounting, cost: float) -> tuple[NoiseComponent, ...]:
-    """Noise components of one release of `metric` that together cost exactly `cost`."""
+    """Noise components of one release of `metric` that together cost exactly `cost`.
+
+    A top-k over data-derived keys is two parts: 'selection' (a thresholded noisy count of the
+    candidate keys, Gaussian in zCDP scopes and Laplace in pure ones) and 'value' (the noisy
+    top-k among the survivors), splitting the cost by `TOP_K_SELECTION_SHARE`.
+    """
     parts = release_sensitivities(metric)
     k = metric.k or 1
+    if metric.aggregate is Aggregate.TOP_K and metric.needs_partition_selection:
+        (top,) = parts
+        c = metric.contribution
+        counts = Sensitivity("selection", c.max_keys * top.linf, math.sqrt(c.max_keys) * top.linf, top.linf)
+        select_mechanism = Mechanism.GAUSSIAN if accounting is Accounting.ZCDP else Mechanism.LAPLACE
+        return (
+            _component(counts, select_mechanism, accounting, cost * TOP_K_SELECTION_SHARE, k),
+            _component(top, metric.mechanism, accounting, cost * (1.0 - TOP_K_SELECTION_SHARE), k),
+        )
     if len(parts) == 1:
         return (_component(parts[0], metric.mechanism, accounting, cost, k),)
     sum_part, count_part = parts

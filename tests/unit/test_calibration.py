@@ -41,8 +41,8 @@ def test_laplace_in_zcdp_scope_costs_epsilon_squared_over_two():
 
 
 def test_top_k_scale_in_pure_and_zcdp_scopes():
-    """Top-k: pure ε → scale 2kΔ∞/ε; in zCDP its ρ maps back through k(2Δ∞/scale)²/8."""
-    m = _metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, group_by="ref", k=5)
+    """Top-k over declared keys: pure ε → scale 2kΔ∞/ε; in zCDP its ρ maps back through k(2Δ∞/scale)²/8."""
+    m = _metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, group_by="ref", keys=tuple("abcdefg"), k=5)
     (pure,) = calibrate(m, Accounting.PURE, 0.5)
     assert pure.scale == pytest.approx(20.0) and pure.stddev == 0.0
     (zcdp,) = calibrate(m, Accounting.ZCDP, 1e-3)
@@ -80,3 +80,16 @@ def test_gaussian_in_pure_scope_and_zero_cost_are_bugs():
         calibrate(_metric(), Accounting.PURE, 0.1)
     with pytest.raises(InternalError):
         calibrate(_metric(), Accounting.ZCDP, 0.0)
+
+
+def test_top_k_over_data_keys_splits_cost_between_selection_and_ranking():
+    """Top-k over data-derived keys: a thresholded count ('selection') and the top-k ('value') share the cost."""
+    m = _metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, group_by="ref", k=5, contribution=Contribution(2, 1))
+    selection, top = calibrate(m, Accounting.PURE, 0.5)
+    assert (selection.component, selection.mechanism, top.component) == ("selection", Mechanism.LAPLACE, "value")
+    assert selection.cost + top.cost == pytest.approx(0.5)
+    assert selection.scale == pytest.approx(2.0 / selection.cost)  # Δ₁ = max_keys × max_per_key = 2
+    assert top.scale == pytest.approx(2 * 5 / top.cost)
+    z_selection, z_top = calibrate(m, Accounting.ZCDP, 1e-3)
+    assert z_selection.mechanism is Mechanism.GAUSSIAN
+    assert acc.gaussian_rho(math.sqrt(2), z_selection.scale) + acc.top_k_rho(5, 1.0, z_top.scale) == pytest.approx(1e-3)

@@ -30,7 +30,11 @@ def test_seed_example_json_reproduces_seed_000(capsys):
         [2.5, 166.67, 0.02], abs=5e-3
     )
     top = m["q4_top5"]
-    assert (top["mechanism"], top["k"], top["components"][0]["epsilon"]) == ("exponential", 5, pytest.approx(0.5))
+    assert (top["mechanism"], top["k"], top["per_release_epsilon"]) == ("exponential", 5, pytest.approx(0.5))
+    # merchants come from the data: half of the 0.5 selects candidate keys, half ranks them
+    selection, ranking = top["components"]
+    assert (selection["component"], selection["mechanism"], ranking["mechanism"]) == ("selection", "laplace", "exponential")
+    assert (selection["epsilon"], ranking["epsilon"]) == (pytest.approx(0.25), pytest.approx(0.25))
     (scope,) = doc["scopes"]
     assert (scope["currency"], scope["delta"], scope["planned_total"]) == ("epsilon", 1e-6, pytest.approx(2.0))
     assert scope["selection_delta"] == 1e-6 and m["q4_top5"]["selection_delta"] == pytest.approx(1e-6)

@@ -116,7 +116,8 @@ def test_expected_error_and_ci_per_mechanism():
         Metric("t", "s", "b", 1.0, Window(3600, 3600), Aggregate.TOP_K, Mechanism.EXPONENTIAL, group_by="ref", k=3),
     )
     plan = build_plan(topology)
-    (g,), (lap,), (top,) = (plan.metric(n).components for n in "glt")
+    (g,), (lap,), (selection, top) = (plan.metric(n).components for n in "glt")
+    assert selection.mechanism is Mechanism.GAUSSIAN and selection.stddev == selection.scale
     assert g.expected_abs_error == pytest.approx(g.scale * math.sqrt(2 / math.pi))
     assert g.ci95_half_width == pytest.approx(1.959964 * g.scale, rel=1e-6)
     assert lap.expected_abs_error == lap.scale and lap.stddev == pytest.approx(math.sqrt(2) * lap.scale)
@@ -156,7 +157,8 @@ def test_seed_example_reproduces_seed_000():
     assert [m.per_release_cost for m in scope.metrics] == pytest.approx([0.4, 0.6, 0.5, 0.5])
     assert [m.components[0].scale for m in scope.metrics[:3]] == pytest.approx([2.5, 166.6667, 0.02], rel=1e-5)
     top = plan.metric("q4_top5")
-    assert (top.mechanism, top.k, top.components[0].epsilon) == (Mechanism.EXPONENTIAL, 5, pytest.approx(0.5))
+    assert (top.mechanism, top.k, top.per_release_epsilon) == (Mechanism.EXPONENTIAL, 5, pytest.approx(0.5))
+    assert sum(c.epsilon for c in top.components) == pytest.approx(0.5)  # selection + ranking of data-derived keys
     assert scope.planned_total == pytest.approx(2.0)
 
 

@@ -245,21 +245,19 @@ class _TopKRelease(ReleaseMechanism):
     """The k highest-count keys by OpenDP's noisy top-k; data-derived candidates are thresholded first."""
 
     def __init__(self, metric: Metric, accounting: Accounting, cost: float, delta: float) -> None:
-        (component,) = calibrate(metric, accounting, cost)
+        *selection, component = calibrate(metric, accounting, cost)  # ('selection',)? + 'value'
         self.metric, self.cost, self.delta = metric, cost, delta
         k = metric.k or 1
         linf = int(component.sensitivity.linf)
         self._keys = metric.keys
         self._threshold = None
-        select_cost = cost
-        if self._keys is None:
-            select_cost = cost * (1.0 - TOP_K_SELECTION_SHARE)
-            mechanism = Mechanism.GAUSSIAN if accounting is Accounting.ZCDP else Mechanism.LAPLACE
-            max_keys = metric.contribution.max_keys
+        select_cost = component.cost
+        if selection:
+            (part,) = selection
             noise = measurements.integer_noise(
-                mechanism, accounting, cost * TOP_K_SELECTION_SHARE, max_keys * linf, math.sqrt(max_keys) * linf
+                part.mechanism, accounting, part.cost, part.sensitivity.l1, part.sensitivity.l2
             )
-            self._threshold = measurements.threshold(noise, accounting, max_keys, linf, delta)
+            self._threshold = measurements.threshold(noise, accounting, metric.contribution.max_keys, linf, delta)
             self.partition_selection = _selection_info(self._threshold, 1.0, delta) | {
                 "cost_share": TOP_K_SELECTION_SHARE
             }
