@@ -61,6 +61,8 @@ class StackConfig:
     ports: Ports = field(default_factory=Ports)
     prometheus_config: Path | None = None
     alertmanager_config: Path | None = None
+    kafka_libs: Path | None = None
+    """Kafka's jars; default `<home>/kafka/libs` (a second home can share the first one's download)."""
 
 
 class Stack:
@@ -73,7 +75,11 @@ class Stack:
         self._handles: dict[Service, ServiceHandle] = {
             Service.REDIS: RedisHandle(ports.redis, home / "redis", progress=progress),
             Service.KAFKA: KafkaHandle(
-                ports.kafka, ports.kafka_controller, home / "kafka", libs_dir=home / "kafka" / "libs", progress=progress
+                ports.kafka,
+                ports.kafka_controller,
+                home / "kafka",
+                libs_dir=self.config.kafka_libs or home / "kafka" / "libs",
+                progress=progress,
             ),
             Service.ALERTMANAGER: AlertmanagerHandle(
                 ports.alertmanager, home / "alertmanager", self.config.alertmanager_config, progress=progress
