@@ -125,13 +125,27 @@ def event(user: str, ts: float, page: str = "home", basket: Any = 10.0) -> tuple
     return user.encode(), json.dumps(doc).encode()
 
 
-def read_all(bootstrap: str, topic: str, idle_ms: int = 1500) -> list[tuple[bytes | None, bytes]]:
-    """Every record of `topic` from the beginning (stops after `idle_ms` without new records)."""
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=idle_ms)
-    out = [(m.key, m.value) for m in consumer]
-    consumer.close()
-    return out
+def read_all(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
+    """Every record of `topic` up to its end offsets as of now (a snapshot, so busy topics end too)."""
+    from kafka import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out: list[tuple[bytes | None, bytes]] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                out.extend((m.key, m.value) for m in records if m.offset < ends[TopicPartition(m.topic, m.partition)])
+        return out
+    finally:
+        consumer.close()
 
 
 def poll(condition: Callable[[], Any], timeout_s: float = 90.0, every_s: float = 1.0) -> Any:

@@ -74,12 +74,12 @@ def test_ground_truth_every_window_once_values_within_ci(deployment: Deployment)
     t0 = _t0()
     starts = [t0 + WINDOW * i for i in range(4)]
     events, truth = [], collections.defaultdict(float)
-    for i in range(120):
-        user = f"u{i:03d}"
-        for s in starts:
+    for s in starts:  # in event-time order: a window is final once the watermark passes it
+        for i in range(120):
+            user = f"u{i:03d}"
             page = "home" if i % 3 else "cart"
             basket = float((i * 7) % 100)
-            events.append(event(user, s + 0.5 + (i % 10) / 10, page, basket))
+            events.append(event(user, s + 0.5 + i / 1000, page, basket))
             truth[("views", s, page)] += 1
             truth[("spend", s, "__sum")] += basket
     send(deployment.bootstrap, deployment.source_topic, events)
