@@ -111,12 +111,16 @@ def test_refused_release_publishes_nothing(topo):
         rel = Releaser(topo, ledger)
         sink = _Sink()
         res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 1, "b": 1}, sink)
-        return res, sink, rel
+        [block] = await ledger.history("b")
+        audit = await ledger.audit("b")
+        return res, sink, rel, block, audit
 
-    res, sink, rel = _run(go())
-    assert res.outcome is ReleaseOutcome.SUPPRESSED and res.reason
+    res, sink, rel, block, audit = _run(go())
+    assert res.outcome is ReleaseOutcome.SUPPRESSED and "breaker" in res.reason
     assert sink.sent == [] and res.payload == b""
     assert rel.counts.snapshot()["suppressed"] == 1
+    assert (block.refused, block.spent_units) == (1, 0)  # the ledger counted the refusal, charged nothing
+    assert any(e.kind.value == "refusal" for e in audit)
 
 
 def test_sweeper_republishes_a_reserved_release_with_its_stored_bytes(topo):

@@ -17,7 +17,8 @@ class ReleaseOutcome(Enum):
     DUPLICATE = "duplicate"
     """Known release_id: the stored bytes were (re)published, nothing charged, fresh noise discarded."""
     SUPPRESSED = "suppressed"
-    """Not attempted: thinned by `on_warning`, or the quote refused (budget exhausted, breaker open)."""
+    """Thinned by `on_warning`, or refused as quoted (budget exhausted, breaker open): the ledger's
+    atomic reserve refused it at its planned cost and recorded the refusal with its reason."""
     DENIED = "denied"
     """The atomic reserve refused (the budget ran out between quote and reserve)."""
 

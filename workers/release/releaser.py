@@ -17,6 +17,7 @@ from typing import Any
 
 from topology.model import Budget, Metric, Topology
 from topology.periods import period_ids_touched
+from topology.plan import build_plan
 from topology.selection import selection_delta_per_release
 from workers.ledger.types import Outcome, ReleaseRequest
 from workers.pipeline.merger import MergedWindow
@@ -53,6 +54,8 @@ class Releaser:
     ) -> None:
         self.topology = topology
         self._metrics = list(topology.metrics.values())
+        plan = build_plan(topology)
+        self._planned_cost = {m.name: plan.metric(m.name).per_release_cost for m in self._metrics}
         self.version = topology.topology_version
         self.ledger = ledger
         self._factory = mechanism_factory or _default_factory()
@@ -109,10 +112,12 @@ class Releaser:
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, "thinned")
-        if quote.refused_reason is not None or quote.cost <= 0:
-            reason = quote.refused_reason or "no_budget"
-            return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, reason)
-        mechanism = self._factory(m, budget.accounting, quote.cost, delta=selection_delta_per_release(m, budget, self._metrics))
+        cost = quote.cost
+        if quote.refused_reason is not None or cost <= 0:
+            # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
+            # release atomically and records it (refused count, audit entry with its reason).
+            cost = self._planned_cost[m.name]
+        mechanism = self._factory(m, budget.accounting, cost, delta=selection_delta_per_release(m, budget, self._metrics))
         noisy = mechanism.release(true_values)
         record = build_record(
             release_id=rid,
@@ -123,7 +128,7 @@ class Releaser:
             period_id=quote.period_id,
             window_start=start,
             window_end=end,
-            cost=quote.cost,
+            cost=cost,
             noise_fields=noisy.to_record_fields(),
             complete=complete,
             built_at=self._clock(),
@@ -135,7 +140,7 @@ class Releaser:
             metric=m.name,
             window_start=start,
             window_end=end,
-            cost=quote.cost,
+            cost=cost,
             payload=canonical_bytes(record),
             may_use_reserve=m.may_use_reserve,
         )
@@ -144,7 +149,8 @@ class Releaser:
             return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, refused)
         reservation = await self.ledger.reserve(request)
         if reservation.outcome is Outcome.REFUSED:
-            return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, reservation.reason or "refused")
+            outcome = ReleaseOutcome.SUPPRESSED if cost != quote.cost else ReleaseOutcome.DENIED
+            return ReleaseResult(outcome, rid, m.name, start, end, reservation.reason or quote.refused_reason or "refused")
         stored = reservation.payload
         await publish(stored, rid.encode())
         await self.ledger.commit(rid, budget.name)
