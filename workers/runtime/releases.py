@@ -133,6 +133,7 @@ class ReleaseSide:
             _log.error("release of %s [%d, %d) failed: %s", merged.metric, merged.start, merged.end, type(exc).__name__)
             return
         self.stats.released += 1
+        _log.info("release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value, result.reason)
         self.stats.last.append(result)
         del self.stats.last[:-100]
         closed = self._closed_at.pop((merged.metric, merged.start), None)

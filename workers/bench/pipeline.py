@@ -1,0 +1,328 @@
+"""`dpstream bench pipeline`: the worker's end-to-end events/s against two baselines in the same run.
+
+Pre-loads N events (half the units heavy enough to hit the contribution caps) into a fresh
+4-partition topic, then measures (a) a raw aiokafka `getmany` + JSON decode loop over it (the Python
+client's limit), (b) a plain per-event Faust agent counting per window into a changelogged Table
+(the naive design; measured on the first `--naive-events` events because its rate is steady and
+slow), and (c) `dpstream worker` (a subprocess) from its first commit until every window of every
+metric is released. Also: close→publish latency p50/p99 (last partial's Kafka time → release's
+Kafka time), worker CPU seconds per million events and peak RSS. Needs a broker and a Redis:
+`--bootstrap` / `--redis`, or a local stack is started in a temp dir.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "run"]
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+_WINDOW_S = 10
+_TOPOLOGY = """\
+version: 1
+sources:
+  clicks:
+    topic: {prefix}.clicks
+    privacy_unit: user_id
+    timestamp: ts
+    allowed_lateness: 1s
+    idle_timeout: 60s
+    keyed_by_unit: true
+budgets:
+  {prefix}: {{epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}}
+metrics:
+  views:
+    source: clicks
+    budget: {prefix}
+    weight: 1
+    window: {{tumbling: {window}s}}
+    aggregate: count
+    group_by: page
+    keys: [home, search, product, cart, checkout]
+    contribution: {{max_keys: 2, max_per_key: 3}}
+    mechanism: gaussian
+  basket:
+    source: clicks
+    budget: {prefix}
+    weight: 1
+    window: {{tumbling: {window}s}}
+    aggregate: sum
+    value: basket_eur
+    bounds: [0, 200]
+    contribution: {{max_per_key: 2}}
+    mechanism: gaussian
+sinks:
+  releases: {prefix}.releases
+  dead_letter: {prefix}.dlq
+"""
+
+
+def register(targets: argparse._SubParsersAction) -> None:
+    """Add `bench pipeline`."""
+    parser = targets.add_parser("pipeline", help="worker events/s vs raw aiokafka and a per-event Faust agent")
+    parser.add_argument("--events", type=int, default=1_000_000, help="events to pre-load (default 1,000,000)")
+    parser.add_argument("--naive-events", type=int, default=60_000, help="events the per-event Faust agent runs over")
+    parser.add_argument("--windows", type=int, default=20, help="event-time windows the events span (10 s each)")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: start a local stack)")
+    parser.add_argument("--redis", default=None, help="Redis URL (default: start a local stack)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(func=run)
+
+
+def _events(n: int, windows: int, t0: int) -> list[tuple[bytes, bytes]]:
+    """Half the units heavy (many events per window: they hit the caps), half light; event time ordered."""
+    import numpy as np  # bench path: a non-cryptographic RNG is fine here
+
+    rng = np.random.default_rng(7)
+    heavy_units, light_units = 50, max(50, n // 40)
+    pages = ("home", "search", "product", "cart", "checkout")
+    out = []
+    span = windows * _WINDOW_S
+    for i in range(n):
+        unit = f"h{int(rng.integers(heavy_units))}" if i % 2 == 0 else f"l{int(rng.integers(light_units))}"
+        ts = t0 + span * i / n
+        doc = {"user_id": unit, "ts": round(ts, 3), "page": pages[i % 5], "basket_eur": round(float(rng.random()) * 250, 2)}
+        out.append((unit.encode(), json.dumps(doc, separators=(",", ":")).encode()))
+    return out
+
+
+async def _preload(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]], sentinel_ts: float) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, max_batch_size=512 * 1024, acks=1)
+    await producer.start()
+    try:
+        futures = []
+        for key, value in events:
+            futures.append(await producer.send(topic, value, key=key))
+            if len(futures) >= 20_000:
+                await asyncio.gather(*futures)
+                futures.clear()
+        # one far-ahead event per partition moves every watermark past the data (no idle wait)
+        for p in range(4):
+            doc = {"user_id": f"sentinel{p}", "ts": sentinel_ts, "page": "home", "basket_eur": 1}
+            futures.append(await producer.send(topic, json.dumps(doc).encode(), key=b"s", partition=p))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
+    """Events/s of a bare aiokafka getmany + JSON decode loop over the whole topic."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    try:
+        from orjson import loads
+    except ImportError:  # pragma: no cover
+        from json import loads
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(4)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen = 0
+        started = time.perf_counter()
+        while seen < total:
+            for records in (await consumer.getmany(timeout_ms=200, max_records=5000)).values():
+                for rec in records:
+                    loads(rec.value)
+                seen += len(records)
+        return seen / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+
+
+def _naive_rate(bootstrap: str, topic: str, count: int, workdir: Path) -> float:
+    progress = workdir / "naive.progress"
+    proc = subprocess.Popen([sys.executable, "-m", "workers.bench._faust_count", bootstrap, topic, str(_WINDOW_S),
+                             str(progress)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first: tuple[int, float] | None = None
+    last: tuple[int, float] = (0, 0.0)
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.25)
+            try:
+                n, t = progress.read_text().split()
+            except (OSError, ValueError):
+                continue
+            last = (int(n), float(t))
+            first = first or last
+            if last[0] >= count:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if first is None or last[1] <= first[1]:
+        return 0.0
+    return (last[0] - first[0]) / (last[1] - first[1])
+
+
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _committed(bootstrap: str, group: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(max(0, meta.offset) for meta in offsets.values())
+    except Exception:  # noqa: BLE001 - the group does not exist yet
+        return 0
+    finally:
+        await admin.close()
+
+
+def _read(bootstrap: str, topic: str) -> list[Any]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out = []
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=300).values():
+                out.extend(r for r in records if r.offset < ends[TopicPartition(r.topic, r.partition)])
+        return out
+    finally:
+        consumer.close()
+
+
+def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from topology.loader import load_topology
+    from workers.localstack.kafka_admin import create_topics
+    from workers.runtime.settings import RuntimeSettings
+    from workers.runtime.topics import topic_names
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    path = workdir / "bench.yaml"
+    path.write_text(_TOPOLOGY.format(prefix=prefix, window=_WINDOW_S))
+    topology = load_topology(path)
+    create_topics(bootstrap, topic_names(topology).all, 4)
+    topic = topology.sources["clicks"].topic
+    t0 = (int(time.time()) // _WINDOW_S - args.windows - 5) * _WINDOW_S
+    events = _events(args.events, args.windows, t0)
+    asyncio.run(_preload(bootstrap, topic, events, t0 + (args.windows + 3) * _WINDOW_S))
+    del events
+    total = args.events + 4
+    raw = asyncio.run(_raw_rate(bootstrap, topic, total))
+    naive = _naive_rate(bootstrap, topic, min(args.naive_events, args.events), workdir)
+
+    group = RuntimeSettings(bootstrap=bootstrap, redis_url=redis_url).group_id(topology) + "-ingest"
+    expected = {(m, s) for m in topology.metrics for s in range(t0, t0 + args.windows * _WINDOW_S, _WINDOW_S)}
+    log = open(workdir / "worker.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", str(path), "--bootstrap", bootstrap,
+                             "--redis", redis_url, "--worker-id", "bench", "--loglevel", "INFO"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        start = cpu0 = None
+        deadline = time.monotonic() + 900
+        released: set[tuple[str, int]] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            if start is None:
+                if asyncio.run(_committed(bootstrap, group)) > 0:
+                    start, cpu0 = time.perf_counter(), _proc_cpu(proc.pid)
+                time.sleep(0.05)
+                continue
+            for rec in _read(bootstrap, topology.sinks.releases):
+                doc = json.loads(rec.value)
+                released.add((doc["metric"], doc["window"]["start_epoch"]))
+            if expected <= released:
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - start if start else float("nan")
+        cpu = _proc_cpu(proc.pid) - (cpu0 or 0.0)
+        rss = _proc_hwm_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    closes: dict[tuple[str, int], float] = {}
+    for rec in _read(bootstrap, topology.sinks.partials_topic):
+        if rec.value.startswith(b"dpstream-tick:"):
+            continue
+        doc = json.loads(rec.value)
+        key = (doc["metric"], doc["start"])
+        closes[key] = max(closes.get(key, 0.0), rec.timestamp / 1000)
+    latencies = sorted(
+        rec.timestamp / 1000 - closes[k]
+        for rec in _read(bootstrap, topology.sinks.releases)
+        if (k := ((d := json.loads(rec.value))["metric"], d["window"]["start_epoch"])) in closes
+    )
+    worker = args.events / elapsed if elapsed == elapsed and elapsed > 0 else 0.0
+    pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")  # noqa: E731
+    return {
+        "events": args.events,
+        "windows_released": len(released & expected),
+        "windows_expected": len(expected),
+        "worker_events_per_s": round(worker),
+        "raw_aiokafka_events_per_s": round(raw),
+        "naive_faust_events_per_s": round(naive),
+        "naive_faust_events_measured": min(args.naive_events, args.events),
+        "ratio_vs_raw": round(worker / raw, 3) if raw else None,
+        "ratio_vs_naive_faust": round(worker / naive, 2) if naive else None,
+        "close_to_publish_ms_p50": round(pct(0.5), 1),
+        "close_to_publish_ms_p99": round(pct(0.99), 1),
+        "worker_cpu_s_per_million": round(cpu / args.events * 1e6, 2),
+        "worker_peak_rss_mb": round(rss, 1),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print the figures (text or JSON)."""
+    workdir = Path(tempfile.mkdtemp(prefix="dpstream-bench-pipeline-"))
+    stack = None
+    bootstrap, redis_url = args.bootstrap, args.redis
+    if not (bootstrap and redis_url):
+        from workers.localstack import free_port, start_kafka, start_redis
+
+        kport = free_port()
+        kafka = start_kafka(kport, free_port(avoid=frozenset({kport})), workdir / "kafka")
+        redis = start_redis(free_port(), workdir / "redis")
+        stack = (kafka, redis)
+        bootstrap, redis_url = bootstrap or kafka.bootstrap, redis_url or redis.url
+    try:
+        result = _measure(bootstrap, redis_url, args, workdir)
+    finally:
+        if stack is not None:
+            for handle in stack:
+                handle.stop()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    return 0
