@@ -169,7 +169,7 @@ def test_two_workers_rebalance_exactly_once(deployment: Deployment) -> None:
             deployment.start_worker("w2")
         if step == 4:
             deployment.workers[0].terminate()
-    recs = poll(lambda: _released_all(deployment, starts), timeout_s=150)
+    recs = poll(lambda: _released_all(deployment, starts), timeout_s=300)
     assert recs, deployment.log("w1")[-2000:] + deployment.log("w2")[-2000:]
     _assert_exactly_once(recs)
 
