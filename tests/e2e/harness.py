@@ -103,11 +103,18 @@ class Deployment:
 
 
 def deploy(tmp_path: Path, bootstrap: str, redis_url: str, keyed: bool = True, epsilon: float = 1.0) -> Deployment:
-    """Write a small topology (2 s windows, 2 s idle timeout) with unique topic names."""
+    """Write a small topology (2 s windows, 2 s idle timeout) with unique topic names, and create its topics.
+
+    The broker does not auto-create topics, so tests may send events before any worker runs.
+    """
+    from workers.runtime.topics import ensure_topics
+
     prefix = f"e2e-{uuid.uuid4().hex[:10]}"
     path = tmp_path / "topology.yaml"
     path.write_text(TOPOLOGY.format(prefix=prefix, keyed=str(keyed).lower(), epsilon=epsilon))
-    return Deployment(path, load_topology(path), bootstrap, redis_url)
+    topology = load_topology(path)
+    ensure_topics(bootstrap, topology)
+    return Deployment(path, topology, bootstrap, redis_url)
 
 
 def send(bootstrap: str, topic: str, events: list[tuple[bytes | None, bytes]]) -> None:
