@@ -77,11 +77,11 @@ class Deployment:
     def source_topic(self) -> str:
         return self.topology.sources["clicks"].topic
 
-    def start_worker(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start_worker(self, name: str, env: dict[str, str] | None = None, role: str = "all") -> subprocess.Popen:
         """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
         log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         argv = [sys.executable, "-m", "workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
-                "--redis", self.redis_url, "--worker-id", name, "--deadline", "20"]
+                "--redis", self.redis_url, "--worker-id", name, "--deadline", "20", "--role", role]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
         return proc

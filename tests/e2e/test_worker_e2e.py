@@ -234,3 +234,18 @@ def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_re
         assert asyncio.run(status()).spent == 0
     finally:
         dep.stop_all()
+
+
+def test_split_ingest_and_release_processes_release_every_window_once(deployment: Deployment) -> None:
+    """`--role ingest` and `--role release` in two processes: every window of every metric released exactly once."""
+    t0 = _t0()
+    starts = [t0 + WINDOW * i for i in range(3)]
+    events = [event(f"u{i:03d}", s + 0.5 + i / 1000, "home" if i % 2 else "cart", 5.0)
+              for s in starts for i in range(50)]
+    send(deployment.bootstrap, deployment.source_topic, events)
+    deployment.start_worker("ingest", role="ingest")
+    deployment.start_worker("release", role="release")
+    recs = poll(lambda: _released_all(deployment, starts), timeout_s=120)
+    assert recs, deployment.log("ingest")[-2000:] + deployment.log("release")[-2000:]
+    _assert_exactly_once(recs)
+    assert {r["metric"] for r in recs} == set(deployment.topology.metrics)

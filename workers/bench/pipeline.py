@@ -76,6 +76,8 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: start a local stack)")
     parser.add_argument("--redis", default=None, help="Redis URL (default: start a local stack)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--single-process", action="store_true",
+                        help="one `worker --role all` process instead of an ingest and a release process")
     parser.set_defaults(func=run)
 
 
@@ -242,16 +244,21 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     group = RuntimeSettings(bootstrap=bootstrap, redis_url=redis_url).group_id(topology) + "-ingest"
     expected = {(m, s) for m in topology.metrics for s in range(t0, t0 + args.windows * _WINDOW_S, _WINDOW_S)}
     log = open(workdir / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", str(path), "--bootstrap", bootstrap,
-                             "--redis", redis_url, "--worker-id", "bench", "--loglevel", "INFO"], stdout=log, stderr=subprocess.STDOUT)
+    roles = ("all",) if args.single_process else ("ingest", "release")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", str(path), "--bootstrap", bootstrap,
+                          "--redis", redis_url, "--worker-id", f"bench-{role}", "--role", role, "--loglevel", "INFO"],
+                         stdout=log, stderr=subprocess.STDOUT)
+        for role in roles
+    ]
     try:
         start = cpu0 = None
         deadline = time.monotonic() + 900
         released: set[tuple[str, int]] = set()
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
             if start is None:
                 if asyncio.run(_committed(bootstrap, group)) > 0:
-                    start, cpu0 = time.perf_counter(), _proc_cpu(proc.pid)
+                    start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
                 time.sleep(0.05)
                 continue
             for rec in _read(bootstrap, topology.sinks.releases):
@@ -261,14 +268,16 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
                 break
             time.sleep(0.2)
         elapsed = time.perf_counter() - start if start else float("nan")
-        cpu = _proc_cpu(proc.pid) - (cpu0 or 0.0)
-        rss = _proc_hwm_mb(proc.pid)
+        cpu = sum(_proc_cpu(p.pid) for p in procs) - (cpu0 or 0.0)
+        rss = sum(_proc_hwm_mb(p.pid) for p in procs)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
     closes: dict[tuple[str, int], float] = {}
     for rec in _read(bootstrap, topology.sinks.partials_topic):
         if rec.value.startswith(b"dpstream-tick:"):
@@ -294,9 +303,12 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         "ratio_vs_raw": round(worker / raw, 3) if raw else None,
         "ratio_vs_naive_faust": round(worker / naive, 2) if naive else None,
         "close_to_publish_ms_p50": round(pct(0.5), 1),
+        "close_to_publish_ms_p90": round(pct(0.9), 1),
         "close_to_publish_ms_p99": round(pct(0.99), 1),
+        "close_to_publish_samples": len(latencies),
         "worker_cpu_s_per_million": round(cpu / args.events * 1e6, 2),
         "worker_peak_rss_mb": round(rss, 1),
+        "worker_processes": "+".join(roles),
     }
 
 

@@ -25,6 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--deadline", type=float, default=30.0, help="seconds before an incomplete window is released")
     parser.add_argument("--datadir", default=None, help="Faust data directory (default: a per-worker temp dir)")
     parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
+    parser.add_argument(
+        "--role",
+        choices=("all", "ingest", "release"),
+        default="all",
+        help="run both halves (default), only the batch ingest, or only the release agent; "
+        "one ingest and one release process per machine keep release latency off the ingest GIL",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -32,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     import tempfile
 
     from topology.loader import load_topology
-    from workers.runtime.app import build_runtime, run_worker
+    from workers.runtime.app import Role, build_runtime, run_worker
     from workers.runtime.settings import RuntimeSettings
 
     topology = load_topology(args.file)
@@ -46,4 +53,4 @@ def _run(args: argparse.Namespace) -> int:
         deadline_s=args.deadline,
         datadir=args.datadir or tempfile.mkdtemp(prefix=f"dpstream-{worker_id}-"),
     )
-    return run_worker(build_runtime(topology, settings), loglevel=args.loglevel)
+    return run_worker(build_runtime(topology, settings, Role(args.role)), loglevel=args.loglevel)

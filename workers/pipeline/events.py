@@ -148,8 +148,10 @@ class EventParser:
             if record_time_ms is None or record_time_ms < 0:
                 raise EventError("missing_timestamp", self._ts_field or "record time")
             ts = record_time_ms / 1000.0
+        elif type(ts_raw) is float and 0.0 <= ts_raw < _MS_THRESHOLD:
+            ts = ts_raw  # the common case, fast: epoch seconds with a fraction
         elif type(ts_raw) is int and 0 <= ts_raw < _MS_THRESHOLD:
-            ts = float(ts_raw)  # the common case, fast
+            ts = float(ts_raw)
         else:
             ts = _parse_time(ts_raw)
         for name in self._value_fields:

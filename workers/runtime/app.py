@@ -6,11 +6,12 @@ Thin wiring: the topology says what to release, the settings where Kafka and Red
 
 from __future__ import annotations
 
-__all__ = ["Runtime", "build_runtime", "run_worker"]
+__all__ = ["Role", "Runtime", "build_runtime", "run_worker"]
 
 import asyncio
 import logging
 from dataclasses import dataclass
+from enum import Enum
 
 import faust
 from mode import Service
@@ -23,13 +24,25 @@ from workers.runtime.settings import RuntimeSettings
 from workers.runtime.topics import ensure_topics, ingest_topic, partition_count
 
 
+class Role(Enum):
+    """Which half of the pipeline one worker process runs."""
+
+    ALL = "all"
+    """Ingest and releases in one process (the default; one process per core)."""
+    INGEST = "ingest"
+    """Only the batch hot path (and the repartition hop): events in, partials out."""
+    RELEASE = "release"
+    """Only the release agent and sweeper: partials in, charged releases out. Running it in its own
+    process keeps its ledger and producer round trips off the GIL the ingest batches hold."""
+
+
 @dataclass
 class Runtime:
     """The app and the parts a caller (CLI, bench, tests) may want to look at."""
 
     app: faust.App
-    ingest: IngestService
-    releases: ReleaseSide
+    ingest: IngestService | None
+    releases: ReleaseSide | None
     repartition: RepartitionService | None
 
 
@@ -59,12 +72,13 @@ def _expected_partials(topology: Topology, bootstrap: str) -> dict[str, int]:
     return counts
 
 
-def build_runtime(topology: Topology, settings: RuntimeSettings) -> Runtime:
-    """Create missing topics, then the Faust app with every service, agent, table and timer attached."""
+def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Role.ALL) -> Runtime:
+    """Create missing topics, then the Faust app with the services, agents, tables and timers of `role`."""
     ensure_topics(settings.bootstrap, topology, settings.partitions)
-    expected = _expected_partials(topology, settings.bootstrap)
+    # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
+    app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
     app = faust.App(
-        settings.group_id(topology),
+        app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         web_enabled=settings.web_port is not None,
@@ -75,14 +89,17 @@ def build_runtime(topology: Topology, settings: RuntimeSettings) -> Runtime:
         consumer_auto_offset_reset="earliest",
         **({"datadir": settings.datadir} if settings.datadir else {}),
     )
-    releases = ReleaseSide(app, topology, settings, expected)
-    app.service(_Lifecycle(releases, loop=None))
-    ingest = IngestService(topology, settings)
-    app.service(ingest)
-    hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
-    repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
-    if repartition is not None:
-        app.service(repartition)
+    releases = ingest = repartition = None
+    if role is not Role.INGEST:
+        releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings.bootstrap))
+        app.service(_Lifecycle(releases, loop=None))
+    if role is not Role.RELEASE:
+        ingest = IngestService(topology, settings, offload=role is Role.ALL)
+        app.service(ingest)
+        hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
+        repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
+        if repartition is not None:
+            app.service(repartition)
     return Runtime(app, ingest, releases, repartition)
 
 

@@ -69,6 +69,8 @@ class IngestService(Service):
         topology: Topology,
         settings: RuntimeSettings,
         core_factory: Callable[[Topology, Source, str, int], PartitionCore] = new_partition_core,
+        *,
+        offload: bool = True,
         **kwargs: object,
     ) -> None:
         self.topology = topology
@@ -78,6 +80,8 @@ class IngestService(Service):
         self._by_topic = {ingest_topic(s): s for s in topology.sources.values()}
         self._cores: dict[TopicPartition, PartitionCore] = {}
         self._lock = asyncio.Lock()
+        self._offload = offload
+        """Process batches on a thread, for a process that also runs the release agent."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpstream-ingest")
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -86,7 +90,8 @@ class IngestService(Service):
     async def on_start(self) -> None:
         # Hand the GIL back to the event loop every 0.5 ms (default 5 ms) while the ingest thread
         # crunches a batch: a release's ledger/producer round trips then wait ≈ 0.5 ms, not 5.
-        sys.setswitchinterval(0.0005)
+        if self._offload:
+            sys.setswitchinterval(0.0005)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap, linger_ms=2, acks="all", enable_idempotence=True
         )
@@ -142,9 +147,12 @@ class IngestService(Service):
             async with self._lock:
                 owned = self._consumer.assignment()
                 work = [(tp, self._core(tp), records) for tp, records in batches.items() if tp in owned and records]
-                # The batch runs on the ingest thread: the event loop stays free for the release
-                # agent's ledger and producer round trips, so a big batch does not delay a release.
-                outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._process, work)
+                if self._offload:
+                    # The batch runs on the ingest thread: the event loop stays free for the release
+                    # agent's ledger and producer round trips, so a big batch does not delay a release.
+                    outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._process, work)
+                else:  # ingest-only process: nothing else waits on this loop
+                    outputs = self._process(work)
                 await self._flush(outputs)
 
     def _process(
