@@ -20,7 +20,7 @@ class RuntimeSettings:
     web_port: int | None = None
     partitions: int = 4
     """Partitions of topics the worker creates when missing."""
-    batch_max_records: int = 5000
+    batch_max_records: int = 20000
     fetch_timeout_ms: int = 100
     idle_interval_s: float = 1.0
     """How often idle partitions are advanced by wall clock."""
