@@ -1,17 +1,21 @@
 """The release side: a Faust agent on the partials topic (keyed by metric: one owner per metric).
 
-Each metric's `PartialMerger` state lives in a changelogged Table (one key per metric), so a
-rebalanced or restarted owner resumes it; partials are deduped by (window, partition), so replayed
-partials change nothing. A merged window goes to the core's `Releaser` (quote → noise → reserve →
-publish the stored bytes with key = release_id on an idempotent producer → commit). Deadline checks
-arrive as tick messages on the same topic, because a Faust Table is only written while iterating
-its stream. A sweeper timer republishes reserved-but-unpublished records with their stored bytes.
+Each metric's state (its `PartialMerger` and the windows merged but not yet released) lives in a
+changelogged Table (one key per metric), so a rebalanced or restarted owner resumes it; partials are
+deduped by (window, partition), so replayed partials change nothing. The agent only merges: a merged
+window is recorded as releasing and handed to the `ReleaseDispatcher` (one serial chain per metric,
+metrics concurrent), which runs the core's `Releaser` (quote → noise → reserve → publish the stored
+bytes with key = release_id on an idempotent producer → commit); finished windows leave the state at
+the metric's next message. Deadline checks arrive as tick messages on the same topic, because a Faust
+Table is only written while iterating its stream. A sweeper timer republishes reserved-but-unpublished
+records with their stored bytes.
 """
 
 from __future__ import annotations
 
 __all__ = ["ReleaseSide", "ReleaseStats", "TICK_PREFIX", "FAULT_ENV"]
 
+import asyncio
 import logging
 import os
 import signal
@@ -23,9 +27,10 @@ import faust
 from aiokafka import AIOKafkaProducer
 
 from topology.model import Topology
-from workers.pipeline.merger import MergedWindow, PartialMerger
+from workers.pipeline.merger import MergedWindow
 from workers.pipeline.partials import WindowPartial
 from workers.release import Releaser, ReleaseResult, sweep
+from workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
 from workers.runtime.settings import RuntimeSettings
 
 _log = logging.getLogger(__name__)
@@ -62,6 +67,10 @@ class ReleaseSide:
         self._releaser: Releaser | None = None
         self._producer: AIOKafkaProducer | None = None
         self._closed_at: dict[tuple[str, int], float] = {}
+        self._states: dict[str, tuple[Any, MetricReleaseState]] = {}
+        """metric → (the Table value it was loaded from or last written as, the live state)."""
+        self._dispatcher = ReleaseDispatcher(self._release, self._finished)
+        self._ready = asyncio.Event()
         self.topic = app.topic(
             topology.sinks.partials_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
         )
@@ -80,9 +89,11 @@ class ReleaseSide:
         await self._producer.start()
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
         self._releaser = Releaser(self.topology, self._ledger)
+        self._ready.set()
 
     async def stop(self) -> None:
-        """Close the producer and the ledger."""
+        """Let running releases finish (briefly), then close the producer and the ledger."""
+        await self._dispatcher.drain(timeout=10.0)
         if self._producer is not None:
             await self._producer.stop()
         if self._ledger is not None:
@@ -98,45 +109,59 @@ class ReleaseSide:
             metric = event.key.decode()
             if metric not in self.topology.metrics:
                 continue
-            merger = self._merger(metric)
+            state = self._state(metric)
             value: bytes = event.value
             now = time.time()
             if value.startswith(TICK_PREFIX):
-                ready = merger.expire(now)
+                ready = state.merger.expire(now)
                 self.stats.by_deadline += len(ready)
             else:
                 partial = WindowPartial.from_bytes(value)
                 self.stats.partials += 1
                 key = (metric, partial.start)
                 self._closed_at[key] = max(self._closed_at.get(key, 0.0), event.message.timestamp)
-                ready = merger.add(partial, now)
-            if not ready and not value.startswith(TICK_PREFIX):
-                self.table[metric] = merger.to_state()
-                continue
+                ready = state.merger.add(partial, now)
             for merged in ready:
-                await self._release(merged)
-            self.table[metric] = merger.to_state()
+                state.releasing[merged.start] = merged
+            for start in self._dispatcher.take_finished(metric):
+                state.releasing.pop(start, None)
+            for start in sorted(state.releasing):  # new ones, and failed ones whose backoff passed
+                self._dispatcher.dispatch(state.releasing[start])
+            doc = state.to_state()
+            self.table[metric] = doc
+            self._states[metric] = (doc, state)
 
-    def _merger(self, metric: str) -> PartialMerger:
+    def _state(self, metric: str) -> MetricReleaseState:
+        """The metric's live state; reloaded when the Table holds something this process did not
+        write, i.e. after it (re)gained the metric (the agent then resumes its `releasing` windows)."""
+        stored = self.table.get(metric)
+        cached = self._states.get(metric)
+        if cached is not None and cached[0] is stored:
+            return cached[1]
         parts = range(self._partitions.get(metric, 1))
-        state = self.table.get(metric)
-        if state is None:
-            return PartialMerger(metric, parts, self.settings.deadline_s)
-        return PartialMerger.from_state(metric, parts, state, self.settings.deadline_s)
+        state = MetricReleaseState.from_state(metric, parts, stored, self.settings.deadline_s)
+        self._states[metric] = (stored, state)
+        return state
 
-    async def _release(self, merged: MergedWindow) -> None:
+    async def _release(self, merged: MergedWindow) -> ReleaseResult:
+        await self._ready.wait()  # partials can arrive before the ledger and producer are open
         assert self._releaser is not None
-        try:
-            result = await self._releaser.release_merged(merged, self._publish_release)
-        except Exception as exc:  # noqa: BLE001 - fail closed: counted, the window is not retried with new noise
+        return await self._releaser.release_merged(merged, self._publish_release)
+
+    def _finished(self, merged: MergedWindow, result: ReleaseResult | None, error: BaseException | None) -> None:
+        """Count one dispatched release; its close→publish latency feeds the benchmark."""
+        if error is not None or result is None:
+            # counted; the window stays in the metric's state and is dispatched again after a backoff
             self.stats.failed += 1
-            _log.error("release of %s [%d, %d) failed: %s", merged.metric, merged.start, merged.end, type(exc).__name__)
+            _log.error("release of %s [%d, %d) failed (attempt %d, retried later): %s", merged.metric, merged.start,
+                       merged.end, self._dispatcher.failures(merged.metric, merged.start), type(error).__name__)
             return
         self.stats.released += 1
-        _log.info("release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value, result.reason)
+        closed = self._closed_at.pop((merged.metric, merged.start), None)
+        _log.info("release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value,
+                  result.reason)
         self.stats.last.append(result)
         del self.stats.last[:-100]
-        closed = self._closed_at.pop((merged.metric, merged.start), None)
         if result.payload and closed:
             self.stats.latencies.append(max(0.0, time.time() - closed))
 

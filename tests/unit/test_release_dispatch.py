@@ -1,0 +1,205 @@
+"""Release dispatch: metrics released concurrently, windows of one metric in order, state survives an owner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from topology.loader import load_topology_text
+from workers.ledger import open_ledger
+from workers.pipeline.merger import MergedWindow
+from workers.pipeline.partials import WindowPartial
+from workers.release import ReleaseOutcome, Releaser
+from workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
+
+_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  hist:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1h}
+    aggregate: count
+    group_by: page
+    keys: [a, b]
+    contribution: {max_keys: 1, max_per_key: 1}
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+_T0 = 1_796_000_400
+
+
+def _window(metric: str, start: int) -> MergedWindow:
+    return MergedWindow(metric, start, start + 10, {"a": 1}, True)
+
+
+def test_a_slow_metric_does_not_hold_up_another():
+    """While metric a's release is stuck (a slow publish), metric b's window is released."""
+
+    async def go():
+        gate = asyncio.Event()
+        done: list[tuple[str, int]] = []
+
+        async def release(w: MergedWindow) -> str:
+            if w.metric == "a":
+                await gate.wait()
+            done.append((w.metric, w.start))
+            return "ok"
+
+        d = ReleaseDispatcher(release)
+        d.dispatch(_window("a", 0))
+        d.dispatch(_window("b", 0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        before = (list(done), d.take_finished("b"), d.take_finished("a"), d.busy("a"), d.busy("b"))
+        gate.set()
+        await d.drain()
+        return before, done, d.take_finished("a")
+
+    (done_before, fin_b, fin_a, busy_a, busy_b), done, fin_a_after = asyncio.run(go())
+    assert done_before == [("b", 0)]
+    assert (fin_b, fin_a, busy_a, busy_b) == ({0}, set(), True, False)
+    assert done == [("b", 0), ("a", 0)] and fin_a_after == {0}
+
+
+def test_windows_of_one_metric_are_released_in_order_one_at_a_time():
+    """A later window starts only after the earlier one finished, even when the earlier one is slower."""
+
+    async def go():
+        events: list[str] = []
+
+        async def release(w: MergedWindow) -> None:
+            events.append(f"start {w.start}")
+            await asyncio.sleep(0.01 if w.start == 0 else 0)
+            events.append(f"end {w.start}")
+
+        d = ReleaseDispatcher(release)
+        for s in (0, 10, 20):
+            d.dispatch(_window("a", s))
+        await d.drain()
+        return events, d.take_finished("a")
+
+    events, finished = asyncio.run(go())
+    assert events == ["start 0", "end 0", "start 10", "end 10", "start 20", "end 20"]
+    assert finished == {0, 10, 20}
+
+
+def test_a_window_already_in_flight_is_not_dispatched_twice():
+    """Resuming state while its release still runs here does not start a second release of it."""
+
+    async def go():
+        calls: list[int] = []
+
+        async def release(w: MergedWindow) -> None:
+            calls.append(w.start)
+            await asyncio.sleep(0)
+
+        d = ReleaseDispatcher(release)
+        first = d.dispatch(_window("a", 0))
+        second = d.dispatch(_window("a", 0))
+        await d.drain()
+        third = d.dispatch(_window("a", 0))  # finished: a new dispatch is a new attempt
+        await d.drain()
+        return first, second, third, calls
+
+    first, second, third, calls = asyncio.run(go())
+    assert (first, second, third) == (True, False, True)
+    assert calls == [0, 0]
+
+
+def test_a_failed_release_is_reported_kept_and_retried_after_a_backoff(monkeypatch):
+    """An exception reaches on_finished as the error and the metric's next window still goes out; the
+    failed window is not finished (it stays in the state), is refused a retry until its backoff has
+    passed, then is released."""
+    import workers.release.dispatch as dispatch_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch_module.time, "monotonic", lambda: clock[0])
+
+    async def go():
+        reports: list[tuple[int, object, str]] = []
+        down = [True]
+
+        async def release(w: MergedWindow) -> str:
+            if w.start == 0 and down[0]:
+                raise ConnectionError("redis down")
+            return "ok"
+
+        d = ReleaseDispatcher(release, lambda w, r, e: reports.append((w.start, r, type(e).__name__)))
+        d.dispatch(_window("a", 0))
+        d.dispatch(_window("a", 10))
+        await d.drain()
+        after_failure = (d.take_finished("a"), d.failures("a", 0))
+        too_soon = d.dispatch(_window("a", 0))
+        clock[0] += dispatch_module.RETRY_MAX_S
+        down[0] = False
+        retried = d.dispatch(_window("a", 0))
+        await d.drain()
+        return reports, after_failure, too_soon, retried, d.take_finished("a"), d.failures("a", 0)
+
+    reports, after_failure, too_soon, retried, finished, failures = asyncio.run(go())
+    assert reports == [(0, None, "ConnectionError"), (10, "ok", "NoneType"), (0, "ok", "NoneType")]
+    assert after_failure == ({10}, 1)
+    assert (too_soon, retried) == (False, True)
+    assert (finished, failures) == ({0}, 0)
+
+
+def test_state_round_trips_through_json_with_its_releasing_windows():
+    """Merger and releasing windows survive to_state → JSON → from_state (what the changelog holds)."""
+    state = MetricReleaseState.from_state("hist", range(2), None, 30.0)
+    for p in (0, 1):
+        state.merger.add(WindowPartial("hist", 0, 10, "s", "t", p, {"a": 2 + p}), now=1.0)
+    state.releasing[0] = MergedWindow("hist", 0, 10, {"a": 5, "b": [1.5, 2]}, False, (1,))
+    doc = json.loads(json.dumps(state.to_state()))
+    back = MetricReleaseState.from_state("hist", range(2), doc, 30.0)
+    assert back.releasing == state.releasing
+    assert back.merger.to_state() == state.merger.to_state()
+    # the merger remembers window 0 as released: a replayed partial of it is dropped
+    assert back.merger.add(WindowPartial("hist", 0, 10, "s", "t", 0, {"a": 9}), now=2.0) == []
+
+
+def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge():
+    """Owner A reserves then dies before publishing; owner B resumes the state's releasing window and
+    publishes A's stored bytes; the ledger holds one charge."""
+    topo = load_topology_text(_YAML)
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        window = MergedWindow("hist", _T0, _T0 + 3600, {"a": 40, "b": 2}, True)
+        state = MetricReleaseState.from_state("hist", range(1), None, 30.0)
+        state.releasing[window.start] = window
+        doc = json.loads(json.dumps(state.to_state()))
+
+        async def crash(value: bytes, key: bytes) -> None:
+            raise asyncio.CancelledError  # the process died between reserve and publish
+
+        owner_a = Releaser(topo, ledger)
+        try:
+            await owner_a.release_merged(window, crash)
+        except asyncio.CancelledError:
+            pass
+        sent: list[tuple[bytes, bytes]] = []
+
+        async def sink(value: bytes, key: bytes) -> None:
+            sent.append((value, key))
+
+        owner_b = Releaser(topo, ledger)
+        results = []
+        d = ReleaseDispatcher(lambda w: owner_b.release_merged(w, sink), lambda w, r, e: results.append(r))
+        resumed = MetricReleaseState.from_state("hist", range(1), doc, 30.0)
+        for start in sorted(resumed.releasing):
+            d.dispatch(resumed.releasing[start])
+        await d.drain()
+        stored = await ledger.stored_payload("b", owner_a.release_id("hist", window.start, window.end))
+        return results, sent, stored, await ledger.status("b")
+
+    results, sent, stored, status = asyncio.run(go())
+    [result] = results
+    assert result.outcome is ReleaseOutcome.DUPLICATE
+    assert [value for value, _ in sent] == [stored]
+    assert status.granted == 1
