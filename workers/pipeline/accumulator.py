@@ -69,6 +69,8 @@ class MetricAccumulator:
         self.clamped = 0
         self.skipped = 0
         """Events without this metric's value / group field, or outside its declared keys."""
+        self._current: list[Any] = [math.inf, -math.inf, None]
+        """Tumbling windows: [start, end, state] of the window the last event went to (emission clears it)."""
         self.add_fn = self._make_add()
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
@@ -105,6 +107,39 @@ class MetricAccumulator:
         is_sum = kind == _SUM
         grouped = group is not None
         acc = self
+        cur = self._current
+        tumbling = every == size
+
+        def apply(st: _WindowState, unit: str, uk: Any, key: str, v: float) -> None:
+            """Bound one contribution in window `st` and add it to the window's aggregate."""
+            if bounded:
+                per_key = st.per_key
+                n = per_key.get(uk, 0)
+                if n == 0:
+                    if grouped:
+                        unit_keys = st.unit_keys
+                        nk = unit_keys.get(unit, 0)
+                        if nk >= max_keys:
+                            acc.capped += 1
+                            return
+                        unit_keys[unit] = nk + 1
+                elif n >= max_per_key:
+                    if not is_units:
+                        acc.capped += 1
+                    return
+                per_key[uk] = n + 1
+            agg = st.agg
+            if is_count:
+                agg[key] = agg.get(key, 0) + 1
+            elif is_sum:
+                agg[key] = agg.get(key, 0.0) + v
+            else:
+                pair = agg.get(key)
+                if pair is None:
+                    agg[key] = [v, 1]
+                else:
+                    pair[0] += v
+                    pair[1] += 1
 
         def add(unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
             if grouped:
@@ -134,6 +169,10 @@ class MetricAccumulator:
                 elif v > hi:
                     v = hi
                     acc.clamped += 1
+            if cur[0] <= ts < cur[1] and cur[1] > watermark:
+                # tumbling, same open window as the previous event (the common case): no grid math
+                apply(cur[2], unit, uk, key, v)
+                return False
             last = int(ts // every) * every
             start = last - size + every
             late = False
@@ -152,34 +191,9 @@ class MetricAccumulator:
                 st = windows.get(s)
                 if st is None:
                     st = windows[s] = _WindowState(offset)
-                if bounded:
-                    per_key = st.per_key
-                    n = per_key.get(uk, 0)
-                    if n == 0:
-                        if grouped:
-                            unit_keys = st.unit_keys
-                            nk = unit_keys.get(unit, 0)
-                            if nk >= max_keys:
-                                acc.capped += 1
-                                continue
-                            unit_keys[unit] = nk + 1
-                    elif n >= max_per_key:
-                        if not is_units:
-                            acc.capped += 1
-                        continue
-                    per_key[uk] = n + 1
-                agg = st.agg
-                if is_count:
-                    agg[key] = agg.get(key, 0) + 1
-                elif is_sum:
-                    agg[key] = agg.get(key, 0.0) + v
-                else:
-                    pair = agg.get(key)
-                    if pair is None:
-                        agg[key] = [v, 1]
-                    else:
-                        pair[0] += v
-                        pair[1] += 1
+                if tumbling:
+                    cur[0], cur[1], cur[2] = s, s + size, st
+                apply(st, unit, uk, key, v)
             return late
 
         return add
@@ -197,6 +211,7 @@ class MetricAccumulator:
         jumped over instead of emitted; the merger reads a later partial as "empty before".
         """
         out: list[tuple[int, PartialValues]] = []
+        self._current[0], self._current[1], self._current[2] = math.inf, -math.inf, None
         s = self.next_start
         if s is None:
             return out
