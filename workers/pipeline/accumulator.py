@@ -39,8 +39,11 @@ class _WindowState:
 class MetricAccumulator:
     """Windows of one metric on one partition; `add` is the per-event hot path."""
 
-    def __init__(self, metric: Metric, source: Source) -> None:
+    def __init__(self, metric: Metric, source: Source, *, reuse_window: bool = True) -> None:
+        """`reuse_window=False` sends every event through the general window-grid path (the
+        reference the tumbling fast path is tested against)."""
         self.metric = metric
+        self._reuse_window = reuse_window
         self.size = metric.window.size_s
         self.every = metric.window.every_s
         agg = metric.aggregate
@@ -108,7 +111,7 @@ class MetricAccumulator:
         grouped = group is not None
         acc = self
         cur = self._current
-        tumbling = every == size
+        tumbling = every == size and self._reuse_window
 
         def apply(st: _WindowState, unit: str, uk: Any, key: str, v: float) -> None:
             """Bound one contribution in window `st` and add it to the window's aggregate."""
