@@ -32,11 +32,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run both halves (default), only the batch ingest, or only the release agent; "
         "one ingest and one release process per machine keep release latency off the ingest GIL",
     )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="lower this process's CPU priority by N (0-19) first; e.g. 10 for an ingest process that "
+        "shares cores with a release process, Redis or a broker, so their short bursts run at once "
+        "instead of waiting for the ingest batch's time slice",
+    )
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import tempfile
+
+    from topology.errors import ConfigError
+
+    if not 0 <= args.nice <= 19:
+        raise ConfigError(f"--nice {args.nice}: out of range; give 0 (unchanged) to 19 (lowest priority)")
+    if args.nice:
+        os.nice(args.nice)
 
     from topology.loader import load_topology
     from workers.runtime.app import Role, build_runtime, run_worker
