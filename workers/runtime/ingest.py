@@ -79,6 +79,8 @@ class IngestService(Service):
         self._core_factory = core_factory
         self._by_topic = {ingest_topic(s): s for s in topology.sources.values()}
         self._cores: dict[TopicPartition, PartitionCore] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        """Last offset this worker committed per owned partition (an unchanged safe offset is not re-sent)."""
         self._lock = asyncio.Lock()
         self._offload = offload
         """Process batches on a thread, for a process that also runs the release agent."""
@@ -126,6 +128,7 @@ class IngestService(Service):
         """Forget the windows of partitions this worker no longer owns (their new owner replays them)."""
         async with self._lock:
             for tp in revoked:
+                self._committed.pop(tp, None)
                 if self._cores.pop(tp, None) is not None:
                     self.stats.revoked += 1
 
@@ -206,12 +209,13 @@ class IngestService(Service):
         offsets = {}
         for tp, _out in outputs:
             safe = self._cores[tp].safe_offset() if tp in self._cores else None
-            if safe is not None:
+            if safe is not None and safe != self._committed.get(tp):
                 offsets[tp] = OffsetAndMetadata(safe, "")
-        if offsets:
+        if offsets:  # the safe offset only moves when a window is emitted: most batches commit nothing
             try:
                 await self._consumer.commit(offsets)
                 self.stats.commits += 1
+                self._committed.update((tp, meta.offset) for tp, meta in offsets.items())
             except (CommitFailedError, IllegalStateError, KafkaError) as exc:
                 # a rebalance took these partitions: their new owner replays from the last good commit
                 _log.info("ingest: commit skipped (%s); the partition's new owner replays", type(exc).__name__)
