@@ -78,6 +78,8 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--single-process", action="store_true",
                         help="one `worker --role all` process instead of an ingest and a release process")
+    parser.add_argument("--ingest-nice", type=int, default=10, metavar="N",
+                        help="`worker --nice N` for the ingest process (default 10; 0 = same priority as the rest)")
     parser.set_defaults(func=run)
 
 
@@ -187,18 +189,46 @@ def _proc_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-async def _committed(bootstrap: str, group: str) -> int:
+async def _follow(bootstrap: str, group: str, releases_topic: str, expected: set[tuple[str, int]],
+                  procs: list[subprocess.Popen], deadline: float) -> tuple[float | None, float, float]:
+    """Wait for the worker's first commit (start), then follow the releases topic until every expected
+    window is in (end). One admin client and one consumer for the whole run, so the bench driver
+    takes little CPU from the worker it measures. Returns (start, worker CPU s at start, end)."""
+    from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient
 
+    def alive() -> bool:
+        return time.monotonic() < deadline and all(p.poll() is None for p in procs)
+
+    start: float | None = None
+    cpu0 = 0.0
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(group)
-        return sum(max(0, meta.offset) for meta in offsets.values())
-    except Exception:  # noqa: BLE001 - the group does not exist yet
-        return 0
+        while start is None and alive():
+            try:
+                offsets = await admin.list_consumer_group_offsets(group)
+            except Exception:  # noqa: BLE001 - the group does not exist yet
+                offsets = {}
+            if sum(max(0, meta.offset) for meta in offsets.values()) > 0:
+                start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
+            else:
+                await asyncio.sleep(0.02)
     finally:
         await admin.close()
+    consumer = AIOKafkaConsumer(releases_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    released: set[tuple[str, int]] = set()
+    try:
+        while start is not None and not expected <= released and alive():
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for rec in records:
+                    doc = json.loads(rec.value)
+                    released.add((doc["metric"], doc["window"]["start_epoch"]))
+    finally:
+        await consumer.stop()
+    return start, cpu0, time.perf_counter()
 
 
 def _read(bootstrap: str, topic: str) -> list[Any]:
@@ -245,31 +275,22 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     expected = {(m, s) for m in topology.metrics for s in range(t0, t0 + args.windows * _WINDOW_S, _WINDOW_S)}
     log = open(workdir / "worker.log", "wb")  # noqa: SIM115
     roles = ("all",) if args.single_process else ("ingest", "release")
+    nice = {"ingest": ["--nice", str(args.ingest_nice)]} if args.ingest_nice else {}
     procs = [
         subprocess.Popen([sys.executable, "-m", "workers.cli", "worker", str(path), "--bootstrap", bootstrap,
-                          "--redis", redis_url, "--worker-id", f"bench-{role}", "--role", role, "--loglevel", "INFO"],
+                          "--redis", redis_url, "--worker-id", f"bench-{role}", "--role", role, "--loglevel", "INFO",
+                          *nice.get(role, [])],
                          stdout=log, stderr=subprocess.STDOUT)
         for role in roles
     ]
     try:
-        start = cpu0 = None
-        deadline = time.monotonic() + 900
-        released: set[tuple[str, int]] = set()
-        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            if start is None:
-                if asyncio.run(_committed(bootstrap, group)) > 0:
-                    start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
-                time.sleep(0.05)
-                continue
-            for rec in _read(bootstrap, topology.sinks.releases):
-                doc = json.loads(rec.value)
-                released.add((doc["metric"], doc["window"]["start_epoch"]))
-            if expected <= released:
-                break
-            time.sleep(0.2)
-        elapsed = time.perf_counter() - start if start else float("nan")
+        start, cpu0, end = asyncio.run(
+            _follow(bootstrap, group, topology.sinks.releases, expected, procs, time.monotonic() + 900))
+        elapsed = end - start if start else float("nan")
         cpu = sum(_proc_cpu(p.pid) for p in procs) - (cpu0 or 0.0)
         rss = sum(_proc_hwm_mb(p.pid) for p in procs)
+        released = {(r["metric"], r["window"]["start_epoch"])
+                    for r in (json.loads(rec.value) for rec in _read(bootstrap, topology.sinks.releases))}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -285,11 +306,14 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         doc = json.loads(rec.value)
         key = (doc["metric"], doc["start"])
         closes[key] = max(closes.get(key, 0.0), rec.timestamp / 1000)
-    latencies = sorted(
-        rec.timestamp / 1000 - closes[k]
+    by_window = sorted(
+        (rec.timestamp / 1000 - closes[k], k)
         for rec in _read(bootstrap, topology.sinks.releases)
         if (k := ((d := json.loads(rec.value))["metric"], d["window"]["start_epoch"])) in closes
     )
+    latencies = [lat for lat, _ in by_window]
+    order = sorted(closes.values())
+    slowest = [f"{m}@{(closes[(m, s)] - order[0]):.1f}s: {lat * 1000:.0f} ms" for lat, (m, s) in by_window[-3:][::-1]]
     worker = args.events / elapsed if elapsed == elapsed and elapsed > 0 else 0.0
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")  # noqa: E731
     return {
@@ -306,9 +330,11 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         "close_to_publish_ms_p90": round(pct(0.9), 1),
         "close_to_publish_ms_p99": round(pct(0.99), 1),
         "close_to_publish_samples": len(latencies),
+        "close_to_publish_slowest": slowest,
         "worker_cpu_s_per_million": round(cpu / args.events * 1e6, 2),
         "worker_peak_rss_mb": round(rss, 1),
         "worker_processes": "+".join(roles),
+        "ingest_nice": args.ingest_nice if not args.single_process else 0,
     }
 
 
