@@ -119,6 +119,50 @@ class EventParser:
         self._ts_field = source.timestamp
         self._value_fields = tuple(sorted(set(value_fields)))
         self._key_fields = tuple(sorted(set(key_fields)))
+        self.parse_common = self._make_parse_common()
+        """raw → (unit, time, fields) for the common well-formed shape, else None (then call `parse`)."""
+
+    def _make_parse_common(self) -> Callable[[bytes], tuple[str, float, dict[str, Any]] | None]:
+        """The hot path's parser: a JSON object with a non-empty string unit, epoch-seconds number
+        time, finite numbers and string keys where present. Anything else returns None and goes
+        through `parse`, which handles every other accepted shape and names the reason for the rest;
+        both agree wherever this one answers (a property test checks it)."""
+        unit_field, ts_field = self._unit_field, self._ts_field
+        value_fields, key_fields = self._value_fields, self._key_fields
+        loads, isfinite, ms = decode_json, math.isfinite, _MS_THRESHOLD
+        if self._event_level or ts_field is None:
+            return lambda raw: None
+
+        def parse_common(raw: bytes) -> tuple[str, float, dict[str, Any]] | None:
+            try:
+                obj = loads(raw)
+            except _DECODE_ERRORS:
+                return None
+            if type(obj) is not dict:
+                return None
+            unit = obj.get(unit_field)
+            if type(unit) is not str or not unit:
+                return None
+            ts = obj.get(ts_field)
+            tt = type(ts)
+            if tt is float:
+                if not 0.0 <= ts < ms:
+                    return None
+            elif tt is int and 0 <= ts < ms:
+                ts = float(ts)
+            else:
+                return None
+            for name in value_fields:
+                v = obj.get(name)
+                if v is not None and type(v) is not int and (type(v) is not float or not isfinite(v)):
+                    return None
+            for name in key_fields:
+                k = obj.get(name)
+                if k is not None and type(k) is not str:
+                    return None
+            return unit, ts, obj
+
+        return parse_common
 
     def parse(self, raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> Event:
         """The validated event, or raise EventError(reason). `offset` names event-level units."""

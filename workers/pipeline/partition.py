@@ -82,6 +82,7 @@ class PartitionPipeline:
     def process_batch(self, records: Iterable[RecordLike], now: float | None = None) -> BatchOutput:
         """Consume records in offset order; return partials of windows now final and dead letters."""
         parse = self._parser.parse
+        parse_common = self._parser.parse_common
         adds = [acc.add_fn for acc in self._accs]
         lateness = self._lateness
         maxt = self.max_event_time
@@ -91,14 +92,18 @@ class PartitionPipeline:
         offset = self.last_offset
         for rec in records:
             offset = rec.offset
-            try:
-                unit, ts, fields = parse(rec.value, rec.timestamp, offset)
-            except EventError as exc:
-                self.counts.invalid[exc.reason] += 1
-                dead.append(
-                    DeadLetter(exc.reason, self.source.name, self.topic, self.partition, offset, rec.value or b"")
-                )
-                continue
+            common = parse_common(rec.value)
+            if common is not None:
+                unit, ts, fields = common
+            else:
+                try:
+                    unit, ts, fields = parse(rec.value, rec.timestamp, offset)
+                except EventError as exc:
+                    self.counts.invalid[exc.reason] += 1
+                    dead.append(
+                        DeadLetter(exc.reason, self.source.name, self.topic, self.partition, offset, rec.value or b"")
+                    )
+                    continue
             if ts > maxt:
                 if maxt == -math.inf:
                     self._start_sequences(ts, covering=True)

@@ -1,0 +1,102 @@
+"""The hot path's `parse_common` agrees with the full `parse` wherever it answers, and never accepts what `parse` rejects."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topology.errors import EventError
+from topology.loader import load_topology_text
+from workers.pipeline import EventParser
+
+_YAML = """
+version: 1
+sources:
+  clicks: {topic: t.clicks, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  basket:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: sum
+    value: eur
+    bounds: [0, 100]
+    mechanism: gaussian
+  pages:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    group_by: page
+    keys: [a, b]
+    mechanism: gaussian
+sinks: {releases: t.rel, dead_letter: t.dlq}
+"""
+_SOURCE = load_topology_text(_YAML).sources["clicks"]
+_PARSER = EventParser(_SOURCE, value_fields=["eur"], key_fields=["page"])
+
+_any = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.text(max_size=5),
+    st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(), max_size=2),
+)
+_times = st.one_of(
+    st.floats(min_value=-10.0, max_value=2e11), st.integers(min_value=-10, max_value=2 * 10**11),
+    st.sampled_from(["1790000000", "2026-11-30T12:00:00Z", "2026-11-30T12:00:00", "soon", ""]), _any,
+)
+_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "user_id": st.one_of(st.text(max_size=4), st.integers(min_value=-5, max_value=5), _any),
+        "ts": _times,
+        "eur": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), _any),
+        "page": st.one_of(st.sampled_from(["a", "b", "c"]), st.integers(), _any),
+        "other": _any,
+    },
+)
+
+
+def _encode(doc: object) -> bytes:
+    return json.dumps(doc, allow_nan=True).encode()  # NaN/Infinity tokens are not JSON: parsers must reject them
+
+
+def _check(raw: bytes) -> bool:
+    common = _PARSER.parse_common(raw)
+    try:
+        full = _PARSER.parse(raw, None, 7)
+    except EventError:
+        assert common is None, "parse_common accepted an event parse rejects"
+        return False
+    if common is not None:
+        unit, ts, fields = common
+        assert (unit, ts, fields) == (full.unit, full.time, full.fields)
+        assert type(ts) is float and math.isfinite(ts)
+        return True
+    return False
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_docs)
+def test_parse_common_agrees_with_parse_on_objects(doc):
+    """Random objects with right, wrong and missing fields: same answer, or parse_common defers."""
+    _check(_encode(doc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=20), st.builds(_encode, _any)))
+def test_parse_common_defers_on_non_objects(raw):
+    """Bytes that are not a JSON object never pass the common path."""
+    assert _PARSER.parse_common(raw) is None
+
+
+def test_the_common_shape_takes_the_common_path():
+    """The everyday event (string unit, float seconds, finite value, string key) is answered by parse_common."""
+    raw = _encode({"user_id": "u1", "ts": 1_790_000_000.25, "eur": 12.5, "page": "a"})
+    assert _check(raw) is True
+    assert _PARSER.parse_common(_encode({"user_id": "u1", "ts": 1_790_000_000_000})) is None  # ms: full path
