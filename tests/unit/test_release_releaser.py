@@ -190,3 +190,26 @@ def test_refusal_in_the_later_period_publishes_nothing_and_charges_nothing_earli
     assert res.outcome is ReleaseOutcome.SUPPRESSED or res.outcome is ReleaseOutcome.DENIED
     assert sink.sent == []
     assert all(p.spent_units == 0 for p in history)
+
+
+def test_prepare_builds_the_mechanism_at_the_planned_cost_without_sampling(topo):
+    """Warm-up: `prepare` builds (caches) the mechanism at the planned cost; nothing is released or charged."""
+    from workers.noise import build_release_mechanism
+
+    built = []
+
+    def factory(metric, accounting, cost, *, delta=0.0):
+        built.append((metric.name, cost))
+        return build_release_mechanism(metric, accounting, cost, delta=delta)
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger, mechanism_factory=factory)
+        rel.prepare(topo.metrics["hist"])
+        rel.prepare(topo.metrics["hist"], 0.0)  # a refused quote prices 0: the planned cost is built
+        return rel, await ledger.status("b")
+
+    rel, status = _run(go())
+    planned = rel._planned_cost["hist"]
+    assert built == [("hist", planned), ("hist", planned)] and planned > 0
+    assert status.granted == 0 and rel.counts.snapshot()["published"] == 0

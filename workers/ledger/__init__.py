@@ -84,6 +84,7 @@ async def open_ledger(
                                    retention_s=retention_s)
         try:
             check_durability(where, await redis_ledger.server_settings(), allow_volatile)
+            await redis_ledger.load_scripts()
         except BaseException:
             await redis_ledger.close()
             raise

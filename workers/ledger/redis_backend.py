@@ -82,6 +82,11 @@ class RedisLedger(Ledger):
             out.update(_hash(got))
         return out
 
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script now, so no release pays the NOSCRIPT → load → retry round trips."""
+        for name in SCRIPT_NAMES:
+            await self._guard(self._client.script_load(script_text(name)))
+
     async def close(self) -> None:
         """Close the client and its pool."""
         await self._client.aclose()

@@ -1,17 +1,19 @@
-"""Release dispatch: merged windows are released off the merge loop, one serial chain per metric.
+"""Release dispatch: merged windows are released off the merge loop, concurrently.
 
 Why: the release agent merges partials of every metric in one stream. Releasing inline made each
-metric's window wait behind every other metric's ledger round trips and publish ack (a slow 50 ms
-publish of one metric delayed the next metric's close→publish by as much). Now the merge loop only
-records a window as *releasing* in the metric's durable state and hands it to that metric's chain.
+window wait behind every earlier window's ledger round trips and publish ack (a slow 50 ms publish
+delayed the next window by as much; a burst of windows closing together queued up). Now the merge
+loop only records a window as *releasing* in the metric's durable state and hands it here; up to
+`max_concurrent` releases run at once. Order is not needed for the budget: every charge is one
+atomic reserve, and pricing two windows from one snapshot grants what pricing them in turn would
+(DESIGN §5: with r left over n releases of equal weight, r/n each either way).
 
 Why it stays exactly-once: a window stays in `releasing` (persisted with the merger state) until its
 release finished, so an owner that crashed or lost the metric mid-release leaves it there and the
 next owner releases it again; the ledger's stored payload makes that retry republish the same bytes
 with one charge (DESIGN §4). A release that failed (Redis or Kafka unreachable) stays there too and is
 dispatched again after a backoff (2, 4, … 60 s): a fresh attempt draws fresh noise only if nothing
-was reserved, since a reserved release_id returns its stored bytes. Windows of one metric are
-released in start order.
+was reserved, since a reserved release_id returns its stored bytes.
 """
 
 from __future__ import annotations
@@ -72,20 +74,26 @@ class MetricReleaseState:
 
 
 class ReleaseDispatcher:
-    """Runs `release(window)` for dispatched windows: serial per metric, concurrent across metrics."""
+    """Runs `release(window)` for dispatched windows, at most `max_concurrent` at once."""
 
-    def __init__(self, release: Callable[[MergedWindow], Awaitable[Any]], on_finished: Finished | None = None) -> None:
+    def __init__(
+        self,
+        release: Callable[[MergedWindow], Awaitable[Any]],
+        on_finished: Finished | None = None,
+        max_concurrent: int = 16,
+    ) -> None:
         self._release = release
         self._on_finished = on_finished
-        self._tails: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[tuple[str, int]] = set()
         self._finished: dict[str, set[int]] = {}
         self._retry: dict[tuple[str, int], tuple[int, float]] = {}
         """(metric, start) of failed releases → (attempts, monotonic time before which not to retry)."""
 
     def dispatch(self, window: MergedWindow) -> bool:
-        """Queue a window on its metric's chain; False when it is already queued or running here,
-        or when it failed and its backoff has not passed yet."""
+        """Start releasing a window; False when it is already queued or running here, or when it
+        failed and its backoff has not passed yet."""
         key = (window.metric, window.start)
         if key in self._inflight:
             return False
@@ -93,8 +101,9 @@ class ReleaseDispatcher:
         if retry is not None and time.monotonic() < retry[1]:
             return False
         self._inflight.add(key)
-        previous = self._tails.get(window.metric)
-        self._tails[window.metric] = asyncio.get_running_loop().create_task(self._run(previous, window))
+        task = asyncio.get_running_loop().create_task(self._run(window))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return True
 
     def take_finished(self, metric: str) -> set[int]:
@@ -107,25 +116,22 @@ class ReleaseDispatcher:
 
     def busy(self, metric: str) -> bool:
         """True while some window of `metric` is queued or being released."""
-        tail = self._tails.get(metric)
-        return tail is not None and not tail.done()
+        return any(m == metric for m, _ in self._inflight)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for every queued release (shutdown); what is still running after `timeout` is left to
         the next owner, which finds it in the state's `releasing` windows."""
-        tails = [t for t in self._tails.values() if not t.done()]
-        if tails:
-            await asyncio.wait(tails, timeout=timeout)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
 
-    async def _run(self, previous: asyncio.Task[None] | None, window: MergedWindow) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])  # never raises: each step handles its own errors
+    async def _run(self, window: MergedWindow) -> None:
         result: Any = None
         error: BaseException | None = None
         key = (window.metric, window.start)
         try:
-            result = await self._release(window)
-        except Exception as exc:  # noqa: BLE001 - reported to on_finished, retried later; the chain goes on
+            async with self._slots:
+                result = await self._release(window)
+        except Exception as exc:  # noqa: BLE001 - reported to on_finished, retried later
             error = exc
             attempts = self._retry.get(key, (0, 0.0))[0] + 1
             self._retry[key] = (attempts, time.monotonic() + min(RETRY_MAX_S, 2.0**attempts))

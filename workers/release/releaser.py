@@ -62,6 +62,13 @@ class Releaser:
         self._clock = clock
         self.counts = ReleaseCounts()
 
+    def prepare(self, metric: Metric, cost: float | None = None) -> None:
+        """Build (and cache) the mechanism of `metric` at `cost` (default: the planned cost), so the
+        first release does not pay OpenDP's first-use cost; nothing is sampled."""
+        budget = self.topology.budgets[metric.budget]
+        price = cost if cost is not None and cost > 0 else self._planned_cost[metric.name]
+        self._factory(metric, budget.accounting, price, delta=selection_delta_per_release(metric, budget, self._metrics))
+
     def release_id(self, metric: str, window_start: int, window_end: int) -> str:
         """The deterministic id of this topology's release of (metric, window)."""
         return make_release_id(self.version, metric, window_start, window_end)

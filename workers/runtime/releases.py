@@ -89,7 +89,19 @@ class ReleaseSide:
         await self._producer.start()
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
         self._releaser = Releaser(self.topology, self._ledger)
+        await self._warm_up()
         self._ready.set()
+
+    async def _warm_up(self) -> None:
+        """Pay the first-use costs before the first window: releases-topic metadata, each metric's
+        quote path and its mechanism at the planned cost (built, no noise drawn)."""
+        assert self._producer is not None and self._releaser is not None
+        await self._producer.partitions_for(self.topology.sinks.releases)
+        now = int(time.time())
+        for metric in self.topology.metrics.values():
+            size = metric.window.size_s
+            quote = await self._ledger.quote(metric.name, now - now % size, now - now % size + size)
+            self._releaser.prepare(metric, quote.cost)
 
     async def stop(self) -> None:
         """Let running releases finish (briefly), then close the producer and the ledger."""
