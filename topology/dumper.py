@@ -59,6 +59,8 @@ def _source(source: Source) -> dict[str, Any]:
         out["idle_timeout"] = format_duration(source.idle_timeout_s)
     if source.keyed_by_unit:
         out["keyed_by_unit"] = True
+    if source.max_future_s != Source("", "", "").max_future_s:
+        out["max_future"] = format_duration(source.max_future_s)
     return out
 
 

@@ -60,7 +60,8 @@ from topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compos
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     "topology": ("version", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
-    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit"),
+    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit",
+               "max_future"),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
     "metric": (
         "source", "budget", "weight", "window", "aggregate", "mechanism", "contribution", "value",
@@ -294,9 +295,10 @@ class _Loader:
         lateness = f.get("allowed_lateness", read_duration, True, default=0)
         idle = f.get("idle_timeout", read_duration, default=30)
         keyed = f.get("keyed_by_unit", read_bool, default=False)
+        future = f.get("max_future", read_duration, default=3600)
         if not f.ok:
             return None
-        return Source(name, topic, unit, timestamp, lateness, idle, keyed)
+        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future)
 
     def _budget(self, name: str, node: Node, line: int) -> Budget | None:
         f = _Fields(self, "budget", name, f"budget '{name}'", node, line)

@@ -178,6 +178,9 @@ class Source:
     idle_timeout_s: int = 30
     keyed_by_unit: bool = False
     """True when the topic's Kafka key is the privacy unit, so no repartition hop is needed."""
+    max_future_s: int = 3600
+    """A live worker dead-letters events timed more than this ahead of its clock (`future_timestamp`):
+    one bogus far-future time would otherwise move the watermark past every real event to come."""
 
     @property
     def event_level(self) -> bool:

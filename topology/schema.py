@@ -55,11 +55,12 @@ _DEFS: dict[str, type] = {
 _YAML_NAMES = {
     (Source, "allowed_lateness_s"): "allowed_lateness",
     (Source, "idle_timeout_s"): "idle_timeout",
+    (Source, "max_future_s"): "max_future",
     (Budget, "period_s"): "period",
 }
 """Model field -> YAML key where they differ (durations are written as `30s`, `1d`)."""
 
-_DURATIONS = {(Source, "allowed_lateness_s"), (Source, "idle_timeout_s"), (Budget, "period_s")}
+_DURATIONS = {(Source, "allowed_lateness_s"), (Source, "idle_timeout_s"), (Source, "max_future_s"), (Budget, "period_s")}
 _SKIPPED = {"name", "path"}
 """`name` is the mapping key of the entity; `path` is where the file was read from."""
 

@@ -39,6 +39,7 @@ def _source(draw: st.DrawFn, name: str) -> Source:
         allowed_lateness_s=draw(st.sampled_from([0, 5, 10, 60])),
         idle_timeout_s=draw(st.sampled_from([1, 30, 120])),
         keyed_by_unit=draw(st.booleans()),
+        max_future_s=draw(st.sampled_from([60, 3600, 86400])),
     )
 
 

@@ -71,6 +71,9 @@ def test_defaults() -> None:
     assert (b.accounting, b.reserve, b.warn_at) == (Accounting.ZCDP, 0.2, 0.8)
     assert (m.weight, m.contribution.max_keys, m.contribution.max_per_key) == (1.0, 1, 1)
     assert (s.allowed_lateness_s, s.idle_timeout_s, s.keyed_by_unit, s.timestamp) == (0, 30, False, None)
+    assert s.max_future_s == 3600
+    assert load_topology_text(BASE.replace("privacy_unit: user_id}", "privacy_unit: user_id, max_future: 5m}")
+                              ).sources["clicks"].max_future_s == 300
     assert t.sinks.partials_topic == "out.releases.partials"
 
 

@@ -148,3 +148,24 @@ def test_pipeline_dead_letters_and_keeps_going(topo):
     counts = pipe.refresh_counts().snapshot()
     assert counts["accepted"] == 2
     assert counts["invalid:not_json"] == 2 and counts["invalid:bad_value"] == 1
+
+
+def test_far_future_event_is_dead_lettered_live_and_leaves_the_watermark_alone(topo):
+    """Live (a clock given): an event timed past now + max_future goes to the DLQ as future_timestamp and
+    does not move the watermark, so the events after it are not late; a replay (no clock) keeps it."""
+    now = 1_700_000_000.0
+    horizon = now + topo.sources["clicks"].max_future_s
+    recs = [
+        Rec(0, json.dumps({"user_id": "a", "ts": now - 5, "eur": 1.0}).encode()),
+        Rec(1, json.dumps({"user_id": "b", "ts": horizon + 1, "eur": 1.0}).encode()),
+        Rec(2, json.dumps({"user_id": "c", "ts": now - 4, "eur": 1.0}).encode()),
+        Rec(3, json.dumps({"user_id": "d", "ts": horizon - 1, "eur": 1.0}).encode()),  # inside the horizon: kept
+    ]
+    live = PartitionPipeline(topo, "clicks", 0)
+    out = live.process_batch(recs[:3], now=now)
+    assert [(d.reason, d.offset) for d in out.dead_letters] == [("future_timestamp", 1)]
+    assert live.counts.invalid["future_timestamp"] == 1 and live.counts.late == 0
+    assert live.watermark < now
+    assert live.process_batch(recs[3:], now=now).dead_letters == []
+    replay = PartitionPipeline(topo, "clicks", 0)
+    assert replay.process_batch(recs[:3]).dead_letters == [] and replay.counts.accepted == 3

@@ -37,6 +37,7 @@ REASONS = (
     "bad_timestamp",
     "bad_value",
     "bad_key",
+    "future_timestamp",
 )
 """Every reason an event can be dead-lettered for."""
 

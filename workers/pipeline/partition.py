@@ -71,6 +71,7 @@ class PartitionPipeline:
         )
         self._lateness = float(self.source.allowed_lateness_s)
         self._idle_timeout = float(self.source.idle_timeout_s)
+        self._max_future = float(self.source.max_future_s)
         self._max_empty_run = max_empty_run
         self.max_event_time = -math.inf
         self.watermark = -math.inf
@@ -80,7 +81,12 @@ class PartitionPipeline:
 
     # -- hot path ----------------------------------------------------------------------
     def process_batch(self, records: Iterable[RecordLike], now: float | None = None) -> BatchOutput:
-        """Consume records in offset order; return partials of windows now final and dead letters."""
+        """Consume records in offset order; return partials of windows now final and dead letters.
+
+        `now` (a live worker's clock) also dead-letters events timed more than the source's
+        `max_future` ahead of it; a replay passes no clock and takes event times as they are.
+        """
+        horizon = math.inf if now is None else now + self._max_future
         parse = self._parser.parse
         parse_common = self._parser.parse_common
         adds = [acc.add_fn for acc in self._accs]
@@ -99,11 +105,11 @@ class PartitionPipeline:
                 try:
                     unit, ts, fields = parse(rec.value, rec.timestamp, offset)
                 except EventError as exc:
-                    self.counts.invalid[exc.reason] += 1
-                    dead.append(
-                        DeadLetter(exc.reason, self.source.name, self.topic, self.partition, offset, rec.value or b"")
-                    )
+                    self._dead_letter(dead, exc.reason, offset, rec.value)
                     continue
+            if ts > horizon:
+                self._dead_letter(dead, "future_timestamp", offset, rec.value)
+                continue
             if ts > maxt:
                 if maxt == -math.inf:
                     self._start_sequences(ts, covering=True)
@@ -125,6 +131,10 @@ class PartitionPipeline:
         self.counts.accepted += accepted
         self.counts.late += late
         return BatchOutput(self._emit(), dead)
+
+    def _dead_letter(self, dead: list[DeadLetter], reason: str, offset: int, raw: bytes | None) -> None:
+        self.counts.invalid[reason] += 1
+        dead.append(DeadLetter(reason, self.source.name, self.topic, self.partition, offset, raw or b""))
 
     # -- time --------------------------------------------------------------------------
     def advance_idle(self, now: float) -> BatchOutput:
