@@ -84,6 +84,9 @@ class IngestService(Service):
         self._lock = asyncio.Lock()
         self._offload = offload
         """Process batches on a thread, for a process that also runs the release agent."""
+        self._max_records = settings.batch_max_records if not offload else settings.shared_batch_max_records
+        """Records per fetch; smaller when the release agent shares the loop, because aiokafka decodes a
+        fetched batch on the event loop and a release waits behind that."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpstream-ingest")
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -137,7 +140,7 @@ class IngestService(Service):
         while not self.should_stop:
             try:
                 batches = await self._consumer.getmany(
-                    timeout_ms=self.settings.fetch_timeout_ms, max_records=self.settings.batch_max_records
+                    timeout_ms=self.settings.fetch_timeout_ms, max_records=self._max_records
                 )
             except (KafkaError, IllegalStateError) as exc:
                 if self.should_stop:

@@ -21,6 +21,8 @@ class RuntimeSettings:
     partitions: int = 4
     """Partitions of topics the worker creates when missing."""
     batch_max_records: int = 20000
+    shared_batch_max_records: int = 5000
+    """Records per fetch in a process that also runs the release agent (role `all`)."""
     fetch_timeout_ms: int = 100
     idle_interval_s: float = 1.0
     """How often idle partitions are advanced by wall clock."""
