@@ -213,3 +213,42 @@ def test_prepare_builds_the_mechanism_at_the_planned_cost_without_sampling(topo)
     planned = rel._planned_cost["hist"]
     assert built == [("hist", planned), ("hist", planned)] and planned > 0
     assert status.granted == 0 and rel.counts.snapshot()["published"] == 0
+
+
+def test_concurrent_releases_are_priced_as_if_in_turn(topo):
+    """The last three hourly windows of a day released at once (a burst after downtime): each gets a
+    third of what is left, as in turn; without one-at-a-time pricing the later ones would see the
+    pool before the earlier charges landed, take more, and the last would be refused."""
+
+    class _RoundTrips:
+        """The in-process ledger with a network's suspension point before every call (as Redis has)."""
+
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            attr = getattr(self._inner, name)
+            if not asyncio.iscoroutinefunction(attr):
+                return attr
+
+            async def call(*args, **kwargs):
+                await asyncio.sleep(0)
+                return await attr(*args, **kwargs)
+
+            return call
+
+    async def go():
+        ledger = _RoundTrips(await open_ledger("memory", topo))
+        rel = Releaser(topo, ledger)
+        day_end = (_T0 // 86_400 + 1) * 86_400
+        starts = [day_end - 3 * 3600, day_end - 2 * 3600, day_end - 3600]
+        before = await ledger.quote("hist", starts[0], starts[0] + 3600)
+        sink = _Sink()
+        results = await asyncio.gather(*(rel.release("hist", (s, s + 3600), {"a": 1, "b": 1}, sink) for s in starts))
+        return before, results, await ledger.status("b")
+
+    before, results, status = _run(go())
+    assert [r.outcome for r in results] == [ReleaseOutcome.PUBLISHED] * 3
+    costs = [json.loads(r.payload)["cost"]["rho"] for r in results]
+    assert max(costs) - min(costs) <= 1e-9 * max(costs)
+    assert abs(costs[0] - before.cost) <= 1e-9 * before.cost  # a third of the pool, as quoted alone

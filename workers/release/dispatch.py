@@ -4,9 +4,9 @@ Why: the release agent merges partials of every metric in one stream. Releasing 
 window wait behind every earlier window's ledger round trips and publish ack (a slow 50 ms publish
 delayed the next window by as much; a burst of windows closing together queued up). Now the merge
 loop only records a window as *releasing* in the metric's durable state and hands it here; up to
-`max_concurrent` releases run at once. Order is not needed for the budget: every charge is one
-atomic reserve, and pricing two windows from one snapshot grants what pricing them in turn would
-(DESIGN §5: with r left over n releases of equal weight, r/n each either way).
+`max_concurrent` releases run at once. The budget is unaffected: every charge is one atomic
+reserve, and the `Releaser` runs quote → reserve one scope at a time, so releases are priced as if
+they ran in turn (DESIGN §5); only the publish acks and commits overlap.
 
 Why it stays exactly-once: a window stays in `releasing` (persisted with the merger state) until its
 release finished, so an owner that crashed or lost the metric mid-release leaves it there and the

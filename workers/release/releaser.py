@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
 
+import asyncio
 import time
 from dataclasses import replace
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,7 @@ from topology.model import Budget, Metric, Topology
 from topology.periods import period_ids_touched
 from topology.plan import build_plan
 from topology.selection import selection_delta_per_release
-from workers.ledger.types import Outcome, ReleaseRequest
+from workers.ledger.types import Outcome, ReleaseRequest, Reservation
 from workers.pipeline.merger import MergedWindow
 from workers.release.ids import release_id as make_release_id
 from workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
@@ -61,6 +62,7 @@ class Releaser:
         self._factory = mechanism_factory or _default_factory()
         self._clock = clock
         self.counts = ReleaseCounts()
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def prepare(self, metric: Metric, cost: float | None = None) -> None:
         """Build (and cache) the mechanism of `metric` at `cost` (default: the planned cost), so the
@@ -116,6 +118,38 @@ class Releaser:
             await publish(known, rid.encode())
             await self.ledger.commit(rid, budget.name)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
+        async with self._pricing_lock(budget.name):
+            charged = await self._price_and_reserve(m, budget, start, end, rid, true_values, complete)
+        if isinstance(charged, ReleaseResult):
+            return charged
+        reservation = charged
+        stored = reservation.payload
+        await publish(stored, rid.encode())
+        await self.ledger.commit(rid, budget.name)
+        outcome = ReleaseOutcome.PUBLISHED if reservation.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
+        return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
+
+
+    def _pricing_lock(self, scope: str) -> asyncio.Lock:
+        """Quote → reserve of one scope run one at a time, so concurrent releases are priced as if
+        they ran in turn (a quote never misses a charge that is about to land before it)."""
+        lock = self._locks.get(scope)
+        if lock is None:
+            lock = self._locks[scope] = asyncio.Lock()
+        return lock
+
+    async def _price_and_reserve(
+        self,
+        m: Metric,
+        budget: Budget,
+        start: int,
+        end: int,
+        rid: str,
+        true_values: dict[str, Any],
+        complete: bool,
+    ) -> ReleaseResult | Reservation:
+        """Quote, draw the noise at the quoted cost and reserve: the reservation, or the final result
+        when nothing is to be published (thinned, refused)."""
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, "thinned")
@@ -158,12 +192,7 @@ class Releaser:
         if reservation.outcome is Outcome.REFUSED:
             outcome = ReleaseOutcome.SUPPRESSED if cost != quote.cost else ReleaseOutcome.DENIED
             return ReleaseResult(outcome, rid, m.name, start, end, reservation.reason or quote.refused_reason or "refused")
-        stored = reservation.payload
-        await publish(stored, rid.encode())
-        await self.ledger.commit(rid, budget.name)
-        outcome = ReleaseOutcome.PUBLISHED if reservation.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
-        return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
-
+        return reservation
 
     async def _charge_later_periods(self, request: ReleaseRequest, period_s: int) -> str | None:
         """Charge a window that straddles a period boundary to every later period it touches too.
