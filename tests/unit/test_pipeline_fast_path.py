@@ -81,3 +81,13 @@ def test_the_fast_path_is_taken_and_bounds_like_the_general_path():
     assert fast == general
     [(start, values)] = fast[0]
     assert values == {"a": 2} and fast[2] == 18
+
+
+def test_an_event_for_the_remembered_window_after_the_watermark_passed_it_is_late():
+    """The remembered window is not reused once final: A goes to [1000, 1005); an event the metric skips
+    moves the watermark past 1005; B, back in [1000, 1005), is late on both paths, not added."""
+    events = [("u1", 1.0, "a", 1.0), ("u2", 8.0, "zzz", 1.0), ("u3", -8.5, "a", 1.0)]  # times 1001, 1009, 1000.5
+    fast, general = _run("views", events, [], True), _run("views", events, [], False)
+    assert fast == general
+    partials, late = fast[0], fast[1]
+    assert late == 1 and dict(partials)[1000] == {"a": 1}

@@ -113,37 +113,6 @@ class MetricAccumulator:
         cur = self._current
         tumbling = every == size and self._reuse_window
 
-        def apply(st: _WindowState, unit: str, uk: Any, key: str, v: float) -> None:
-            """Bound one contribution in window `st` and add it to the window's aggregate."""
-            if bounded:
-                per_key = st.per_key
-                n = per_key.get(uk, 0)
-                if n == 0:
-                    if grouped:
-                        unit_keys = st.unit_keys
-                        nk = unit_keys.get(unit, 0)
-                        if nk >= max_keys:
-                            acc.capped += 1
-                            return
-                        unit_keys[unit] = nk + 1
-                elif n >= max_per_key:
-                    if not is_units:
-                        acc.capped += 1
-                    return
-                per_key[uk] = n + 1
-            agg = st.agg
-            if is_count:
-                agg[key] = agg.get(key, 0) + 1
-            elif is_sum:
-                agg[key] = agg.get(key, 0.0) + v
-            else:
-                pair = agg.get(key)
-                if pair is None:
-                    agg[key] = [v, 1]
-                else:
-                    pair[0] += v
-                    pair[1] += 1
-
         def add(unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
             if grouped:
                 key = fields.get(group)
@@ -174,29 +143,61 @@ class MetricAccumulator:
                     acc.clamped += 1
             if cur[0] <= ts < cur[1] and cur[1] > watermark:
                 # tumbling, same open window as the previous event (the common case): no grid math
-                apply(cur[2], unit, uk, key, v)
-                return False
-            last = int(ts // every) * every
-            start = last - size + every
+                start = last = cur[0]
+                known = cur[2]
+            else:
+                last = int(ts // every) * every
+                start = last - size + every
+                known = None
             late = False
-            next_start = acc.next_start
             while start <= last:
                 s = start
                 start += every
-                if s + size <= watermark:
-                    late = True
-                    continue
-                if next_start is not None and s < next_start:
-                    if acc.emitted_any:
+                if known is not None:
+                    st = known
+                else:
+                    if s + size <= watermark:
                         late = True
                         continue
-                    acc.next_start = next_start = s  # before any emission: extend the sequence back
-                st = windows.get(s)
-                if st is None:
-                    st = windows[s] = _WindowState(offset)
-                if tumbling:
-                    cur[0], cur[1], cur[2] = s, s + size, st
-                apply(st, unit, uk, key, v)
+                    next_start = acc.next_start
+                    if next_start is not None and s < next_start:
+                        if acc.emitted_any:
+                            late = True
+                            continue
+                        acc.next_start = s  # before any emission: extend the sequence back
+                    st = windows.get(s)
+                    if st is None:
+                        st = windows[s] = _WindowState(offset)
+                    if tumbling:
+                        cur[0], cur[1], cur[2] = s, s + size, st
+                if bounded:  # L0 then L∞, first contributions win
+                    per_key = st.per_key
+                    n = per_key.get(uk, 0)
+                    if n == 0:
+                        if grouped:
+                            unit_keys = st.unit_keys
+                            nk = unit_keys.get(unit, 0)
+                            if nk >= max_keys:
+                                acc.capped += 1
+                                continue
+                            unit_keys[unit] = nk + 1
+                    elif n >= max_per_key:
+                        if not is_units:
+                            acc.capped += 1
+                        continue
+                    per_key[uk] = n + 1
+                agg = st.agg
+                if is_count:
+                    agg[key] = agg.get(key, 0) + 1
+                elif is_sum:
+                    agg[key] = agg.get(key, 0.0) + v
+                else:
+                    pair = agg.get(key)
+                    if pair is None:
+                        agg[key] = [v, 1]
+                    else:
+                        pair[0] += v
+                        pair[1] += 1
             return late
 
         return add
