@@ -17,7 +17,10 @@ def _hhmm(epoch: int) -> str:
 
 
 def _number(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+    """Integers (noisy counts) as integers; other numbers with 2 decimals below 100."""
+    if isinstance(value, int) or abs(value) >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.2f}"
 
 
 def _values(record: dict[str, Any]) -> str:
