@@ -38,6 +38,12 @@ _log = logging.getLogger(__name__)
 TICK_PREFIX = b"dpstream-tick:"
 """Value prefix of deadline-check messages on the partials topic (never a valid partial)."""
 
+KEEP_LATENCIES = 10_000
+"""Most recent close→publish latencies kept in `ReleaseStats` (a long-running worker stays bounded)."""
+
+KEEP_CLOSE_TIMES = 10_000
+"""Close times of windows not yet released here; beyond this the oldest half is dropped."""
+
 FAULT_ENV = "DPSTREAM_FAULT"
 """Test hook: `kill_before_publish` makes the worker SIGKILL itself after a reserve, before publishing."""
 
@@ -132,6 +138,9 @@ class ReleaseSide:
                 self.stats.partials += 1
                 key = (metric, partial.start)
                 self._closed_at[key] = max(self._closed_at.get(key, 0.0), event.message.timestamp)
+                if len(self._closed_at) > KEEP_CLOSE_TIMES:  # windows another owner released: forget the oldest
+                    for old in sorted(self._closed_at, key=self._closed_at.__getitem__)[: KEEP_CLOSE_TIMES // 2]:
+                        del self._closed_at[old]
                 ready = state.merger.add(partial, now)
             for merged in ready:
                 state.releasing[merged.start] = merged
@@ -176,6 +185,7 @@ class ReleaseSide:
         del self.stats.last[:-100]
         if result.payload and closed:
             self.stats.latencies.append(max(0.0, time.time() - closed))
+            del self.stats.latencies[:-KEEP_LATENCIES]
 
     async def _publish_release(self, value: bytes, key: bytes) -> None:
         if os.environ.get(FAULT_ENV) == "kill_before_publish":
