@@ -5,13 +5,21 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from topology.errors import ConfigError
 from topology.loader import load_topology
-from workers.pipeline.events import EventParser
+from workers.pipeline import PartitionPipeline
 from workers.synthetic import EventGenerator, GeneratorConfig, Malformation, write_jsonl
+
+
+class _Rec(NamedTuple):
+    offset: int
+    value: bytes
+    timestamp: int | None = None
+
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "topology" / "examples" / "web-analytics.yaml"
 
@@ -58,23 +66,18 @@ def test_speedup_compresses_event_time(topology) -> None:  # noqa: ANN001
 
 
 def test_malformed_events_fail_validation_with_their_reason(topology) -> None:  # noqa: ANN001
-    """Each malformation is rejected by the source parser with the matching dead-letter reason."""
-    source = topology.sources["clicks"]
-    parser = EventParser(source, value_fields=["basket_eur", "session_s"], key_fields=["page", "referrer"])
-    want = {Malformation.BAD_JSON: {"not_json"}, Malformation.NOT_OBJECT: {"not_object"},
-            Malformation.MISSING_UNIT: {"missing_unit"}, Malformation.NAN_VALUE: {"bad_value"},
-            Malformation.BAD_TIMESTAMP: {"bad_timestamp"}}
+    """Each malformation is dead-lettered by a live partition pipeline with the matching reason; good
+    events are accepted."""
+    want = {Malformation.BAD_JSON: "not_json", Malformation.NOT_OBJECT: "not_object",
+            Malformation.MISSING_UNIT: "missing_unit", Malformation.NAN_VALUE: "bad_value",
+            Malformation.BAD_TIMESTAMP: "bad_timestamp", Malformation.FUTURE_TIMESTAMP: "future_timestamp"}
     gen = EventGenerator(topology, config=GeneratorConfig(users=20, seed=5, malformed=0.5))
-    seen = set()
-    for ev in gen.events(400):
-        if ev.malformation is None:
-            parser.parse(ev.value)
-            continue
-        with pytest.raises(Exception) as info:
-            parser.parse(ev.value)
-        assert info.value.reason in want[ev.malformation]
-        seen.add(ev.malformation)
-    assert seen == set(want)
+    events = list(gen.events(400))
+    pipe = PartitionPipeline(topology, "clicks", 0)
+    records = [_Rec(i, ev.value) for i, ev in enumerate(events)]
+    dead = {d.offset: d.reason for d in pipe.process_batch(records, now=max(ev.ts for ev in events)).dead_letters}
+    assert {i: want[ev.malformation] for i, ev in enumerate(events) if ev.malformation is not None} == dead
+    assert {ev.malformation for ev in events} == set(want) | {None}
 
 
 def test_write_jsonl_writes_one_event_per_line(topology, tmp_path: Path) -> None:  # noqa: ANN001

@@ -16,10 +16,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from topology.errors import DpstreamError
+from topology.model import Topology
 
 from workers.demo.feed import ReleaseTally, format_budget, format_release
 
@@ -87,6 +88,15 @@ class _Children:
         return None
 
 
+def accelerated(topology: Topology, speedup: float, feed_s: int) -> Topology:
+    """The topology with every source's `max_future` stretched to cover a feed whose event time runs
+    `speedup`× the wall clock for `feed_s` seconds (else the worker would dead-letter the feed's
+    later events as future_timestamp); everything else, plan included, is unchanged."""
+    ahead = int(speedup * feed_s) + 3600
+    sources = {name: replace(s, max_future_s=max(s.max_future_s, ahead)) for name, s in topology.sources.items()}
+    return replace(topology, sources=sources)
+
+
 async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, releases_topic: str,
                      children: _Children, say: Say) -> ReleaseTally:
     """Print every release as it arrives and the budget every few seconds, until the duration ends."""
@@ -133,6 +143,7 @@ def run_demo(options: DemoOptions, say: Say = print) -> int:
     """The whole demo; returns 0 when releases were shown, 1 otherwise."""
     from topology.loader import load_topology
     from topology.plan import build_plan
+    from topology.dumper import dump_topology
     from topology.plan_render import render_plan
     from workers.localstack import Ports, Service, Stack, StackConfig
     from workers.runtime.topics import ensure_topics
@@ -154,14 +165,17 @@ def run_demo(options: DemoOptions, say: Say = print) -> int:
         for status in stack.up(core):
             say(status.line())
         bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
-        path = options.topology_path or example_topology_path()
-        topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
+        feed_s = int(options.duration_s) + 5 if options.duration_s is not None else 24 * 3600
+        topology = load_topology(options.topology_path or example_topology_path(),
+                                 env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
+        topology = accelerated(topology, options.speedup, feed_s)
+        path = log_dir / "topology.yaml"
+        path.write_text(dump_topology(topology))
         say("")
         say(render_plan(build_plan(topology)))
         ensure_topics(bootstrap, topology)
         children.start("worker", ["worker", str(path), "--bootstrap", bootstrap, "--redis", redis_url,
                                   "--worker-id", "demo-worker", "--loglevel", "WARNING"])
-        feed_s = int(options.duration_s) + 5 if options.duration_s is not None else 24 * 3600
         children.start("producer", ["produce", str(path), "--bootstrap", bootstrap, "--rate", str(options.rate),
                                     "--users", str(options.users), "--duration", f"{feed_s}s",
                                     "--speedup", str(options.speedup), "--malformed", "0.001"])

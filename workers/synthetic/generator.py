@@ -38,7 +38,11 @@ class Malformation(Enum):
     """A timestamp that is neither epoch seconds nor ISO-8601."""
     NOT_OBJECT = "not_object"
     """Valid JSON that is not an object (a list)."""
+    FUTURE_TIMESTAMP = "future_timestamp"
+    """A well-formed time ten years ahead (a live worker dead-letters it: past the source's max_future)."""
 
+
+_TEN_YEARS_S = 10 * 365 * 86_400
 
 _REFERRERS_DEFAULT = 40
 """Size of the referrer-like key set used when a group-by field has no declared keys."""
@@ -162,7 +166,7 @@ class EventGenerator:
         if self._values:
             kinds.append(Malformation.NAN_VALUE)
         if self._source.timestamp:
-            kinds.append(Malformation.BAD_TIMESTAMP)
+            kinds += [Malformation.BAD_TIMESTAMP, Malformation.FUTURE_TIMESTAMP]
         return kinds[int(self._rng.integers(len(kinds)))]
 
 
@@ -179,6 +183,8 @@ def _break(event: dict[str, object], kind: Malformation, source: Source, values:
         broken[values[0][0]] = "NaN"
     elif kind is Malformation.BAD_TIMESTAMP and source.timestamp:
         broken[source.timestamp] = "not-a-time"
+    elif kind is Malformation.FUTURE_TIMESTAMP and source.timestamp:
+        broken[source.timestamp] = float(broken[source.timestamp]) + _TEN_YEARS_S  # type: ignore[arg-type]
     return json.dumps(broken).encode()
 
 
