@@ -26,7 +26,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 
-from topology.model import Topology
+from topology.model import Metric, Topology
 from workers.pipeline.merger import MergedWindow
 from workers.pipeline.partials import WindowPartial
 from workers.release import Releaser, ReleaseResult, sweep
@@ -37,6 +37,9 @@ _log = logging.getLogger(__name__)
 
 TICK_PREFIX = b"dpstream-tick:"
 """Value prefix of deadline-check messages on the partials topic (never a valid partial)."""
+
+MAX_CONCURRENT_RELEASES = 16
+"""Releases one process runs at once (their quote → reserve still go one scope at a time)."""
 
 KEEP_LATENCIES = 10_000
 """Most recent close→publish latencies kept in `ReleaseStats` (a long-running worker stays bounded)."""
@@ -75,7 +78,7 @@ class ReleaseSide:
         self._closed_at: dict[tuple[str, int], float] = {}
         self._states: dict[str, tuple[Any, MetricReleaseState]] = {}
         """metric → (the Table value it was loaded from or last written as, the live state)."""
-        self._dispatcher = ReleaseDispatcher(self._release, self._finished)
+        self._dispatcher = ReleaseDispatcher(self._release, self._finished, MAX_CONCURRENT_RELEASES)
         self._ready = asyncio.Event()
         self.topic = app.topic(
             topology.sinks.partials_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -99,14 +102,23 @@ class ReleaseSide:
         self._ready.set()
 
     async def _warm_up(self) -> None:
-        """Pay the first-use costs before the first window: releases-topic metadata, each metric's
-        quote path and its mechanism at the planned cost (built, no noise drawn)."""
+        """Pay the first-use costs before the first window: releases-topic metadata, the ledger's
+        connection pool (as many concurrent quotes as releases may run at once), each metric's quote
+        path and its mechanism at the quoted cost (built, no noise drawn)."""
         assert self._producer is not None and self._releaser is not None
         await self._producer.partitions_for(self.topology.sinks.releases)
         now = int(time.time())
-        for metric in self.topology.metrics.values():
-            size = metric.window.size_s
-            quote = await self._ledger.quote(metric.name, now - now % size, now - now % size + size)
+        metrics = list(self.topology.metrics.values())
+
+        def window(metric: Metric) -> tuple[int, int]:
+            start = now - now % metric.window.size_s
+            return start, start + metric.window.size_s
+
+        quotes = await asyncio.gather(*(
+            self._ledger.quote(metrics[i % len(metrics)].name, *window(metrics[i % len(metrics)]))
+            for i in range(max(len(metrics), MAX_CONCURRENT_RELEASES))
+        ))
+        for metric, quote in zip(metrics, quotes):
             self._releaser.prepare(metric, quote.cost)
 
     async def stop(self) -> None:
