@@ -78,8 +78,8 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--single-process", action="store_true",
                         help="one `worker --role all` process instead of an ingest and a release process")
-    parser.add_argument("--ingest-nice", type=int, default=10, metavar="N",
-                        help="`worker --nice N` for the ingest process (default 10; 0 = same priority as the rest)")
+    parser.add_argument("--ingest-nice", type=int, default=19, metavar="N",
+                        help="`worker --nice N` for the ingest process (default 19; 0 = same priority as the rest)")
     parser.set_defaults(func=run)
 
 

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="lower this process's CPU priority by N (0-19) first; e.g. 10 for an ingest process that "
+        help="lower this process's CPU priority by N (0-19) first; e.g. 19 for an ingest process that "
         "shares cores with a release process, Redis or a broker, so their short bursts run at once "
         "instead of waiting for the ingest batch's time slice",
     )
