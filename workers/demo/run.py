@@ -88,13 +88,21 @@ class _Children:
         return None
 
 
-def accelerated(topology: Topology, speedup: float, feed_s: int) -> Topology:
-    """The topology with every source's `max_future` stretched to cover a feed whose event time runs
-    `speedup`× the wall clock for `feed_s` seconds (else the worker would dead-letter the feed's
-    later events as future_timestamp); everything else, plan included, is unchanged."""
+def accelerated(topology: Topology, speedup: float, feed_s: int, run_id: str) -> Topology:
+    """The topology a demo run uses: topics suffixed with `run_id`, and every source's `max_future`
+    stretched to cover a feed whose event time runs `speedup`× the wall clock for `feed_s` seconds.
+
+    Fresh topics, because an earlier run's events ran up to an hour ahead of the clock: a worker
+    resuming them would take this run's events as late. A longer `max_future`, because otherwise
+    the worker would dead-letter the feed's later events as future_timestamp. The plan is unchanged.
+    """
     ahead = int(speedup * feed_s) + 3600
-    sources = {name: replace(s, max_future_s=max(s.max_future_s, ahead)) for name, s in topology.sources.items()}
-    return replace(topology, sources=sources)
+    sources = {name: replace(s, topic=f"{s.topic}.{run_id}", max_future_s=max(s.max_future_s, ahead))
+               for name, s in topology.sources.items()}
+    sinks = replace(topology.sinks, releases=f"{topology.sinks.releases}.{run_id}",
+                    dead_letter=f"{topology.sinks.dead_letter}.{run_id}",
+                    partials=f"{topology.sinks.partials}.{run_id}" if topology.sinks.partials else "")
+    return replace(topology, sources=sources, sinks=sinks)
 
 
 async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, releases_topic: str,
@@ -168,7 +176,7 @@ def run_demo(options: DemoOptions, say: Say = print) -> int:
         feed_s = int(options.duration_s) + 5 if options.duration_s is not None else 24 * 3600
         topology = load_topology(options.topology_path or example_topology_path(),
                                  env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
-        topology = accelerated(topology, options.speedup, feed_s)
+        topology = accelerated(topology, options.speedup, feed_s, run_id=f"demo{int(time.time())}")
         path = log_dir / "topology.yaml"
         path.write_text(dump_topology(topology))
         say("")
