@@ -120,50 +120,51 @@ class EventParser:
         self._ts_field = source.timestamp
         self._value_fields = tuple(sorted(set(value_fields)))
         self._key_fields = tuple(sorted(set(key_fields)))
-        self.parse_common = self._make_parse_common()
-        """raw → (unit, time, fields) for the common well-formed shape, else None (then call `parse`)."""
+        self.parse_fast = self._make_parse_fast()
+        """`parse` for the hot path: same answers and reasons, as a plain tuple (see below)."""
 
-    def _make_parse_common(self) -> Callable[[bytes], tuple[str, float, dict[str, Any]] | None]:
-        """The hot path's parser: a JSON object with a non-empty string unit, epoch-seconds number
-        time, finite numbers and string keys where present. Anything else returns None and goes
-        through `parse`, which handles every other accepted shape and names the reason for the rest;
-        both agree wherever this one answers (a property test checks it)."""
+    def _make_parse_fast(self) -> Callable[[bytes, int | None, int], tuple[str, float, dict[str, Any]]]:
+        """`parse` specialised to this source: the common shape (a JSON object with a non-empty string
+        unit, epoch-seconds number time, finite numbers and string keys where present) is checked
+        inline and returned as a tuple; anything else goes, already decoded, to the general
+        `_parse_object`, which accepts the other shapes and names the reason for the rest. A
+        property test shows it answers as `parse` does."""
+        if self._event_level or self._ts_field is None:
+            return self.parse
         unit_field, ts_field = self._unit_field, self._ts_field
         value_fields, key_fields = self._value_fields, self._key_fields
-        loads, isfinite, ms = decode_json, math.isfinite, _MS_THRESHOLD
-        if self._event_level or ts_field is None:
-            return lambda raw: None
+        loads, isfinite, ms, general = decode_json, math.isfinite, _MS_THRESHOLD, self._parse_object
 
-        def parse_common(raw: bytes) -> tuple[str, float, dict[str, Any]] | None:
+        def parse_fast(raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> tuple[str, float, dict[str, Any]]:
             try:
                 obj = loads(raw)
             except _DECODE_ERRORS:
-                return None
+                raise EventError("not_json") from None
             if type(obj) is not dict:
-                return None
+                return general(obj, record_time_ms, offset)
             unit = obj.get(unit_field)
             if type(unit) is not str or not unit:
-                return None
+                return general(obj, record_time_ms, offset)
             ts = obj.get(ts_field)
             tt = type(ts)
             if tt is float:
                 if not 0.0 <= ts < ms:
-                    return None
+                    return general(obj, record_time_ms, offset)
             elif tt is int and 0 <= ts < ms:
                 ts = float(ts)
             else:
-                return None
+                return general(obj, record_time_ms, offset)
             for name in value_fields:
                 v = obj.get(name)
                 if v is not None and type(v) is not int and (type(v) is not float or not isfinite(v)):
-                    return None
+                    return general(obj, record_time_ms, offset)
             for name in key_fields:
                 k = obj.get(name)
                 if k is not None and type(k) is not str:
-                    return None
+                    return general(obj, record_time_ms, offset)
             return unit, ts, obj
 
-        return parse_common
+        return parse_fast
 
     def parse(self, raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> Event:
         """The validated event, or raise EventError(reason). `offset` names event-level units."""
@@ -171,6 +172,10 @@ class EventParser:
             obj = decode_json(raw)
         except _DECODE_ERRORS:
             raise EventError("not_json") from None
+        return self._parse_object(obj, record_time_ms, offset)
+
+    def _parse_object(self, obj: Any, record_time_ms: int | None, offset: int) -> Event:
+        """`parse` after decoding: every accepted shape, or EventError naming the reason."""
         if type(obj) is not dict:
             raise EventError("not_object")
         if self._event_level:

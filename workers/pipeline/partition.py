@@ -87,8 +87,7 @@ class PartitionPipeline:
         `max_future` ahead of it; a replay passes no clock and takes event times as they are.
         """
         horizon = math.inf if now is None else now + self._max_future
-        parse = self._parser.parse
-        parse_common = self._parser.parse_common
+        parse = self._parser.parse_fast
         adds = [acc.add_fn for acc in self._accs]
         lateness = self._lateness
         maxt = self.max_event_time
@@ -98,15 +97,11 @@ class PartitionPipeline:
         offset = self.last_offset
         for rec in records:
             offset = rec.offset
-            common = parse_common(rec.value)
-            if common is not None:
-                unit, ts, fields = common
-            else:
-                try:
-                    unit, ts, fields = parse(rec.value, rec.timestamp, offset)
-                except EventError as exc:
-                    self._dead_letter(dead, exc.reason, offset, rec.value)
-                    continue
+            try:
+                unit, ts, fields = parse(rec.value, rec.timestamp, offset)
+            except EventError as exc:
+                self._dead_letter(dead, exc.reason, offset, rec.value)
+                continue
             if ts > horizon:
                 self._dead_letter(dead, "future_timestamp", offset, rec.value)
                 continue

@@ -1,10 +1,11 @@
-"""The hot path's `parse_common` agrees with the full `parse` wherever it answers, and never accepts what `parse` rejects."""
+"""The hot path's `parse_fast` answers as the full `parse` does: same event, or the same dead-letter reason."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,36 +68,38 @@ def _encode(doc: object) -> bytes:
 
 
 def _check(raw: bytes) -> bool:
-    common = _PARSER.parse_common(raw)
+    """True when parse accepts `raw`; asserts parse_fast gave the same event or raised the same reason."""
     try:
         full = _PARSER.parse(raw, None, 7)
-    except EventError:
-        assert common is None, "parse_common accepted an event parse rejects"
+    except EventError as exc:
+        with pytest.raises(EventError) as fast_error:
+            _PARSER.parse_fast(raw, None, 7)
+        assert fast_error.value.reason == exc.reason, "parse_fast gave another reason than parse"
         return False
-    if common is not None:
-        unit, ts, fields = common
-        assert (unit, ts, fields) == (full.unit, full.time, full.fields)
-        assert type(ts) is float and math.isfinite(ts)
-        return True
-    return False
+    unit, ts, fields = _PARSER.parse_fast(raw, None, 7)
+    assert (unit, ts, fields) == (full.unit, full.time, full.fields)
+    assert type(ts) is float and math.isfinite(ts)
+    return True
 
 
 @settings(max_examples=1500, deadline=None)
 @given(_docs)
-def test_parse_common_agrees_with_parse_on_objects(doc):
-    """Random objects with right, wrong and missing fields: same answer, or parse_common defers."""
+def test_parse_fast_agrees_with_parse_on_objects(doc):
+    """Random objects with right, wrong and missing fields: the same event or the same reason."""
     _check(_encode(doc))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=20), st.builds(_encode, _any)))
-def test_parse_common_defers_on_non_objects(raw):
-    """Bytes that are not a JSON object never pass the common path."""
-    assert _PARSER.parse_common(raw) is None
+def test_parse_fast_rejects_non_objects_as_parse_does(raw):
+    """Bytes that are not a JSON object are never accepted, and get parse's reason."""
+    assert _check(raw) is False
 
 
-def test_the_common_shape_takes_the_common_path():
-    """The everyday event (string unit, float seconds, finite value, string key) is answered by parse_common."""
+def test_the_common_shape_takes_the_inline_path():
+    """The everyday event (string unit, float seconds, finite value, string key) is answered inline (a
+    plain tuple); a millisecond time goes to the general path (an Event); both as parse answers."""
     raw = _encode({"user_id": "u1", "ts": 1_790_000_000.25, "eur": 12.5, "page": "a"})
-    assert _check(raw) is True
-    assert _PARSER.parse_common(_encode({"user_id": "u1", "ts": 1_790_000_000_000})) is None  # ms: full path
+    assert _check(raw) is True and type(_PARSER.parse_fast(raw)) is tuple
+    ms = _encode({"user_id": "u1", "ts": 1_790_000_000_000})
+    assert _check(ms) is True and type(_PARSER.parse_fast(ms)) is not tuple
