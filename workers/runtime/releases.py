@@ -3,10 +3,10 @@
 Each metric's state (its `PartialMerger` and the windows merged but not yet released) lives in a
 changelogged Table (one key per metric), so a rebalanced or restarted owner resumes it; partials are
 deduped by (window, partition), so replayed partials change nothing. The agent only merges: a merged
-window is recorded as releasing and handed to the `ReleaseDispatcher` (one serial chain per metric,
-metrics concurrent), which runs the core's `Releaser` (quote → noise → reserve → publish the stored
-bytes with key = release_id on an idempotent producer → commit); finished windows leave the state at
-the metric's next message. Deadline checks arrive as tick messages on the same topic, because a Faust
+window is recorded as releasing and handed to the `ReleaseDispatcher` (up to 16 releases at once;
+quote → reserve one scope at a time), which runs the core's `Releaser` (quote → noise → reserve →
+publish the stored bytes with key = release_id on an idempotent producer → commit); finished windows
+leave the state at the metric's next message. Deadline checks arrive as tick messages on the same topic, because a Faust
 Table is only written while iterating its stream. A sweeper timer republishes reserved-but-unpublished
 records with their stored bytes.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 
-from topology.model import Metric, Topology
+from topology.model import Topology
 from workers.pipeline.merger import MergedWindow
 from workers.pipeline.partials import WindowPartial
 from workers.release import Releaser, ReleaseResult, sweep
@@ -109,16 +109,12 @@ class ReleaseSide:
         await self._producer.partitions_for(self.topology.sinks.releases)
         now = int(time.time())
         metrics = list(self.topology.metrics.values())
-
-        def window(metric: Metric) -> tuple[int, int]:
-            start = now - now % metric.window.size_s
-            return start, start + metric.window.size_s
-
+        picks = [metrics[i % len(metrics)] for i in range(max(len(metrics), MAX_CONCURRENT_RELEASES))]
         quotes = await asyncio.gather(*(
-            self._ledger.quote(metrics[i % len(metrics)].name, *window(metrics[i % len(metrics)]))
-            for i in range(max(len(metrics), MAX_CONCURRENT_RELEASES))
+            self._ledger.quote(m.name, now - now % m.window.size_s, now - now % m.window.size_s + m.window.size_s)
+            for m in picks
         ))
-        for metric, quote in zip(metrics, quotes):
+        for metric, quote in zip(metrics, quotes):  # picks start with every metric once, in order
             self._releaser.prepare(metric, quote.cost)
 
     async def stop(self) -> None:
