@@ -7,7 +7,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from topology.loader import load_topology
-from topology.periods import period_id
+from topology.periods import period_id, periods_touched
 from workers.ledger import Outcome, ReleaseRequest, open_ledger
 from workers.ledger.samples import ManualClock, one_scope_topology
 
@@ -68,10 +68,12 @@ def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> Non
             if not q.ok or k % 11 == 0:  # skipped (failed window) every 11th
                 continue
             cost = q.cost / 2 if k % 7 == 0 else q.cost  # cheaper release every 7th
-            r = await ledger.reserve(ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, cost, b""))
+            later = tuple((period_id(DAY, p), p) for p in periods_touched(DAY, start, end)[1:])  # straddles midnight
+            r = await ledger.reserve(ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, cost,
+                                                    b"", extra_periods=later))
             assert r.outcome is Outcome.GRANTED
             largest = max(largest, r.cost_units)
-        (summary,) = await ledger.history("web-daily")
+        summary = next(h for h in await ledger.history("web-daily") if h.period_id == period_id(DAY, P0))
         pool = summary.cap_units - summary.reserve_units
         assert summary.spent_units <= pool
         assert pool - summary.spent_units <= largest

@@ -4,9 +4,22 @@
     q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
     r = await ledger.reserve(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
     await ledger.commit(release_id, scope)                              # reserved -> published
+    start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
 
 One interface, two backends (Redis for production, in-process for `replay` and tests), one
 contract test suite.
+
+A period's terms are fixed when it opens: its block copies cap, reserve, warn threshold,
+accounting and selection-δ cap at its first charge or refusal, and every check in that period
+uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
+future periods; while the current period's block exists, a registration that changes the
+accounting or period length, or shrinks the cap, is refused with a one-line ConfigError. Every
+reserve carries the worker's config digest: a worker whose topology disagrees with the scope's
+registered one is refused (counted and audited), never charged under the other topology's terms.
+
+A release charges its ρ/ε and its partition-selection δ (`ReleaseRequest.delta`, integer units
+of 1e-18 against each period's `delta_cap`) to its period and to every later period its window
+touches (`ReleaseRequest.extra_periods`), in one atomic call: all or nothing.
 """
 
 from __future__ import annotations
@@ -89,5 +102,9 @@ async def open_ledger(
             await redis_ledger.close()
             raise
         ledger = redis_ledger
-    await ledger.register(actor)
+    try:
+        await ledger.register(actor)
+    except BaseException:
+        await ledger.close()
+        raise
     return ledger

@@ -2,28 +2,33 @@
 
 Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scripts, or their
 in-process port); pricing, periods, status, history and reconciliation live here once.
+
+A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap) are copied into its
+block when it opens and hold for the whole period: pricing, status and every reserve check read
+the block's terms once it exists, the registered config's only before.
 """
 
 from __future__ import annotations
 
-__all__ = ["Ledger", "RawReserve", "DEFAULT_RETENTION_S"]
+__all__ = ["Ledger", "RawReserve", "RawRegister", "REGISTER_RETRY", "REGISTER_REFUSED", "DEFAULT_RETENTION_S"]
 
 import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import lru_cache
 
 from topology.accounting import epsilon_from_rho
 from topology.errors import ConfigError, InternalError
 from topology.periods import period_id as _period_id
 from topology.periods import period_start as _period_start
+from topology.periods import periods_touched as _periods_touched
 
 from workers.ledger.allocation import Snapshot, price, state_of
 from workers.ledger.config import ScopeConfig
-from workers.ledger.keys import check_scope_name
+from workers.ledger.keys import check_scope_name, deployment_start_key
 from workers.ledger.types import (
     AuditEntry,
     AuditKind,
@@ -39,12 +44,17 @@ from workers.ledger.types import (
     ScopeStatus,
     State,
 )
-from workers.ledger.units import cost_to_units, units_to_float
+from workers.ledger.units import cost_to_units, delta_to_units, delta_units_to_float, units_to_float
 
 DEFAULT_RETENTION_S = 35 * 86_400
 """How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""
 
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
+
+REGISTER_RETRY = -1
+"""`_register` answer: the stored period length changed between the read and the script; read again."""
+REGISTER_REFUSED = 2
+"""`_register` answer: the change would alter the open period's terms; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,28 @@ class RawReserve:
     cap_units: int
     state: str
     cost_units: int
+
+
+@dataclass(frozen=True)
+class RawRegister:
+    """What the register step returns: 0 unchanged, 1 stored, REGISTER_RETRY, or REGISTER_REFUSED
+    with what would change ('accounting', 'cap', 'period') and the open block's terms."""
+
+    code: int
+    what: str = ""
+    block_accounting: str = ""
+    block_cap_units: int = 0
+    stored_period_s: int = 0
+
+
+def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, int, int]:
+    """(cap, reserve, warn) units of a period: its block's once opened, else the registered config's."""
+    return (int(period.get("cap", stored["cap"])), int(period.get("reserve", stored["reserve"])),
+            int(period.get("warn", stored["warn"])))
+
+
+def _iso(ts: int) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @lru_cache(maxsize=1024)
@@ -93,12 +125,38 @@ class Ledger(ABC):
     # ---- public contract -------------------------------------------------------------------
 
     async def register(self, actor: str = "ledger") -> list[str]:
-        """Store every scope's config; returns the scopes whose config was new or changed (audited)."""
+        """Store every scope's config; returns the scopes whose config was new or changed (audited).
+
+        The newest registration wins for future periods. While the current wall-clock period's
+        block exists, a change of accounting or period length, or a smaller cap, is refused with
+        a ConfigError (the block keeps its terms); other changes are stored and apply from the
+        next period.
+        """
         changed = []
         for name, cfg in self._configs.items():
-            if await self._register(name, cfg.stored_fields(), actor, self._now_ms()):
+            fields = cfg.stored_fields()
+            for _ in range(5):
+                stored = (await self._config_fields(name)).get("period_s")
+                period_s = int(stored) if stored else cfg.period_s
+                pstart = _period_start(period_s, self._clock())
+                pid = _period_id(period_s, pstart)
+                raw = await self._register(name, fields, actor, self._now_ms(), pid, period_s)
+                if raw.code != REGISTER_RETRY:
+                    break
+            else:
+                raise InternalError(f"budget scope {name!r}: its period length kept changing during registration")
+            if raw.code == REGISTER_REFUSED:
+                raise _refused_change(cfg, raw, pid, pstart + period_s)
+            if raw.code == 1:
                 changed.append(name)
         return changed
+
+    async def deployment_start(self, topology_version: str, proposed: int) -> int:
+        """The recorded start (epoch s) of this topology version's deployment: `proposed` if none
+        was recorded yet (stored atomically, set-if-absent), else the first one recorded, forever."""
+        if isinstance(proposed, bool) or not isinstance(proposed, int) or proposed < 0:
+            raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {proposed!r}")
+        return await self._deployment_start(deployment_start_key(topology_version), proposed)
 
     def scope_of(self, metric: str) -> ScopeConfig:
         """The scope config a metric is charged to."""
@@ -117,10 +175,11 @@ class Ledger(ABC):
         )
         if not stored:
             raise InternalError(f"scope {cfg.name!r} is not registered: open_ledger registers it")
+        cap, reserve, warn = _terms(stored, period)
         snap = Snapshot(
-            cap_units=int(stored["cap"]),
-            reserve_units=int(stored["reserve"]),
-            warn_units=int(stored["warn"]),
+            cap_units=cap,
+            reserve_units=reserve,
+            warn_units=warn,
             spent_units=int(period.get("spent", 0)),
             grant_units=int(period.get("grant", 0)),
             breaker=_breaker_for(breaker, pid),
@@ -141,8 +200,10 @@ class Ledger(ABC):
             if not value or "\n" in value:
                 raise InternalError(f"release {name} must be non-empty and on one line, got {value!r}")
         units = cost_to_units(req.cost)
+        delta_units = delta_to_units(req.delta)
         pstart = period_start_of(cfg.period_s, req.period_id)
-        raw = await self._reserve(req, units, pstart, self._now_ms())
+        _check_extra_periods(req, cfg.period_s, pstart)
+        raw = await self._reserve(req, units, delta_units, pstart, cfg.digest, self._now_ms())
         return Reservation(
             outcome=Outcome(raw.outcome),
             payload=raw.payload,
@@ -187,16 +248,17 @@ class Ledger(ABC):
         pid = _period_id(period_s, pstart)
         period = await self._period_fields(scope, pid)
         breaker = _breaker_for(await self._breaker_fields(scope), pid)
-        cap, reserve, warn = int(stored["cap"]), int(stored["reserve"]), int(stored["warn"])
+        cap, reserve, warn = _terms(stored, period)
+        accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
         elapsed = max(1.0, now - pstart)
         projected = spent * period_s / elapsed
         delta = float(stored["delta"])
         spent_f = units_to_float(spent)
-        eps = epsilon_from_rho(spent_f, delta) if stored["accounting"] == "zcdp" and spent else spent_f
+        eps = epsilon_from_rho(spent_f, delta) if accounting == "zcdp" and spent else spent_f
         return ScopeStatus(
             scope=scope,
-            accounting=stored["accounting"],
+            accounting=accounting,
             period_id=pid,
             period_start=pstart,
             period_end=pstart + period_s,
@@ -217,6 +279,8 @@ class Ledger(ABC):
             breaker=breaker,
             cap_units=cap,
             spent_units=spent,
+            delta_spent=delta_units_to_float(int(period.get("delta_spent", 0))),
+            delta_cap=delta_units_to_float(int(period.get("delta_cap", stored.get("delta_cap", 0)))),
         )
 
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
@@ -235,6 +299,8 @@ class Ledger(ABC):
                     granted=int(f.get("granted", 0)),
                     refused=int(f.get("refused", 0)),
                     grant_units=int(f.get("grant", 0)),
+                    delta_spent_units=int(f.get("delta_spent", 0)),
+                    delta_cap_units=int(f.get("delta_cap", 0)),
                 )
             )
         return out
@@ -309,7 +375,14 @@ class Ledger(ABC):
     # ---- backend primitives ---------------------------------------------------------------------
 
     @abstractmethod
-    async def _register(self, scope: str, fields: dict[str, str], actor: str, now_ms: int) -> bool: ...
+    async def _register(
+        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
+    ) -> RawRegister:
+        """register.lua: `pid` is the current period under `period_s` (the stored length, if any)."""
+
+    @abstractmethod
+    async def _deployment_start(self, key: str, proposed: int) -> int:
+        """Set `key` to `proposed` if absent; the stored value either way."""
 
     @abstractmethod
     async def _snapshot(
@@ -318,7 +391,9 @@ class Ledger(ABC):
         """(config, breaker, period, charged-after counts) in one consistent read."""
 
     @abstractmethod
-    async def _reserve(self, req: ReleaseRequest, cost_units: int, period_start: int, now_ms: int) -> RawReserve: ...
+    async def _reserve(
+        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
+    ) -> RawReserve: ...
 
     @abstractmethod
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
@@ -355,6 +430,36 @@ class Ledger(ABC):
 
     @abstractmethod
     async def _scopes(self) -> list[str]: ...
+
+
+def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
+    """A window is charged to every period it touches: `extra_periods` must name exactly the
+    periods after `req.period_id` that [window_start, window_end) overlaps."""
+    touched = _periods_touched(period_s, req.window_start, req.window_end)
+    expected = tuple((_period_id(period_s, p), p) for p in touched if p > pstart)
+    given = tuple((str(pid), int(start)) for pid, start in req.extra_periods)
+    if given != expected:
+        raise InternalError(
+            f"release {req.release_id}: window [{req.window_start}, {req.window_end}) touches later periods "
+            f"{list(expected)}, the request names {list(given)}: "
+            "a straddling window is charged to every period it touches"
+        )
+
+
+def _refused_change(cfg: ScopeConfig, raw: RawRegister, pid: str, period_end: int) -> ConfigError:
+    """The one-line error of a registration that would change an open period's terms."""
+    cap = units_to_float(raw.block_cap_units)
+    if raw.what == "accounting":
+        change = f"accounting {raw.block_accounting} -> {cfg.accounting.value}"
+    elif raw.what == "cap":
+        change = f"cap {cap:.6g} -> {units_to_float(cfg.cap_units):.6g} (smaller)"
+    else:
+        change = f"period {raw.stored_period_s} s -> {cfg.period_s} s"
+    return ConfigError(
+        f"budget scope {cfg.name!r}: {change} while period {pid} is open: the change takes effect only from "
+        f"the next period; keep accounting {raw.block_accounting}, cap >= {cap:.6g} and period "
+        f"{raw.stored_period_s} s until {_iso(period_end)}, or use a new scope name"
+    )
 
 
 def _need_reason(reason: str, actor: str) -> None:

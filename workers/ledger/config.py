@@ -1,7 +1,8 @@
 """A budget scope as the ledger registers it: cap, reserve and warning threshold in units, metric plans.
 
 Built from the topology once at `open_ledger`; its digest is stored with the scope so a changed
-config is noticed and audited.
+config is noticed and audited, and every reserve carries it so a worker whose topology
+disagrees with the registered one is refused.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
-from topology.selection import scope_cap
+from topology.selection import scope_cap, selection_delta_total
 from topology.errors import ConfigError
 from topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 
 from workers.ledger.keys import check_scope_name
-from workers.ledger.units import cap_to_units, share_of_units
+from workers.ledger.units import cap_to_units, delta_cap_to_units, share_of_units
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class ScopeConfig:
     warn_at: float
     on_warning: WarningPolicy
     metrics: tuple[MetricPlan, ...]
+    delta_cap_units: int = 0
+    """The partition-selection δ a period may spend, in δ units (1e-18; 0 when nothing selects)."""
 
     @classmethod
     def from_budget(cls, budget: Budget, metrics: list[Metric]) -> ScopeConfig:
@@ -83,6 +87,7 @@ class ScopeConfig:
             warn_at=budget.warn_at,
             on_warning=budget.on_warning,
             metrics=plans,
+            delta_cap_units=delta_cap_to_units(selection_delta_total(budget, metrics), where),
         )
 
     def metric(self, name: str) -> MetricPlan:
@@ -91,6 +96,11 @@ class ScopeConfig:
             if plan.name == name:
                 return plan
         raise ConfigError(f"metric {name!r} is not charged to budget {self.name!r}")
+
+    @cached_property
+    def digest(self) -> str:
+        """The digest of the stored fields (what `register` stores and every reserve carries)."""
+        return self.stored_fields()["digest"]
 
     def stored_fields(self) -> dict[str, str]:
         """The fields kept in the scope's config hash (read by scripts and the CLI)."""
@@ -104,6 +114,7 @@ class ScopeConfig:
             "epsilon": repr(self.epsilon),
             "delta": repr(self.delta),
             "period_s": str(self.period_s),
+            "delta_cap": str(self.delta_cap_units),
             "stretch": repr(self.on_warning.stretch),
             "thin": str(self.on_warning.thin),
             "metrics": json.dumps(

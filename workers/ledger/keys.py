@@ -6,7 +6,7 @@ single slot. Example: `dpstream:{web-daily}:period:2026-11-30`.
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "SCOPES_INDEX", "ScopeKeys", "check_scope_name"]
+__all__ = ["PREFIX", "SCOPES_INDEX", "ScopeKeys", "check_scope_name", "deployment_start_key"]
 
 from dataclasses import dataclass
 
@@ -15,6 +15,16 @@ from topology.errors import ConfigError
 PREFIX = "dpstream"
 SCOPES_INDEX = f"{PREFIX}:scopes"
 """Set of registered scope names (outside any hash tag; read by the CLI, never by a script)."""
+
+
+def deployment_start_key(topology_version: str) -> str:
+    """String: the recorded start (epoch s) of a topology version's deployment, `dpstream:{deploy}:start:<version>`.
+
+    Its own hash tag: it belongs to no scope, and only a SET NX ever writes it.
+    """
+    if not topology_version or any(ch.isspace() for ch in topology_version):
+        raise ConfigError(f"topology version {topology_version!r}: must be non-empty, without spaces")
+    return f"{PREFIX}:{{deploy}}:start:{topology_version}"
 
 
 def check_scope_name(scope: str) -> str:
@@ -64,7 +74,8 @@ class ScopeKeys:
         return f"{self.base}:periods"
 
     def period(self, period_id: str) -> str:
-        """Hash of one period block: spent, granted, refused, grant, cap, reserve, start."""
+        """Hash of one period block: its terms fixed at open (cap, reserve, warn, accounting,
+        delta_cap, start) and its counters (spent, delta_spent, granted, refused, grant)."""
         return f"{self.base}:period:{period_id}"
 
     def ends(self, period_id: str, metric: str) -> str:

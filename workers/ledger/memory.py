@@ -13,7 +13,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workers.ledger.base import Ledger, RawReserve
+from topology.errors import InternalError
+
+from workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawReserve
 from workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
@@ -40,6 +42,38 @@ def _incr(h: dict[str, str], name: str, by: int) -> int:
     return value
 
 
+@dataclass
+class _Period:
+    """One period a reserve touches, as reserve.lua's `load_period` reads it."""
+
+    pid: str
+    pstart: int
+    cap_s: str
+    reserve_s: str
+    warn_s: str
+    acc: str
+    dcap_s: str
+    spent: int
+    grant: int
+    dspent: int
+
+    @property
+    def cap(self) -> int:
+        return int(self.cap_s)
+
+    @property
+    def reserve(self) -> int:
+        return int(self.reserve_s)
+
+    @property
+    def warn(self) -> int:
+        return int(self.warn_s)
+
+    @property
+    def dcap(self) -> int:
+        return int(self.dcap_s)
+
+
 class MemoryLedger(Ledger):
     """A ledger held in this process's memory."""
 
@@ -49,6 +83,7 @@ class MemoryLedger(Ledger):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._lock = threading.Lock()
         self._store: dict[str, _Scope] = {}
+        self._deploy: dict[str, int] = {}
         self._last_id = (0, -1)
 
     def _scope(self, scope: str) -> _Scope:
@@ -62,113 +97,176 @@ class MemoryLedger(Ledger):
 
     # ---- the scripts -------------------------------------------------------------------------
 
-    async def _register(self, scope: str, fields: dict[str, str], actor: str, now_ms: int) -> bool:
+    async def _register(
+        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
+    ) -> RawRegister:
         with self._lock:
             s = self._scope(scope)
             old = s.config.get("digest")
             if old == fields["digest"]:
-                return False
+                return RawRegister(0)
+            if old:
+                stored_period = s.config.get("period_s")
+                if stored_period != str(period_s):
+                    return RawRegister(REGISTER_RETRY)
+                blk = s.periods.get(pid, {})
+                if "cap" in blk:
+                    acc = blk.get("accounting") or s.config.get("accounting", "")
+                    what = ""
+                    if fields["accounting"] != acc:
+                        what = "accounting"
+                    elif int(fields["cap"]) < int(blk["cap"]):
+                        what = "cap"
+                    elif fields["period_s"] != stored_period:
+                        what = "period"
+                    if what:
+                        return RawRegister(REGISTER_REFUSED, what, acc, int(blk["cap"]), int(stored_period))
             s.config.update(fields)
             s.config["registered_at"] = str(now_ms)
             reason = f"config changed {old} -> {fields['digest']}" if old else f"config registered {fields['digest']}"
             self._xadd(s, now_ms, {"kind": "config", "cost": s.config["cap"], "reason": reason, "actor": actor})
-            return True
+            return RawRegister(1)
 
-    async def _reserve(self, req: ReleaseRequest, cost_units: int, period_start: int, now_ms: int) -> RawReserve:
+    async def _deployment_start(self, key: str, proposed: int) -> int:
         with self._lock:
-            return self._reserve_locked(req, cost_units, period_start, now_ms)
+            return self._deploy.setdefault(key, proposed)
 
-    def _reserve_locked(self, req: ReleaseRequest, cost: int, pstart: int, now_ms: int) -> RawReserve:
+    async def _reserve(
+        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
+    ) -> RawReserve:
+        with self._lock:
+            return self._reserve_locked(req, cost_units, delta_units, period_start, digest, now_ms)
+
+    def _reserve_locked(
+        self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
+    ) -> RawReserve:
         s = self._scope(req.scope)
         pid, rid = req.period_id, req.release_id
         if not s.config:
-            from topology.errors import InternalError
-
             raise InternalError(f"reserve: scope not registered ({req.scope})")
-        cap, reserve, warn = int(s.config["cap"]), int(s.config["reserve"]), int(s.config["warn"])
+        cfg = s.config
+        cost_s, delta_s = str(cost), str(delta)
+
+        def load_period(p_id: str, p_start: int) -> _Period:
+            f = s.periods.get(p_id, {})
+            return _Period(
+                p_id, p_start, f.get("cap", cfg["cap"]), f.get("reserve", cfg["reserve"]), f.get("warn", cfg["warn"]),
+                f.get("accounting", cfg.get("accounting", "")), f.get("delta_cap", cfg.get("delta_cap", "0")),
+                int(f.get("spent", 0)), int(f.get("grant", 0)), int(f.get("delta_spent", 0)),
+            )
+
+        P = [load_period(pid, pstart)] + [load_period(p_id, int(p_start)) for p_id, p_start in req.extra_periods]
+        main = P[0]
         br = s.breaker
-        per = s.periods.get(pid, {})
-        spent, grant = int(per.get("spent", 0)), int(per.get("grant", 0))
         manual = br.get("manual") == "1"
         auto_here = br.get("auto_period") == pid
-        auto_stale = "auto_period" in br and not auto_here and int(br["auto_start"]) < pstart
+        auto_touched = next((p for p in P if br.get("auto_period") == p.pid), None)
+        auto_stale = "auto_period" in br and auto_touched is None and int(br["auto_start"]) < pstart
 
-        def state_of(x: int, is_open: bool) -> str:
-            return "open" if is_open else ("warning" if x >= warn else "normal")
+        def state_of(p: _Period, x: int, is_open: bool) -> str:
+            return "open" if is_open else ("warning" if x >= p.warn else "normal")
 
-        def ratio_of(x: int) -> str:
-            return "%.6f" % (x / cap)
+        def ratio_of(p: _Period, x: int) -> str:
+            return "%.6f" % (x / p.cap)
 
         known = s.releases.get(rid)
         if known is not None:
-            return RawReserve("duplicate", known["payload"], "", spent, cap, state_of(spent, manual or auto_here), 0)  # type: ignore[arg-type]
+            return RawReserve("duplicate", known["payload"], "", main.spent, main.cap,  # type: ignore[arg-type]
+                              state_of(main, main.spent, manual or auto_here), 0)
 
-        def audit(kind: str, **fields: str) -> None:
-            base = {"kind": kind, "period": pid, "spent": str(spent), "ratio": ratio_of(spent), "actor": req.actor}
+        def audit(p: _Period, kind: str, **fields: str) -> None:
+            base = {"kind": kind, "period": p.pid, "spent": str(p.spent), "ratio": ratio_of(p, p.spent),
+                    "actor": req.actor}
             base.update(fields)
             self._xadd(s, now_ms, base)
 
-        def touch_period() -> dict[str, str]:
-            block = s.periods.setdefault(pid, {})
-            if pid not in s.period_index:
-                s.period_index[pid] = pstart
-                block.update(cap=s.config["cap"], reserve=s.config["reserve"], start=str(pstart))
-                audit("period", reason="period block opened", actor="ledger", state=state_of(spent, manual))
+        def touch_period(p: _Period) -> dict[str, str]:
+            block = s.periods.setdefault(p.pid, {})
+            if p.pid not in s.period_index:
+                s.period_index[p.pid] = p.pstart
+                block.update(cap=p.cap_s, reserve=p.reserve_s, warn=p.warn_s, accounting=p.acc, delta_cap=p.dcap_s,
+                             start=str(p.pstart))
+                audit(p, "period", reason="period block opened", actor="ledger", state=state_of(p, p.spent, manual))
             return block
 
         if auto_stale:
             old = br["auto_period"]
             for name in ("auto_period", "auto_start", "auto_reason", "auto_at"):
                 br.pop(name, None)
-            audit("breaker_close", reason=f"period rollover: automatic open of {old} ends", actor="ledger",
-                  state=state_of(spent, manual))
+            audit(main, "breaker_close", reason=f"period rollover: automatic open of {old} ends", actor="ledger",
+                  state=state_of(main, main.spent, manual))
 
-        def refuse(reason: str, open_now: bool) -> RawReserve:
-            block = touch_period()
+        def refuse(p: _Period, reason: str, open_now: bool) -> RawReserve:
+            block = touch_period(p)
             _incr(block, "refused", 1)
-            is_open = manual or auto_here or open_now
-            audit("refusal", release_id=rid, metric=req.metric, cost=str(cost), reason=reason,
-                  state=state_of(spent, is_open))
-            if open_now and not (manual or auto_here):
-                br.update(auto_period=pid, auto_start=str(pstart), auto_reason=reason, auto_at=str(now_ms))
-                audit("breaker_open", reason=reason, actor="ledger", state="open")
-            return RawReserve("refused", b"", reason, spent, cap, state_of(spent, is_open), 0)
+            is_open = manual or br.get("auto_period") == p.pid or open_now
+            audit(p, "refusal", release_id=rid, metric=req.metric, cost=cost_s, delta=delta_s, reason=reason,
+                  state=state_of(p, p.spent, is_open))
+            if open_now and not (manual or auto_touched is not None):
+                br.update(auto_period=p.pid, auto_start=str(p.pstart), auto_reason=reason, auto_at=str(now_ms))
+                audit(p, "breaker_open", reason=reason, actor="ledger", state="open")
+            return RawReserve("refused", b"", reason, p.spent, p.cap, state_of(p, p.spent, is_open), 0)
 
+        def where(p: _Period) -> str:
+            return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
+
+        if digest != cfg.get("digest"):
+            registered = cfg.get("digest", "?")
+            return refuse(main, f"topology disagrees with the scope's registered terms (digest {registered}, "
+                                f"this worker {digest}): restart it with the current topology", False)
         if manual:
-            return refuse("breaker open (manual): " + br.get("manual_reason", ""), False)
-        if auto_here:
-            return refuse("breaker open (automatic): " + br.get("auto_reason", ""), False)
-        if spent + cost > cap:
-            return refuse(f"budget exhausted: cost {cost} exceeds the {cap - spent} units left of the cap", True)
-        limit = cap - reserve + grant
-        if req.may_use_reserve or limit > cap:
-            limit = cap
-        if spent + cost > limit:
-            return refuse(
-                f"pool exhausted: cost {cost} exceeds the {max(0, limit - spent)} units left outside the reserve "
-                "(only may_use_reserve metrics or an operator grant draw on it)",
-                False,
-            )
+            return refuse(main, "breaker open (manual): " + br.get("manual_reason", ""), False)
+        if auto_touched is not None:
+            return refuse(auto_touched, "breaker open (automatic): " + br.get("auto_reason", "") + where(auto_touched),
+                          False)
+        for p in P:
+            if p.spent + cost > p.cap:
+                return refuse(p, f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap"
+                              + where(p), True)
+            limit = p.cap - p.reserve + p.grant
+            if req.may_use_reserve or limit > p.cap:
+                limit = p.cap
+            if p.spent + cost > limit:
+                return refuse(
+                    p,
+                    f"pool exhausted: cost {cost} exceeds the {max(0, limit - p.spent)} units left outside the reserve "
+                    "(only may_use_reserve metrics or an operator grant draw on it)" + where(p),
+                    False,
+                )
+            if p.dspent + delta > p.dcap:
+                return refuse(
+                    p,
+                    f"selection delta exhausted: delta {delta} exceeds the {max(0, p.dcap - p.dspent)} units (1e-18) "
+                    "left of the period's selection delta cap" + where(p),
+                    False,
+                )
 
-        before = state_of(spent, False)
-        block = touch_period()
-        after_spent = _incr(block, "spent", cost)
-        _incr(block, "granted", 1)
-        ratio = ratio_of(after_spent)
+        before = []
+        blocks = []
+        for p in P:
+            before.append(state_of(p, p.spent, False))
+            blocks.append(touch_period(p))
+        for p, block in zip(P, blocks, strict=True):
+            p.spent = _incr(block, "spent", cost)
+            p.dspent = _incr(block, "delta_spent", delta)
+            _incr(block, "granted", 1)
+            s.ends.setdefault((p.pid, req.metric), {})[rid] = int(req.window_end)
+        ratio = ratio_of(main, main.spent)
         payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
         s.releases[rid] = {
             "state": "reserved", "period": pid, "metric": req.metric, "window_start": str(req.window_start),
-            "window_end": str(req.window_end), "cost": str(cost), "payload": payload, "ratio_after": ratio,
+            "window_end": str(req.window_end), "cost": cost_s, "delta": delta_s,
+            "extra_periods": " ".join(p.pid for p in P[1:]), "payload": payload, "ratio_after": ratio,
             "reserved_at": str(now_ms),
         }
-        s.ends.setdefault((pid, req.metric), {})[rid] = int(req.window_end)
         s.pending[rid] = now_ms
-        spent = after_spent
-        after = state_of(after_spent, False)
-        audit("charge", release_id=rid, metric=req.metric, cost=str(cost), state=after)
-        if after != before:
-            audit("state", reason=f"{before} -> {after} at ratio {ratio}", actor="ledger", state=after)
-        return RawReserve("granted", payload, "", after_spent, cap, after, cost)
+        for p, was in zip(P, before, strict=True):
+            after = state_of(p, p.spent, False)
+            audit(p, "charge", release_id=rid, metric=req.metric, cost=cost_s, delta=delta_s, state=after)
+            if after != was:
+                audit(p, "state", reason=f"{was} -> {after} at ratio {ratio_of(p, p.spent)}", actor="ledger",
+                      state=after)
+        return RawReserve("granted", payload, "", main.spent, main.cap, state_of(main, main.spent, False), cost)
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:
@@ -201,9 +299,17 @@ class MemoryLedger(Ledger):
     async def _grant(self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int) -> int:
         with self._lock:
             s = self._scope(scope)
+            if not s.config:
+                raise InternalError(f"grant: scope not registered ({scope})")
             block = s.periods.setdefault(pid, {})
-            block.update(cap=s.config["cap"], reserve=s.config["reserve"], start=str(pstart))
-            s.period_index.setdefault(pid, pstart)
+            if pid not in s.period_index:  # a block opened here takes the config's terms, as reserve's would
+                s.period_index[pid] = pstart
+                cfg = s.config
+                block.update(cap=cfg["cap"], reserve=cfg["reserve"], warn=cfg["warn"],
+                             accounting=cfg.get("accounting", ""), delta_cap=cfg.get("delta_cap", "0"),
+                             start=str(pstart))
+                self._xadd(s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened",
+                                       "actor": "ledger"})
             total = _incr(block, "grant", units)
             self._xadd(s, now_ms, {"kind": "grant", "period": pid, "cost": str(units), "reason": reason, "actor": actor})
             if s.breaker.get("auto_period") == pid:

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from topology.errors import InternalError
 
-from workers.ledger.base import Ledger, RawReserve
+from workers.ledger.base import Ledger, RawRegister, RawReserve
 from workers.ledger.errors import LedgerUnavailable
 from workers.ledger.keys import SCOPES_INDEX, ScopeKeys
 from workers.ledger.scripts import SCRIPT_NAMES, script_text
@@ -93,26 +93,44 @@ class RedisLedger(Ledger):
 
     # ---- writes (scripts) ------------------------------------------------------------------
 
-    async def _register(self, scope: str, fields: dict[str, str], actor: str, now_ms: int) -> bool:
+    async def _register(
+        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
+    ) -> RawRegister:
         k = ScopeKeys(scope)
-        args: list[str] = [fields["digest"], actor, str(now_ms)]
+        args: list[str] = [fields["digest"], actor, str(now_ms), str(period_s)]
         for name, value in fields.items():
             args += [name, value]
-        changed = await self._guard(self._scripts["register"](keys=[k.config, k.audit], args=args))
+        out = await self._guard(self._scripts["register"](keys=[k.config, k.audit, k.period(pid)], args=args))
+        code = int(out[0])
+        if code == 2:
+            return RawRegister(code, _s(out[1]), _s(out[2]), int(out[3]), int(out[4]))
         await self._guard(self._client.sadd(SCOPES_INDEX, scope))
-        return int(changed) == 1
+        return RawRegister(code)
 
-    async def _reserve(self, req: ReleaseRequest, cost_units: int, period_start: int, now_ms: int) -> RawReserve:
+    async def _deployment_start(self, key: str, proposed: int) -> int:
+        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first start wins)
+        pipe.set(key, proposed, nx=True)
+        pipe.get(key)
+        out = await self._guard(pipe.execute())
+        return int(out[1])
+
+    async def _reserve(
+        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
+    ) -> RawReserve:
         k = _keys(req.scope)
         keys = [
             k.config, k.breaker, k.period(req.period_id), k.release(req.release_id),
             k.ends(req.period_id, req.metric), k.audit, k.pending, k.periods,
         ]
-        header = "\n".join((
+        fields = [
             req.release_id, req.period_id, str(period_start), req.metric, str(int(req.window_start)),
             str(int(req.window_end)), str(cost_units), "1" if req.may_use_reserve else "0", str(now_ms),
-            str(self._retention_s), req.actor,
-        ))
+            str(self._retention_s), req.actor, digest, str(delta_units),
+        ]
+        for pid, pstart in req.extra_periods:
+            keys += [k.period(pid), k.ends(pid, req.metric)]
+            fields += [pid, str(int(pstart))]
+        header = "\n".join(fields)
         out = await self._guard(self._scripts["reserve"](keys=keys, args=[header, bytes(req.payload)]))
         outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
         reason = rest.decode() if outcome == b"refused" else ""

@@ -76,6 +76,12 @@ class ReleaseRequest:
     payload: bytes
     may_use_reserve: bool = False
     actor: str = "worker"
+    delta: float = 0.0
+    """Partition-selection δ of this release (0 when its keys are declared); charged rounded up to
+    1e-18 against each touched period's selection-δ cap."""
+    extra_periods: tuple[tuple[str, int], ...] = ()
+    """(period_id, period_start) of every later period the window touches (a window straddling a
+    period boundary): charged in the same atomic call as `period_id`, all or nothing."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,8 @@ class PeriodSummary:
     granted: int
     refused: int
     grant_units: int
+    delta_spent_units: int = 0
+    delta_cap_units: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,10 @@ class ScopeStatus:
     breaker: BreakerInfo | None = None
     cap_units: int = 0
     spent_units: int = 0
+    delta_spent: float = 0.0
+    """Partition-selection δ spent in the period."""
+    delta_cap: float = 0.0
+    """Partition-selection δ the period may spend (fixed when the period opened)."""
 
 
 @dataclass(frozen=True)

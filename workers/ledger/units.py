@@ -1,4 +1,5 @@
-"""Fixed-point spend: budgets in integer units of 1e-12 of the scope's currency (ρ or ε).
+"""Fixed-point spend: budgets in integer units of 1e-12 of the scope's currency (ρ or ε), and
+the partition-selection δ in integer units of 1e-18.
 
 Charges are rounded up and caps down, from the exact binary value of the float, so integer
 `INCRBY` arithmetic can never hide an overspend. Every amount stays below 2**53 so the Lua
@@ -15,6 +16,11 @@ __all__ = [
     "share_of_units",
     "units_to_float",
     "grantable_float",
+    "DELTA_UNITS_PER_DELTA",
+    "delta_to_units",
+    "delta_cap_to_units",
+    "delta_units_to_float",
+    "ledger_delta",
 ]
 
 import math
@@ -28,6 +34,9 @@ UNITS_PER_CURRENCY = 10**12
 
 MAX_UNITS = 2**53 - 1
 """Largest amount the Lua scripts can hold exactly (a double's integer range)."""
+
+DELTA_UNITS_PER_DELTA = 10**18
+"""One δ unit is 1e-18 of δ: a selection δ up to ~0.009 per period is held exactly."""
 
 
 def cost_to_units(cost: float) -> int:
@@ -72,6 +81,54 @@ def grantable_float(units: int) -> float:
         return 0.0
     exact = Fraction(units, UNITS_PER_CURRENCY)
     value = units / UNITS_PER_CURRENCY
+    while Fraction(value) > exact:
+        value = math.nextafter(value, 0.0)
+    return value
+
+
+def delta_to_units(delta: float) -> int:
+    """A release's selection δ in δ units: its exact value rounded up (0 for no selection)."""
+    if not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
+        raise InternalError(f"release selection delta must be a finite number >= 0, got {delta!r}")
+    units = math.ceil(Fraction(delta) * DELTA_UNITS_PER_DELTA)
+    if units > MAX_UNITS:
+        raise InternalError(f"release selection delta {delta!r} exceeds the ledger's exact range")
+    return units
+
+
+def delta_cap_to_units(delta: float, where: str) -> int:
+    """A period's selection-δ cap in δ units, rounded down (0 when nothing selects)."""
+    if not math.isfinite(delta) or delta < 0:
+        raise ConfigError(f"{where}: selection delta {delta!r} is not a number >= 0: check delta")
+    units = math.floor(Fraction(delta) * DELTA_UNITS_PER_DELTA)
+    if units > MAX_UNITS:
+        raise ConfigError(
+            f"{where}: selection delta {delta!r} per period is above what the ledger holds exactly "
+            f"({MAX_UNITS / DELTA_UNITS_PER_DELTA:.4g}): choose a smaller delta"
+        )
+    return units
+
+
+def delta_units_to_float(units: int) -> float:
+    """δ units as the nearest float δ (for display)."""
+    return units / DELTA_UNITS_PER_DELTA
+
+
+def ledger_delta(delta: float) -> float:
+    """The largest float δ' <= `delta` whose charge (rounded up) is at most floor(`delta` × 1e18) units.
+
+    The Releaser calibrates partition selection at δ' and charges δ', so a period's planned
+    releases, each charged rounded up, never add up past the period's cap (rounded down).
+    """
+    if delta <= 0:
+        return 0.0
+    units = math.floor(Fraction(delta) * DELTA_UNITS_PER_DELTA)
+    if units <= 0:
+        raise ConfigError(
+            f"selection delta per release {delta!r} is below the ledger's unit (1e-18): choose a larger delta"
+        )
+    exact = Fraction(units, DELTA_UNITS_PER_DELTA)
+    value = units / DELTA_UNITS_PER_DELTA
     while Fraction(value) > exact:
         value = math.nextafter(value, 0.0)
     return value

@@ -12,15 +12,15 @@ __all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import asyncio
 import time
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from topology.model import Budget, Metric, Topology
-from topology.periods import period_ids_touched
+from topology.periods import period_id, periods_touched
 from topology.plan import build_plan
 from topology.selection import selection_delta_per_release
 from workers.ledger.types import Outcome, ReleaseRequest, Reservation
+from workers.ledger.units import ledger_delta
 from workers.pipeline.merger import MergedWindow
 from workers.release.ids import release_id as make_release_id
 from workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
@@ -28,9 +28,6 @@ from workers.release.record import build_record, canonical_bytes, true_values_fo
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
-
-CHARGE_ONLY_SEPARATOR = "@"
-"""Joins a release_id and a later period: the id of a straddling window's extra, unpublished charge."""
 
 MechanismFactory = Callable[..., Any]
 """build_release_mechanism(metric, accounting, cost, delta=...) → object with .release(true_values)."""
@@ -69,7 +66,12 @@ class Releaser:
         first release does not pay OpenDP's first-use cost; nothing is sampled."""
         budget = self.topology.budgets[metric.budget]
         price = cost if cost is not None and cost > 0 else self._planned_cost[metric.name]
-        self._factory(metric, budget.accounting, price, delta=selection_delta_per_release(metric, budget, self._metrics))
+        self._factory(metric, budget.accounting, price, delta=self._selection_delta(metric, budget))
+
+    def _selection_delta(self, metric: Metric, budget: Budget) -> float:
+        """The partition-selection δ of one release of `metric`, as calibrated and as charged: the
+        topology's share rounded down to the ledger's δ unit, so a period's releases fit its cap."""
+        return ledger_delta(selection_delta_per_release(metric, budget, self._metrics))
 
     def release_id(self, metric: str, window_start: int, window_end: int) -> str:
         """The deterministic id of this topology's release of (metric, window)."""
@@ -158,7 +160,8 @@ class Releaser:
             # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
             # release atomically and records it (refused count, audit entry with its reason).
             cost = self._planned_cost[m.name]
-        mechanism = self._factory(m, budget.accounting, cost, delta=selection_delta_per_release(m, budget, self._metrics))
+        selection_delta = self._selection_delta(m, budget)
+        mechanism = self._factory(m, budget.accounting, cost, delta=selection_delta)
         noisy = mechanism.release(true_values)
         record = build_record(
             release_id=rid,
@@ -184,42 +187,24 @@ class Releaser:
             cost=cost,
             payload=canonical_bytes(record),
             may_use_reserve=m.may_use_reserve,
+            delta=selection_delta,
+            # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
+            # touches, in the same atomic call as its main charge (all or nothing)
+            extra_periods=tuple((period_id(budget.period_s, p), p)
+                                for p in periods_touched(budget.period_s, start, end)[1:]),
         )
-        refused = await self._charge_later_periods(request, budget.period_s)
-        if refused is not None:
-            return ReleaseResult(ReleaseOutcome.DENIED, rid, m.name, start, end, refused)
         reservation = await self.ledger.reserve(request)
         if reservation.outcome is Outcome.REFUSED:
             outcome = ReleaseOutcome.SUPPRESSED if cost != quote.cost else ReleaseOutcome.DENIED
             return ReleaseResult(outcome, rid, m.name, start, end, reservation.reason or quote.refused_reason or "refused")
         return reservation
 
-    async def _charge_later_periods(self, request: ReleaseRequest, period_s: int) -> str | None:
-        """Charge a window that straddles a period boundary to every later period it touches too.
-
-        DESIGN §3: such a window holds events of both periods (block composition). The extra
-        charges are made *before* the main reserve, so a refusal there publishes nothing; they
-        are charge-only records (`<release_id>@<period>`) committed at once and never published.
-        Returns the refusal reason, or None when every extra period accepted (or already had) it.
-        """
-        for pid in period_ids_touched(period_s, request.window_start, request.window_end)[1:]:
-            charge_id = f"{request.release_id}{CHARGE_ONLY_SEPARATOR}{pid}"
-            marker = {"charge_only": True, "release_id": charge_id, "charge_of": request.release_id,
-                      "budget": {"scope": request.scope, "period": pid, "ratio_after": None}}
-            extra = replace(request, release_id=charge_id, period_id=pid, payload=canonical_bytes(marker))
-            reservation = await self.ledger.reserve(extra)
-            if reservation.outcome is Outcome.REFUSED:
-                return f"period {pid}: {reservation.reason or 'refused'}"
-            await self.ledger.commit(charge_id, request.scope)
-        return None
-
 
 async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
     """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
     done = 0
     for pending in await ledger.pending(older_than_s):
-        if CHARGE_ONLY_SEPARATOR not in pending.release_id:
-            await publish(pending.payload, pending.release_id.encode())
+        await publish(pending.payload, pending.release_id.encode())
         await ledger.commit(pending.release_id, pending.scope)
         done += 1
     if counts is not None:

@@ -7,17 +7,22 @@
 -- KEYS[5] periods  zset    dpstream:{S}:periods
 -- ARGV: [1] units (integer > 0) [2] reason (non-empty) [3] actor [4] now_ms [5] period id [6] period start
 -- Returns the period's total grant in units.
--- Invariant: the grant only widens the pool up to the cap; spend can never pass the cap.
+-- Invariant: the grant only widens the pool up to the period's cap; spend can never pass the cap.
 
 local units = tonumber(ARGV[1])
 if not units or units <= 0 or units ~= math.floor(units) then
   return redis.error_reply('dpstream: grant: bad units ' .. tostring(ARGV[1]))
 end
 if ARGV[2] == '' then return redis.error_reply('dpstream: grant: a reason is required') end
-local cfg = redis.call('HMGET', KEYS[4], 'cap', 'reserve')
+local cfg = redis.call('HMGET', KEYS[4], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap')
 if not cfg[1] then return redis.error_reply('dpstream: grant: scope not registered') end
-redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'start', ARGV[6])
-redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5])
+-- a block opened here takes the config's terms, as reserve.lua's would; an open block keeps its own
+if redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5]) == 1 then
+  redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'warn', cfg[3], 'accounting', cfg[4] or '',
+             'delta_cap', cfg[5] or '0', 'start', ARGV[6])
+  redis.call('XADD', KEYS[3], '*', 'kind', 'period', 'period', ARGV[5], 'reason', 'period block opened',
+             'actor', 'ledger')
+end
 local total = redis.call('HINCRBY', KEYS[1], 'grant', ARGV[1])
 redis.call('XADD', KEYS[3], '*', 'kind', 'grant', 'period', ARGV[5], 'cost', ARGV[1],
            'reason', ARGV[2], 'actor', ARGV[3])

@@ -2,13 +2,36 @@
 --
 -- KEYS[1] config  hash    dpstream:{S}:config
 -- KEYS[2] audit   stream  dpstream:{S}:audit
--- ARGV: [1] digest [2] actor [3] now_ms [4..] field, value pairs (including 'digest')
--- Returns 1 when the config was new or changed (and audited), 0 when unchanged.
+-- KEYS[3] period  hash    dpstream:{S}:period:P  the current wall-clock period's block, P computed
+--                                                with the stored period length (ARGV[4])
+-- ARGV: [1] digest [2] actor [3] now_ms [4] period_s that named KEYS[3] [5..] field, value pairs
+--       (including 'digest', 'cap', 'accounting', 'period_s')
+-- Returns {1} when the config was new or changed (and audited), {0} when unchanged,
+--   {-1} when the stored period length is not ARGV[4] (read again and retry),
+--   {2, what, block accounting, block cap, stored period_s} when refused ('accounting', 'cap'
+--   or 'period'): nothing written.
+-- Invariants: the newest registration wins for future periods; an open period block keeps the
+-- terms it opened with, so a change of accounting or period length, or a smaller cap, is
+-- refused while the current period's block exists (a larger cap, reserve or warn is stored
+-- and applies from the next period).
 
 local old = redis.call('HGET', KEYS[1], 'digest')
-if old == ARGV[1] then return 0 end
+if old == ARGV[1] then return {0} end
+local new = {}
+for i = 5, #ARGV, 2 do new[ARGV[i]] = ARGV[i + 1] end
+if old then
+  local stored = redis.call('HMGET', KEYS[1], 'period_s', 'accounting')
+  if stored[1] ~= ARGV[4] then return {-1} end
+  local blk = redis.call('HMGET', KEYS[3], 'cap', 'accounting')
+  if blk[1] then
+    local acc = blk[2] or stored[2] or ''
+    if new['accounting'] ~= acc then return {2, 'accounting', acc, blk[1], stored[1]} end
+    if tonumber(new['cap']) < tonumber(blk[1]) then return {2, 'cap', acc, blk[1], stored[1]} end
+    if new['period_s'] ~= stored[1] then return {2, 'period', acc, blk[1], stored[1]} end
+  end
+end
 local fields = {}
-for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'registered_at', ARGV[3])
 local reason = 'config registered ' .. ARGV[1]
@@ -16,4 +39,4 @@ if old then reason = 'config changed ' .. old .. ' -> ' .. ARGV[1] end
 local cap = redis.call('HGET', KEYS[1], 'cap')
 redis.call('XADD', KEYS[2], '*', 'kind', 'config', 'cost', cap,
            'reason', reason, 'actor', ARGV[2])
-return 1
+return {1}

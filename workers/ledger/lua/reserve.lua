@@ -1,71 +1,115 @@
 -- reserve.lua: charge one release of a budget scope atomically, or return its stored payload.
 --
--- KEYS[1] config   hash    dpstream:{S}:config     cap, reserve, warn (units); must exist
+-- KEYS[1] config   hash    dpstream:{S}:config     cap, reserve, warn (units), accounting, delta_cap, digest
 -- KEYS[2] breaker  hash    dpstream:{S}:breaker    manual / auto_period open flags
--- KEYS[3] period   hash    dpstream:{S}:period:P   spent, granted, refused, grant, cap, reserve, start
--- KEYS[4] release  hash    dpstream:{S}:release:R  state, cost, payload, ratio_after, ...
+-- KEYS[3] period   hash    dpstream:{S}:period:P   terms (cap, reserve, warn, accounting, delta_cap, start)
+--                                                  and counters (spent, delta_spent, granted, refused, grant)
+-- KEYS[4] release  hash    dpstream:{S}:release:R  state, cost, delta, payload, ratio_after, ...
 -- KEYS[5] ends     zset    dpstream:{S}:period:P:ends:M   charged releases of M, scored by window end
 -- KEYS[6] audit    stream  dpstream:{S}:audit
 -- KEYS[7] pending  zset    dpstream:{S}:pending    reserved, not yet published (score: reserve ms)
 -- KEYS[8] periods  zset    dpstream:{S}:periods    period ids (score: period start s)
+-- KEYS[7+2k], KEYS[8+2k]   period and ends keys of the k-th later period the window touches
 -- ARGV[1] header: newline-separated release_id, period_id, period_start_s, metric, window_start,
---         window_end, cost_units (integer > 0), may_use_reserve 0|1, now_ms, retention_s, actor
+--         window_end, cost_units (integer > 0), may_use_reserve 0|1, now_ms, retention_s, actor,
+--         config digest of the caller, delta_units (integer >= 0), then period_id, period_start_s
+--         of each later period
 -- ARGV[2] payload bytes
 -- Returns one bulk string: outcome \n spent_after \n cap \n state \n cost_units \n rest
 --   outcome: 'granted' | 'duplicate' | 'refused'; rest: the stored final payload (granted,
---   duplicate) or the reason (refused). One string keeps the reply cheap to parse.
+--   duplicate) or the reason (refused). One string keeps the reply cheap to parse. spent, cap
+--   and state are the main period's (on a refusal: the refusing period's).
 -- Invariants: everything is validated before the first write; a refusal charges and stores
 -- nothing (it only counts and audits itself, and opens the breaker when the release cannot fit
--- the whole cap); spent <= cap always; a known release_id is never charged again.
+-- the whole cap); spent <= cap and delta_spent <= delta_cap in every period; a known release_id
+-- is never charged again; a straddling window is charged to every period it touches or to none.
+-- A period's terms are copied from the config when its block opens (first charge or refusal)
+-- and every check in that period uses the block's terms, never the (re-registered) config's.
+-- A caller whose config digest differs from the registered one is refused (its topology
+-- disagrees with the scope's registered terms).
 -- The token "ratio_after":null in the payload is replaced by the ratio after this charge (%.6f).
 
+local MAX = 9007199254740991
 local h = {}
 for field in string.gmatch(ARGV[1], '[^\n]+') do h[#h + 1] = field end
-if #h ~= 11 then return redis.error_reply('dpstream: reserve: header needs 11 fields, got ' .. #h) end
+if #h < 13 or (#h - 13) % 2 ~= 0 then
+  return redis.error_reply('dpstream: reserve: header needs 13 fields and 2 per later period, got ' .. #h)
+end
+local n_extra = (#h - 13) / 2
+if #KEYS ~= 8 + 2 * n_extra then
+  return redis.error_reply('dpstream: reserve: ' .. #KEYS .. ' keys for ' .. n_extra .. ' later periods')
+end
 local rid, pid, pstart, metric, wstart, wend = h[1], h[2], h[3], h[4], h[5], h[6]
 local cost_s, may_use, now, retention, actor = h[7], h[8], h[9], h[10], h[11]
+local digest, delta_s = h[12], h[13]
 local cost = tonumber(cost_s)
-if not cost or cost <= 0 or cost ~= math.floor(cost) or cost > 9007199254740991 then
+if not cost or cost <= 0 or cost ~= math.floor(cost) or cost > MAX then
   return redis.error_reply('dpstream: reserve: bad cost_units ' .. tostring(cost_s))
+end
+local delta = tonumber(delta_s)
+if not delta or delta < 0 or delta ~= math.floor(delta) or delta > MAX then
+  return redis.error_reply('dpstream: reserve: bad delta_units ' .. tostring(delta_s))
 end
 if not tonumber(pstart) or not tonumber(wend) or not tonumber(retention) then
   return redis.error_reply('dpstream: reserve: bad period_start, window_end or retention')
 end
+for k = 1, n_extra do
+  if not tonumber(h[13 + 2 * k]) then
+    return redis.error_reply('dpstream: reserve: bad start of later period ' .. tostring(h[12 + 2 * k]))
+  end
+end
 
-local cfg = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'warn')
+local cfg = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap', 'digest')
 if not cfg[1] then
   return redis.error_reply('dpstream: reserve: scope not registered (' .. KEYS[1] .. ')')
 end
-local cap, reserve, warn = tonumber(cfg[1]), tonumber(cfg[2]), tonumber(cfg[3])
+
+-- every period the window touches: the main one first, then the later ones in time order
+local P = {}
+local function load_period(p_id, p_start, key, ends)
+  local f = redis.call('HMGET', key, 'spent', 'grant', 'delta_spent', 'cap', 'reserve', 'warn', 'accounting',
+                       'delta_cap')
+  local p = {pid = p_id, pstart = p_start, key = key, ends = ends,
+             cap_s = f[4] or cfg[1], reserve_s = f[5] or cfg[2], warn_s = f[6] or cfg[3],
+             acc = f[7] or cfg[4] or '', dcap_s = f[8] or cfg[5] or '0'}
+  p.spent, p.grant, p.dspent = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+  p.cap, p.reserve, p.warn, p.dcap = tonumber(p.cap_s), tonumber(p.reserve_s), tonumber(p.warn_s), tonumber(p.dcap_s)
+  P[#P + 1] = p
+end
+load_period(pid, pstart, KEYS[3], KEYS[5])
+for k = 1, n_extra do load_period(h[12 + 2 * k], h[13 + 2 * k], KEYS[7 + 2 * k], KEYS[8 + 2 * k]) end
+local main = P[1]
+
 local br = redis.call('HMGET', KEYS[2], 'manual', 'manual_reason', 'auto_period', 'auto_start', 'auto_reason')
-local per = redis.call('HMGET', KEYS[3], 'spent', 'grant')
-local spent = tonumber(per[1] or '0')
-local grant = tonumber(per[2] or '0')
 local manual = br[1] == '1'
 local auto_here = br[3] == pid
-local auto_stale = br[3] and not auto_here and tonumber(br[4]) < tonumber(pstart)
+local auto_touched = nil
+for _, p in ipairs(P) do
+  if br[3] == p.pid then auto_touched = p end
+end
+local auto_stale = br[3] and not auto_touched and tonumber(br[4]) < tonumber(pstart)
 
-local function state_of(s, open)
+local function state_of(p, s, open)
   if open then return 'open' end
-  if s >= warn then return 'warning' end
+  if s >= p.warn then return 'warning' end
   return 'normal'
 end
-local function ratio_of(s) return string.format('%.6f', s / cap) end
-local function reply(outcome, s, state, charged, rest)
-  return outcome .. '\n' .. string.format('%d', s) .. '\n' .. cfg[1] .. '\n' .. state .. '\n' ..
+local function ratio_of(p, s) return string.format('%.6f', s / p.cap) end
+local function reply(outcome, p, s, state, charged, rest)
+  return outcome .. '\n' .. string.format('%d', s) .. '\n' .. p.cap_s .. '\n' .. state .. '\n' ..
          string.format('%d', charged) .. '\n' .. rest
 end
 
 -- 1. a known release_id: the first stored bytes, nothing charged
 local known = redis.call('HMGET', KEYS[4], 'payload')
 if known[1] then
-  return reply('duplicate', spent, state_of(spent, manual or auto_here), 0, known[1])
+  return reply('duplicate', main, main.spent, state_of(main, main.spent, manual or auto_here), 0, known[1])
 end
 
-local function audit(kind, fields)
+local function audit(p, kind, fields)
   -- empty fields are left out of the entry (readers default them to '')
-  local entry = {'kind', kind, 'period', pid, 'spent', string.format('%d', spent), 'ratio', ratio_of(spent),
-                 'actor', actor}
+  local entry = {'kind', kind, 'period', p.pid, 'spent', string.format('%d', p.spent), 'ratio',
+                 ratio_of(p, p.spent), 'actor', actor}
   for i = 1, #fields, 2 do
     local replaced = false
     for j = 1, #entry, 2 do
@@ -78,66 +122,94 @@ local function audit(kind, fields)
   end
   redis.call('XADD', KEYS[6], '*', unpack(entry))
 end
-local function touch_period()
-  -- a new period block records the cap and reserve it starts with
-  if redis.call('ZADD', KEYS[8], 'NX', pstart, pid) == 1 then
-    redis.call('HSET', KEYS[3], 'cap', cfg[1], 'reserve', cfg[2], 'start', pstart)
-    audit('period', {'reason', 'period block opened', 'actor', 'ledger', 'state', state_of(spent, manual)})
+local function touch_period(p)
+  -- a new period block records the terms it keeps for its whole life
+  if redis.call('ZADD', KEYS[8], 'NX', p.pstart, p.pid) == 1 then
+    redis.call('HSET', p.key, 'cap', p.cap_s, 'reserve', p.reserve_s, 'warn', p.warn_s, 'accounting', p.acc,
+               'delta_cap', p.dcap_s, 'start', p.pstart)
+    audit(p, 'period', {'reason', 'period block opened', 'actor', 'ledger', 'state', state_of(p, p.spent, manual)})
   end
 end
 
 -- 2. rollover: an automatic open of an earlier period closes with this one
 if auto_stale then
   redis.call('HDEL', KEYS[2], 'auto_period', 'auto_start', 'auto_reason', 'auto_at')
-  audit('breaker_close', {'reason', 'period rollover: automatic open of ' .. br[3] .. ' ends', 'actor', 'ledger',
-                          'state', state_of(spent, manual)})
+  audit(main, 'breaker_close', {'reason', 'period rollover: automatic open of ' .. br[3] .. ' ends',
+                                'actor', 'ledger', 'state', state_of(main, main.spent, manual)})
 end
 
-local function refuse(reason, open_now)
-  touch_period()
-  redis.call('HINCRBY', KEYS[3], 'refused', 1)
-  local open = manual or auto_here or open_now
-  audit('refusal', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'reason', reason,
-                    'state', state_of(spent, open)})
-  if open_now and not (manual or auto_here) then
-    redis.call('HSET', KEYS[2], 'auto_period', pid, 'auto_start', pstart, 'auto_reason', reason, 'auto_at', now)
-    audit('breaker_open', {'reason', reason, 'actor', 'ledger', 'state', 'open'})
+local function refuse(p, reason, open_now)
+  touch_period(p)
+  redis.call('HINCRBY', p.key, 'refused', 1)
+  local open = manual or br[3] == p.pid or open_now
+  audit(p, 'refusal', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'delta', delta_s, 'reason', reason,
+                       'state', state_of(p, p.spent, open)})
+  if open_now and not (manual or auto_touched) then
+    redis.call('HSET', KEYS[2], 'auto_period', p.pid, 'auto_start', p.pstart, 'auto_reason', reason, 'auto_at', now)
+    audit(p, 'breaker_open', {'reason', reason, 'actor', 'ledger', 'state', 'open'})
   end
-  return reply('refused', spent, state_of(spent, open), 0, reason)
+  return reply('refused', p, p.spent, state_of(p, p.spent, open), 0, reason)
+end
+local function where(p)
+  if p == main then return '' end
+  return ' (in later period ' .. p.pid .. ', which this window also touches)'
 end
 
 -- 3. checks (no write above this line except the rollover close and refusal bookkeeping)
-if manual then return refuse('breaker open (manual): ' .. (br[2] or ''), false) end
-if auto_here then return refuse('breaker open (automatic): ' .. (br[5] or ''), false) end
-if spent + cost > cap then
-  return refuse('budget exhausted: cost ' .. cost_s .. ' exceeds the ' .. string.format('%d', cap - spent) .. ' units left of the cap', true)
+if digest ~= cfg[6] then
+  return refuse(main, "topology disagrees with the scope's registered terms (digest " .. (cfg[6] or '?') ..
+                ', this worker ' .. digest .. '): restart it with the current topology', false)
 end
-local limit = cap - reserve + grant
-if may_use == '1' or limit > cap then limit = cap end
-if spent + cost > limit then
-  return refuse('pool exhausted: cost ' .. cost_s .. ' exceeds the ' .. string.format('%d', math.max(0, limit - spent)) ..
-                ' units left outside the reserve (only may_use_reserve metrics or an operator grant draw on it)', false)
+if manual then return refuse(main, 'breaker open (manual): ' .. (br[2] or ''), false) end
+if auto_touched then return refuse(auto_touched, 'breaker open (automatic): ' .. (br[5] or '') .. where(auto_touched), false) end
+for _, p in ipairs(P) do
+  if p.spent + cost > p.cap then
+    return refuse(p, 'budget exhausted: cost ' .. cost_s .. ' exceeds the ' .. string.format('%d', p.cap - p.spent) ..
+                  ' units left of the cap' .. where(p), true)
+  end
+  local limit = p.cap - p.reserve + p.grant
+  if may_use == '1' or limit > p.cap then limit = p.cap end
+  if p.spent + cost > limit then
+    return refuse(p, 'pool exhausted: cost ' .. cost_s .. ' exceeds the ' .. string.format('%d', math.max(0, limit - p.spent)) ..
+                  ' units left outside the reserve (only may_use_reserve metrics or an operator grant draw on it)' .. where(p), false)
+  end
+  if p.dspent + delta > p.dcap then
+    return refuse(p, 'selection delta exhausted: delta ' .. delta_s .. ' exceeds the ' ..
+                  string.format('%d', math.max(0, p.dcap - p.dspent)) .. ' units (1e-18) left of the period\'s selection delta cap' ..
+                  where(p), false)
+  end
 end
 
--- 4. charge, store the final payload, audit
-local before = state_of(spent, false)
-touch_period()
-local after_spent = redis.call('HINCRBY', KEYS[3], 'spent', cost_s)
-redis.call('HINCRBY', KEYS[3], 'granted', 1)
-local ratio = string.format('%.6f', after_spent / cap)
+-- 4. charge every touched period, store the final payload, audit
+local before = {}
+for i, p in ipairs(P) do
+  before[i] = state_of(p, p.spent, false)
+  touch_period(p)
+end
+for i, p in ipairs(P) do
+  p.spent = redis.call('HINCRBY', p.key, 'spent', cost_s)
+  p.dspent = redis.call('HINCRBY', p.key, 'delta_spent', delta_s)
+  redis.call('HINCRBY', p.key, 'granted', 1)
+  redis.call('ZADD', p.ends, wend, rid)
+  redis.call('EXPIRE', p.ends, retention)
+end
+local ratio = ratio_of(main, main.spent)
 local payload = ARGV[2]
 local i, j = string.find(payload, '"ratio_after":null', 1, true)
 if i then payload = string.sub(payload, 1, i - 1) .. '"ratio_after":' .. ratio .. string.sub(payload, j + 1) end
+local extra_ids = {}
+for k = 2, #P do extra_ids[#extra_ids + 1] = P[k].pid end
 redis.call('HSET', KEYS[4], 'state', 'reserved', 'period', pid, 'metric', metric, 'window_start', wstart,
-           'window_end', wend, 'cost', cost_s, 'payload', payload, 'ratio_after', ratio, 'reserved_at', now)
+           'window_end', wend, 'cost', cost_s, 'delta', delta_s, 'extra_periods', table.concat(extra_ids, ' '),
+           'payload', payload, 'ratio_after', ratio, 'reserved_at', now)
 redis.call('EXPIRE', KEYS[4], retention)
-redis.call('ZADD', KEYS[5], wend, rid)
-redis.call('EXPIRE', KEYS[5], retention)
 redis.call('ZADD', KEYS[7], now, rid)
-spent = after_spent
-local after = state_of(after_spent, false)
-audit('charge', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'state', after})
-if after ~= before then
-  audit('state', {'reason', before .. ' -> ' .. after .. ' at ratio ' .. ratio, 'actor', 'ledger', 'state', after})
+for k, p in ipairs(P) do
+  local after = state_of(p, p.spent, false)
+  audit(p, 'charge', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'delta', delta_s, 'state', after})
+  if after ~= before[k] then
+    audit(p, 'state', {'reason', before[k] .. ' -> ' .. after .. ' at ratio ' .. ratio_of(p, p.spent),
+                       'actor', 'ledger', 'state', after})
+  end
 end
-return reply('granted', after_spent, after, cost, payload)
+return reply('granted', main, main.spent, state_of(main, main.spent, false), cost, payload)
