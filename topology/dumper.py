@@ -5,8 +5,9 @@ Used by the round-trip tests and by tools that generate or normalise topology fi
 
 from __future__ import annotations
 
-__all__ = ["topology_document", "dump_topology"]
+__all__ = ["topology_document", "dump_topology", "format_start"]
 
+import datetime as dt
 from typing import Any
 
 import yaml
@@ -30,6 +31,8 @@ from topology.model import (
 def topology_document(topology: Topology) -> dict[str, Any]:
     """The YAML-shaped dict of a topology (defaults left out, durations as `5m`)."""
     doc: dict[str, Any] = {"version": topology.version}
+    if topology.start_s is not None:
+        doc["start"] = format_start(topology.start_s)
     if topology.kafka != KafkaSettings():
         doc["kafka"] = {"bootstrap": topology.kafka.bootstrap}
     if topology.redis != RedisSettings():
@@ -47,6 +50,11 @@ def topology_document(topology: Topology) -> dict[str, Any]:
 def dump_topology(topology: Topology) -> str:
     """YAML text that `topology.loader.load_topology_text` reads back to an equal Topology."""
     return yaml.safe_dump(topology_document(topology), sort_keys=False, allow_unicode=True)
+
+
+def format_start(start_s: int) -> str:
+    """`start:` as the loader reads it back: ISO-8601 UTC with Z (1796083200 -> '2026-12-01T00:00:00Z')."""
+    return dt.datetime.fromtimestamp(start_s, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _source(source: Source) -> dict[str, Any]:

@@ -17,6 +17,7 @@ __all__ = [
     "read_topology",
 ]
 
+import datetime as dt
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -59,7 +60,7 @@ from topology.validation import Problem, SourceMap, TopologyError, check_metric_
 from topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compose_located
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
-    "topology": ("version", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
+    "topology": ("version", "start", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
     "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit",
                "max_future"),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
@@ -108,6 +109,19 @@ _HINTS = {
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _SECTION_KIND = {"sources": "source", "budgets": "budget", "metrics": "metric"}
+
+START_MIN_S = 946_684_800
+"""2000-01-01T00:00:00Z: an earlier `start:` is taken for a typo."""
+START_MAX_S = 4_102_444_800
+"""2100-01-01T00:00:00Z: a later `start:` is taken for a typo (often epoch milliseconds)."""
+_START_EXAMPLE = "start: 2026-12-01T00:00:00Z or start: 1796083200"
+_START_TIME = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})"
+    r"(?:[Tt ](?P<hm>\d{2}:\d{2})(?::(?P<sec>\d{2}))?(?P<frac>\.\d*)?)?"
+    r"[ \t]*(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)?$"
+)
+_EPOCH_TEXT = re.compile(r"^\s*[-+]?\d+\s*$")
+_EPOCH = dt.datetime(1970, 1, 1)
 
 
 def load_topology(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Topology:
@@ -237,6 +251,7 @@ class _Loader:
             )
         top = _Fields(self, "topology", "", "topology", root, 1)
         version = top.get("version", _read_version, default=1)
+        start = top.get("start", _read_start)
         sources = self._section(top, "sources", self._source)
         budgets = self._section(top, "budgets", self._budget)
         metrics = self._section(top, "metrics", self._metric)
@@ -249,7 +264,7 @@ class _Loader:
         if self.problems:
             raise TopologyError(self.path, self.problems)
         assert sinks is not None
-        topology = Topology(version, sources, budgets, metrics, sinks, kafka, redis, self.path)
+        topology = Topology(version, sources, budgets, metrics, sinks, kafka, redis, self.path, start)
         return topology, source_map
 
     # --- sections -------------------------------------------------------------------------
@@ -413,6 +428,95 @@ def _read_version(node: Node, subject: str, key: str) -> int:
     if isinstance(node, Scalar) and node.value == 1 and type(node.value) is int:
         return 1
     raise FieldProblem(node.line, f"version {show(node)}: unsupported; this dpstream reads version: 1")
+
+
+def _read_start(node: Node, subject: str, key: str) -> int:
+    """`start:` as UTC epoch seconds: ISO-8601 with a zero offset (Z, +00:00) or integer epoch seconds."""
+    shown = show(node)
+    value = node.value if isinstance(node, Scalar) else None
+    if isinstance(node, Scalar) and node.substituted and isinstance(value, str) and _EPOCH_TEXT.match(value):
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(node, Scalar) and ":" in node.text:  # YAML 1.1 reads 12:30:00 as sexagesimal 45000
+            raise FieldProblem(
+                node.line, f"start {shown}: a time of day without a date; write the UTC instant, e.g. {_START_EXAMPLE}"
+            )
+        return _check_start_range(node, value, "epoch seconds")
+    if isinstance(value, str) and _EPOCH_TEXT.match(value):
+        raise FieldProblem(
+            node.line, f"start {shown}: a quoted number is text; write epoch seconds unquoted, e.g. start: {value.strip()}"
+        )
+    if isinstance(value, float):
+        raise FieldProblem(
+            node.line, f"start {shown}: must be whole epoch seconds (an integer); e.g. start: {int(value)}"
+        )
+    if not isinstance(value, (str, dt.date)):  # dt.datetime is a dt.date too (PyYAML reads plain timestamps)
+        raise FieldProblem(node.line, f"start {shown}: must be a UTC time; write e.g. {_START_EXAMPLE}")
+    assert isinstance(node, Scalar)
+    match = _START_TIME.match(node.text.strip())
+    if match is None:
+        raise FieldProblem(
+            node.line, f"start {shown}: not an ISO-8601 UTC time or epoch seconds; write e.g. {_START_EXAMPLE}"
+        )
+    date, hm, sec, frac, tz = match.group("date", "hm", "sec", "frac", "tz")
+    try:
+        local = dt.datetime.fromisoformat(f"{date}T{hm or '00:00'}:{sec or '00'}")
+    except ValueError as exc:
+        raise FieldProblem(
+            node.line, f"start {shown}: not a valid date and time ({exc}); e.g. start: 2026-12-01T00:00:00Z"
+        ) from None
+    if hm is None:
+        raise FieldProblem(
+            node.line, f"start {shown}: a date without a time of day; write the UTC instant, e.g. start: {date}T00:00:00Z"
+        )
+    if tz is None:
+        raise FieldProblem(
+            node.line,
+            f"start {shown}: no UTC offset (a local time is ambiguous); write it in UTC with Z, "
+            f"e.g. start: {local.isoformat()}Z",
+        )
+    offset = _offset(tz)
+    if offset:
+        try:
+            example = f", e.g. start: {(local - offset).isoformat()}Z"
+        except OverflowError:
+            example = ""
+        raise FieldProblem(
+            node.line, f"start {shown}: offset {tz} is not UTC; write the same instant in UTC{example}"
+        )
+    if frac is not None:
+        raise FieldProblem(
+            node.line,
+            f"start {shown}: fractional second; start is whole seconds, e.g. start: {local.isoformat()}Z",
+        )
+    return _check_start_range(node, (local - _EPOCH) // dt.timedelta(seconds=1), "time")
+
+
+def _offset(tz: str) -> dt.timedelta:
+    if tz in ("Z", "z"):
+        return dt.timedelta(0)
+    digits = tz[1:].replace(":", "")
+    minutes = int(digits[:2]) * 60 + int(digits[2:] or 0)
+    return dt.timedelta(minutes=-minutes if tz[0] == "-" else minutes)
+
+
+def _check_start_range(node: Node, seconds: int, what: str) -> int:
+    shown = show(node)
+    if seconds < START_MIN_S:
+        raise FieldProblem(
+            node.line,
+            f"start {shown}: {what} before 2000-01-01T00:00:00Z (a typo?); give the deployment's real start, "
+            f"e.g. {_START_EXAMPLE}",
+        )
+    if seconds >= START_MAX_S:
+        hint = ""
+        if START_MIN_S <= seconds // 1000 < START_MAX_S:
+            hint = f"; epoch milliseconds? in seconds that is start: {seconds // 1000}"
+        raise FieldProblem(
+            node.line,
+            f"start {shown}: {what} after 2100-01-01T00:00:00Z (a typo?){hint}; e.g. {_START_EXAMPLE}",
+        )
+    return seconds
 
 
 def _read_window(node: Node, subject: str, key: str) -> Window:

@@ -263,6 +263,9 @@ class Topology:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     path: str = ""
+    start_s: int | None = None
+    """The deployment's public start S (UTC epoch seconds, `start:` in the file): the public release
+    schedule starts at S. Omitted: the first start of this topology version, recorded once in the ledger."""
 
     def metrics_of(self, budget: str) -> list[Metric]:
         """The metrics charged to one budget scope, in file order."""
@@ -273,15 +276,18 @@ class Topology:
         """Hash of the normalised privacy-relevant content: same file → same release_ids.
 
         Connection settings (kafka, redis) and the file path are left out, so moving a
-        deployment does not re-release (and re-charge) windows.
+        deployment does not re-release (and re-charge) windows. `start_s` is in only when
+        set, so a topology without `start:` keeps the version it had before the field existed.
         """
-        doc = {
+        doc: dict[str, object] = {
             "version": self.version,
             "sources": {k: asdict(v) for k, v in sorted(self.sources.items())},
             "budgets": {k: asdict(v) for k, v in sorted(self.budgets.items())},
             "metrics": {k: asdict(v) for k, v in sorted(self.metrics.items())},
             "sinks": asdict(self.sinks),
         }
+        if self.start_s is not None:
+            doc["start_s"] = self.start_s
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

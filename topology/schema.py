@@ -20,6 +20,7 @@ from typing import Any
 
 from topology import model
 from topology.durations import format_duration
+from topology.loader import START_MAX_S, START_MIN_S
 from topology.model import (
     Accounting,
     Aggregate,
@@ -39,6 +40,7 @@ SCHEMA_ID = "https://dpstream.invalid/schema/topology-v1.json"
 
 _NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _ENV_PATTERN = r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}"
+_START_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2})?[ \t]*([Zz]|[+-]00(:?00)?)$"
 
 _DEFS: dict[str, type] = {
     "source": Source,
@@ -57,6 +59,7 @@ _YAML_NAMES = {
     (Source, "idle_timeout_s"): "idle_timeout",
     (Source, "max_future_s"): "max_future",
     (Budget, "period_s"): "period",
+    (Topology, "start_s"): "start",
 }
 """Model field -> YAML key where they differ (durations are written as `30s`, `1d`)."""
 
@@ -84,6 +87,7 @@ _SHAPES: dict[tuple[type, str], dict[str, Any]] = {
     (Topology, "sources"): {"$ref": "#/$defs/sources"},
     (Topology, "budgets"): {"$ref": "#/$defs/budgets"},
     (Topology, "metrics"): {"$ref": "#/$defs/metrics"},
+    (Topology, "start_s"): {"$ref": "#/$defs/start"},
 }
 """YAML-side shapes that differ from the dataclass field type."""
 
@@ -227,6 +231,15 @@ def _yaml_shapes() -> dict[str, Any]:
             "pattern": _ENV_PATTERN,
         },
         "duration": duration,
+        "start": {
+            "description": "A UTC instant in whole seconds, from 2000-01-01 up to 2100-01-01: ISO-8601 with Z or a zero "
+            "offset (2026-12-01T00:00:00Z, no fraction) or integer epoch seconds (1796083200).",
+            "anyOf": [
+                {"type": "string", "pattern": _START_PATTERN},
+                {"type": "integer", "minimum": START_MIN_S, "exclusiveMaximum": START_MAX_S},
+                {"$ref": "#/$defs/env"},
+            ],
+        },
         "window": {
             "description": _one_line(inspect.getdoc(model.Window) or "")
             + " Write {tumbling: 1m} or {hopping: 5m, every: 1m}; the size must divide the budget period.",

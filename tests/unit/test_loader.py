@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from _topology_strategies import valid_topologies
-from topology.dumper import dump_topology
+from topology.dumper import dump_topology, format_start
 from topology.errors import ConfigError
-from topology.loader import load_topology, load_topology_text, load_with_warnings, read_topology
+from topology.loader import (
+    START_MAX_S,
+    START_MIN_S,
+    load_topology,
+    load_topology_text,
+    load_with_warnings,
+    read_topology,
+)
 from topology.model import Accounting, Aggregate, Mechanism, WindowKind
 from topology.substitution import SubstitutionError, substitute_env
 from topology.validation import TopologyError
@@ -208,3 +218,112 @@ def test_alias_cycles_and_deep_nesting_are_config_errors() -> None:
         load_topology_text("a: &a [*a]\n")
     with pytest.raises(ConfigError, match=r"^<string>:1: invalid YAML: nested too deeply"):
         load_topology_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+START_2026_12_01 = 1_796_083_200
+"""2026-12-01T00:00:00Z in epoch seconds."""
+
+
+def _with_start(value: str) -> str:
+    return BASE.replace("version: 1\n", f"version: 1\nstart: {value}\n", 1)
+
+
+def test_start_is_optional() -> None:
+    """Without `start:` the topology has start_s None (the ledger records the first start instead)."""
+    assert load_topology_text(BASE).start_s is None
+    assert load_topology_text(_with_start("~")).start_s is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-12-01T00:00:00Z",
+        '"2026-12-01T00:00:00Z"',
+        "2026-12-01T00:00:00+00:00",
+        "2026-12-01T00:00Z",
+        "2026-12-01 00:00:00Z",
+        "2026-12-01t00:00:00z",
+        "1796083200",
+        "${START:-2026-12-01T00:00:00Z}",
+        '"${START:-1796083200}"',
+    ],
+)
+def test_start_iso_and_epoch_forms_give_the_same_start_s(value: str) -> None:
+    """ISO-8601 with Z or +00:00 (plain or quoted) and integer epoch seconds all load to the same start_s."""
+    topology = load_topology_text(_with_start(value), env={})
+    assert topology.start_s == START_2026_12_01
+    assert isinstance(topology.start_s, int) and not isinstance(topology.start_s, bool)
+
+
+def test_start_from_the_environment() -> None:
+    """`start: ${START}` takes either form from the environment."""
+    text = _with_start("${START}")
+    assert load_topology_text(text, env={"START": "2026-12-01T00:00:00Z"}).start_s == START_2026_12_01
+    assert load_topology_text(text, env={"START": "1796083200"}).start_s == START_2026_12_01
+    assert load_topology_text(_with_start("${START:-}"), env={}).start_s is None
+
+
+def test_start_changes_the_topology_version() -> None:
+    """The public start is privacy content: a different start is a different topology_version."""
+    without = load_topology_text(BASE).topology_version
+    at = load_topology_text(_with_start("2026-12-01T00:00:00Z")).topology_version
+    later = load_topology_text(_with_start("2026-12-02T00:00:00Z")).topology_version
+    assert len({without, at, later}) == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("2026-12-01T00:00:00", r"no UTC offset .*e\.g\. start: 2026-12-01T00:00:00Z"),
+        ('"2026-12-01T00:00:00"', r"no UTC offset"),
+        ("2026-12-01T01:00:00+01:00", r"offset \+01:00 is not UTC; .*e\.g\. start: 2026-12-01T00:00:00Z"),
+        ("2026-11-30T19:00:00-05:00", r"offset -05:00 is not UTC; .*e\.g\. start: 2026-12-01T00:00:00Z"),
+        ("1999-12-31T23:59:59Z", r"time before 2000-01-01T00:00:00Z \(a typo\?\)"),
+        ("946684799", r"epoch seconds before 2000-01-01"),
+        ("-1", r"epoch seconds before 2000-01-01"),
+        ("2026-12-01T00:00:00.5Z", r"fractional second; start is whole seconds, e\.g\. start: 2026-12-01T00:00:00Z"),
+        ("2026-12-01T00:00:00.000Z", r"fractional second"),
+        ("1796083200.5", r"must be whole epoch seconds \(an integer\); e\.g\. start: 1796083200"),
+        ("1796083200.0", r"must be whole epoch seconds"),
+        ("1796083200000", r"after 2100-01-01T00:00:00Z .*in seconds that is start: 1796083200"),
+        ("2100-01-01T00:00:00Z", r"time after 2100-01-01T00:00:00Z"),
+        ("2026-12-01", r"a date without a time of day; .*e\.g\. start: 2026-12-01T00:00:00Z"),
+        ("12:30:00", r"a time of day without a date"),
+        ('"1796083200"', r"a quoted number is text; write epoch seconds unquoted"),
+        ('"2026-02-30T00:00:00Z"', r"not a valid date and time"),
+        ('"next monday"', r"not an ISO-8601 UTC time or epoch seconds"),
+        ('"0001-01-01T00:00:00+01:00"', r"offset \+01:00 is not UTC; write the same instant in UTC$"),
+        ("true", r"must be a UTC time"),
+        ("[2026]", r"must be a UTC time"),
+    ],
+)
+def test_bad_start_is_a_one_line_error_naming_start(value: str, fragment: str) -> None:
+    """Every bad `start:` is one located line: `FILE:LINE: start <value>: <problem>; <fix>`."""
+    with pytest.raises(TopologyError) as info:
+        load_topology_text(_with_start(value), path="t.yaml", env={})
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("t.yaml:2: start "), message
+    assert re.search(fragment, message), message
+    assert info.value.problems == (message,)
+
+
+def test_start_round_trips_through_the_dumper() -> None:
+    """The dumper writes start as ISO-8601 UTC with Z, which loads back to the same start_s and version."""
+    topology = load_topology_text(_with_start("1796083200"))
+    text = dump_topology(topology)
+    assert "start: '2026-12-01T00:00:00Z'" in text
+    again = load_topology_text(text)
+    assert again == topology and again.topology_version == topology.topology_version
+    assert "start" not in dump_topology(load_topology_text(BASE))
+    assert format_start(START_MIN_S) == "2000-01-01T00:00:00Z"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
+def test_random_starts_round_trip(topology, start_s: int) -> None:  # type: ignore[no-untyped-def]
+    """Any start in range survives dump → load unchanged, with the same topology_version."""
+    topology = dataclasses.replace(topology, start_s=start_s)
+    loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})
+    assert loaded == topology and loaded.start_s == start_s
+    assert loaded.topology_version == topology.topology_version

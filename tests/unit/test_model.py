@@ -1,6 +1,9 @@
 """Tests of the derived answers of topology.model (windows, keys, topology_version)."""
 
 import dataclasses
+import hashlib
+import json
+from enum import Enum
 
 from topology.model import (
     Aggregate,
@@ -62,3 +65,34 @@ def test_topology_version_ignores_connections_but_not_privacy_fields():
     assert base.topology_version == moved.topology_version
     assert base.topology_version != reweighted.topology_version
     assert len(base.topology_version) == 16
+
+
+def _version_without_start(topology: Topology) -> str:
+    """topology_version as computed before `start:` existed: the doc has no start_s key at all."""
+    doc = {
+        "version": topology.version,
+        "sources": {k: dataclasses.asdict(v) for k, v in sorted(topology.sources.items())},
+        "budgets": {k: dataclasses.asdict(v) for k, v in sorted(topology.budgets.items())},
+        "metrics": {k: dataclasses.asdict(v) for k, v in sorted(topology.metrics.items())},
+        "sinks": dataclasses.asdict(topology.sinks),
+    }
+    blob = json.dumps(
+        doc, sort_keys=True, default=lambda o: o.value if isinstance(o, Enum) else None, separators=(",", ":")
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def test_topology_version_without_start_is_unchanged():
+    """A topology without start keeps the version it had before the field existed (same release_ids)."""
+    for topology in (_topology(), _topology(group_by="page", keys=("a", "b")), _topology(weight=2.5)):
+        assert topology.start_s is None
+        assert topology.topology_version == _version_without_start(topology)
+
+
+def test_topology_version_includes_start_when_set():
+    """The public start is privacy content: setting it, or moving it, changes the version."""
+    base = _topology()
+    at = dataclasses.replace(base, start_s=1_796_083_200)
+    later = dataclasses.replace(base, start_s=1_796_083_201)
+    assert len({base.topology_version, at.topology_version, later.topology_version}) == 3
+    assert at.topology_version == dataclasses.replace(at, path="/elsewhere.yaml").topology_version

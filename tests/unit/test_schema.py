@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -10,10 +11,11 @@ from typing import Any
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from _topology_strategies import valid_topologies
 from topology.dumper import topology_document
-from topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS
+from topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS, START_MAX_S, START_MIN_S, load_topology_text
 from topology.model import Accounting, Aggregate, Mechanism
 from topology.schema import topology_schema
 
@@ -209,3 +211,54 @@ def test_schema_rejects_broken_documents(old: str, new: str, fragment: str) -> N
 def test_random_valid_topologies_validate(topology) -> None:  # type: ignore[no-untyped-def]
     """Every topology the loader accepts (as dumped YAML) is valid under the schema."""
     assert _errors(topology_document(topology), SCHEMA) == []
+
+
+def _example_with_start(start: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "topology" / "examples" / "web-analytics.yaml").read_text())
+    return {"version": doc.pop("version"), "start": start, **doc}
+
+
+def test_schema_documents_start() -> None:
+    """`start` is an optional top-level property with a description of both accepted forms."""
+    prop = SCHEMA["properties"]["start"]
+    assert "start" not in SCHEMA.get("required", [])
+    assert "public start" in prop["description"]
+    described = SCHEMA["$defs"]["start"]["description"]
+    assert "2026-12-01T00:00:00Z" in described and "epoch seconds" in described
+
+
+@pytest.mark.parametrize(
+    "start",
+    ["2026-12-01T00:00:00Z", "2026-12-01T00:00:00+00:00", "2026-12-01 00:00Z", 1_796_083_200, "${START}"],
+)
+def test_schema_accepts_the_start_forms_the_loader_accepts(start: Any) -> None:
+    """ISO-8601 UTC strings (as an editor's YAML 1.2 sees them), epoch seconds and env references validate."""
+    assert _errors(_example_with_start(start), SCHEMA) == []
+    if not isinstance(start, str) or not start.startswith("$"):
+        text = yaml.safe_dump(_example_with_start(start), sort_keys=False)
+        assert load_topology_text(text, env={}).start_s == 1_796_083_200
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        "2026-12-01T00:00:00",
+        "2026-12-01T01:00:00+01:00",
+        "2026-12-01T00:00:00.5Z",
+        "2026-12-01",
+        START_MIN_S - 1,
+        START_MAX_S,
+        1_796_083_200.5,
+        True,
+    ],
+)
+def test_schema_rejects_bad_starts(start: Any) -> None:
+    """The schema underlines the same start mistakes the loader refuses."""
+    assert _errors(_example_with_start(start), SCHEMA) != []
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
+def test_random_topologies_with_start_validate(topology, start_s: int) -> None:  # type: ignore[no-untyped-def]
+    """A dumped topology with a start (written as ISO-8601 with Z) is valid under the schema."""
+    assert _errors(topology_document(dataclasses.replace(topology, start_s=start_s)), SCHEMA) == []
