@@ -5,12 +5,20 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from topology.errors import ConfigError, InternalError
-from workers.ledger.keys import ScopeKeys
-from workers.ledger.units import cap_to_units, cost_to_units, grantable_float, share_of_units
+from workers.ledger.keys import ScopeKeys, deployment_start_key
+from workers.ledger.units import (
+    cap_to_units,
+    cost_to_units,
+    delta_cap_to_units,
+    delta_to_units,
+    grantable_float,
+    ledger_delta,
+    share_of_units,
+)
 
 
 @given(st.floats(min_value=1e-12, max_value=9000.0, allow_nan=False))
@@ -45,3 +53,39 @@ def test_keys_share_one_hash_tag() -> None:
     assert k.period("2026-11-30") == "dpstream:{web-daily}:period:2026-11-30"
     with pytest.raises(ConfigError, match="braces"):
         ScopeKeys("a{b}")
+
+
+@given(st.floats(min_value=0.0, max_value=0.009, allow_nan=False))
+def test_selection_delta_is_charged_rounded_up(delta: float) -> None:
+    """A release's δ in 1e-18 units covers its exact binary value, by less than one unit."""
+    units = delta_to_units(delta)
+    assert 0 <= Fraction(units, 10**18) - Fraction(delta) < Fraction(1, 10**18)
+
+
+@given(st.floats(min_value=1e-15, max_value=0.009, allow_nan=False), st.integers(min_value=1, max_value=100_000))
+def test_a_periods_planned_selection_deltas_fit_its_cap(total: float, releases: int) -> None:
+    """Each of a period's planned releases calibrated and charged at ledger_delta(total / n) is at most its
+    share, and n of them fit the period's δ cap (rounded down): the last planned release is never refused."""
+    assume(total / releases >= 1e-18)  # below one unit per release the topology is refused
+    per = ledger_delta(total / releases)
+    assert 0 < per <= total / releases
+    assert releases * delta_to_units(per) <= delta_cap_to_units(total, "b")
+
+
+def test_delta_cap_rounds_down_and_refuses_what_it_cannot_hold() -> None:
+    """1e-7 (binary 9.99…e-8) is 99999999999 units; a selection δ past 2**53 units is a ConfigError."""
+    assert delta_cap_to_units(1e-7, "b") == 99_999_999_999
+    assert delta_cap_to_units(0.0, "b") == 0 and delta_to_units(0.0) == 0 and ledger_delta(0.0) == 0.0
+    with pytest.raises(ConfigError, match="smaller delta"):
+        delta_cap_to_units(0.05, "budget 'x'")
+    with pytest.raises(InternalError):
+        delta_to_units(-1e-9)
+    with pytest.raises(ConfigError, match="below the ledger's unit"):
+        ledger_delta(1e-20)
+
+
+def test_deployment_start_key_has_its_own_hash_tag() -> None:
+    """The deployment start lives outside every scope's slot, one key per topology version."""
+    assert deployment_start_key("abc123") == "dpstream:{deploy}:start:abc123"
+    with pytest.raises(ConfigError):
+        deployment_start_key("a b")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from fractions import Fraction
 
 import pytest
 
@@ -252,3 +254,76 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
     costs = [json.loads(r.payload)["cost"]["rho"] for r in results]
     assert max(costs) - min(costs) <= 1e-9 * max(costs)
     assert abs(costs[0] - before.cost) <= 1e-9 * before.cost  # a third of the pool, as quoted alone
+
+
+def _straddle_fill(topo, start: int, cost_share: float):
+    """A request that spends `cost_share` of the cap in the period of `start` (a window inside it)."""
+    from topology.periods import period_id
+    from workers.ledger import ReleaseRequest
+
+    async def fill(ledger):
+        cap = (await ledger.status("b")).cap
+        req = ReleaseRequest(f"fill-{start}", "b", period_id(3600, start), "hist", start, start + 120,
+                             cap * cost_share, b"{}", may_use_reserve=True)
+        assert (await ledger.reserve(req)).outcome.value == "granted"
+
+    return fill
+
+
+@pytest.mark.parametrize("exhausted", ["main", "later"])
+def test_straddling_window_is_charged_all_or_nothing(exhausted):
+    """DESIGN §4: the main and the later period are charged in one atomic call. With the main period
+    exhausted, the later period gets no (stranded) charge; with the later one exhausted, the main period
+    is not charged either; nothing is published and no charge-only record is left for the sweeper."""
+    topo = load_topology_text(_STRADDLE_YAML)
+    boundary = _T0 + 3600
+
+    async def go():
+        ledger = await open_ledger("memory", topo, clock=lambda: _T0 + 3600 + 90)
+        await _straddle_fill(topo, _T0 if exhausted == "main" else boundary, 0.99)(ledger)
+        before = {p.period_id: p.spent_units for p in await ledger.history("b")}
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        res = await rel.release("hist", (boundary - 60, boundary + 60), {"a": 3, "b": 1}, sink)
+        after = {p.period_id: p.spent_units for p in await ledger.history("b")}
+        pending = await ledger.pending(0)
+        return res, sink, before, after, pending
+
+    res, sink, before, after, pending = _run(go())
+    assert res.outcome in (ReleaseOutcome.SUPPRESSED, ReleaseOutcome.DENIED) and sink.sent == []
+    assert "budget exhausted" in res.reason or "pool exhausted" in res.reason
+    assert {pid: units for pid, units in after.items() if units} == before  # no period charged by the release
+    assert [p.release_id for p in pending] == [f"fill-{_T0 if exhausted == 'main' else boundary}"]
+
+
+_SELECTING_YAML = _YAML.replace("    keys: [a, b]\n", "")
+
+
+def test_selection_delta_is_calibrated_and_charged_as_one_amount():
+    """A metric with data-derived keys: the mechanism gets the per-release selection δ rounded down to the
+    ledger's unit, and the ledger charges exactly that δ to the period's δ counter."""
+    from topology.selection import selection_delta_per_release
+    from workers.ledger.units import DELTA_UNITS_PER_DELTA, ledger_delta
+    from workers.noise import build_release_mechanism
+
+    topo = load_topology_text(_SELECTING_YAML)
+    deltas = []
+
+    def factory(metric, accounting, cost, *, delta=0.0):
+        deltas.append(delta)
+        return build_release_mechanism(metric, accounting, cost, delta=delta)
+
+    async def go():
+        ledger = await open_ledger("memory", topo)
+        rel = Releaser(topo, ledger, mechanism_factory=factory)
+        res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 500, "b": 400}, _Sink())
+        return res, await ledger.status("b"), (await ledger.history("b"))[0]
+
+    res, status, block = _run(go())
+    metric, budget = topo.metrics["hist"], topo.budgets["b"]
+    share = selection_delta_per_release(metric, budget, list(topo.metrics.values()))
+    expected = ledger_delta(share)
+    assert res.outcome is ReleaseOutcome.PUBLISHED and deltas == [expected] and 0 < expected <= share
+    assert block.delta_spent_units == math.floor(Fraction(share) * DELTA_UNITS_PER_DELTA)  # charged as calibrated
+    assert status.delta_spent == pytest.approx(expected) and status.delta_cap == pytest.approx(1e-7)
+    assert block.delta_spent_units * 24 <= block.delta_cap_units  # the period's 24 releases fit the δ cap

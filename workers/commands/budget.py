@@ -103,6 +103,7 @@ def status_json(s: ScopeStatus) -> dict[str, Any]:
         "ratio": s.ratio,
         "epsilon_equiv": s.epsilon_equiv,
         "delta": s.delta,
+        "delta_spent": s.delta_spent, "delta_cap": s.delta_cap,  # partition-selection δ of the period
         "warn_at": s.warn_at,
         "releases": {"granted": s.granted, "refused": s.refused},
         "reserve_left": s.reserve_left,
