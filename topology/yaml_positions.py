@@ -144,7 +144,7 @@ class _Builder:
                 substituted = True
         try:
             value = self._constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: an impossible unquoted date (2026-02-30)
             raise LocatedError(line, f"cannot read {text!r}: {_one_line(str(exc))}") from exc
         return Scalar(value, _one_line(text), line, plain, substituted)
 

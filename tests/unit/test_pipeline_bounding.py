@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import NamedTuple
 
 from topology.loader import load_topology_text
 from workers.pipeline import PartitionPipeline
+from workers.pipeline.fixed_point import from_units, value_exponent
 
 _YAML = """
 version: 1
@@ -76,10 +78,16 @@ def _rec(offset: int, **fields: object) -> Rec:
 
 def _partials(events: list[dict]) -> dict[str, dict]:
     topo = load_topology_text(_YAML)
-    pipe = PartitionPipeline(topo, "clicks", 0)
+    pipe = PartitionPipeline(topo, "clicks", 0, schedule_start=0)
     out = pipe.process_batch([_rec(i, **e) for i, e in enumerate(events)])
     partials = out.partials + pipe.flush().partials
     return {p.metric: p.values for p in partials if p.start == 0}, pipe.refresh_counts()
+
+
+def _exact(metric: str, units: int) -> Fraction:
+    """A partial sum (integer grid units) as the exact value it stands for."""
+    topo = load_topology_text(_YAML)
+    return from_units(units, value_exponent(topo.metrics[metric].bounds))
 
 
 def test_heavy_unit_moves_count_by_at_most_l0_times_linf():
@@ -110,8 +118,8 @@ def test_values_are_clamped_and_counted():
         {"user_id": "d", "ts": 1},
     ]
     values, counts = _partials(events)
-    assert values["spend"][""] == 100 - 10 + 20.5
-    assert values["avg"][""] == [50 + 0 + 20.5, 3]
+    assert _exact("spend", values["spend"][""]) == 100 - 10 + 20.5
+    assert [_exact("avg", values["avg"][""][0]), values["avg"][""][1]] == [50 + 0 + 20.5, 3]
     assert counts.clamped == 2 + 2  # two metrics clamp the two outliers each
     assert counts.skipped >= 2  # the event without `eur` is skipped by spend and avg
 
@@ -135,3 +143,29 @@ def test_integer_and_string_units_are_the_same_person():
     events = [{"user_id": 7, "ts": 1}, {"user_id": "7", "ts": 2}]
     values, _ = _partials(events)
     assert values["users"][""] == 1
+
+
+def test_float_sums_are_exact_whatever_the_order():
+    """Sums are integers on the bounds' grid: 0.1 added in any order and any split gives one answer
+    (float `+` gives 0.30000000000000004 for 0.1 + 0.2 but 0.3 for 0.2 + 0.1)."""
+    values = [0.1, 0.2, 0.7, 1e-9, 99.999999, 3.3]
+    events = [{"user_id": f"u{i}", "ts": 1, "eur": v} for i, v in enumerate(values)]
+    forward, _ = _partials(events)
+    backward, _ = _partials(list(reversed(events)))
+    assert isinstance(forward["spend"][""], int)
+    assert forward["spend"][""] == backward["spend"][""]
+    grid = value_exponent(load_topology_text(_YAML).metrics["spend"].bounds)
+    assert forward["spend"][""] == sum(round(v * 2**grid) for v in values)
+    assert abs(float(_exact("spend", forward["spend"][""])) - sum(values)) <= len(values) * 2.0 ** -grid
+
+
+def test_rounded_values_stay_inside_the_bounds():
+    """Rounding onto the grid is monotone and the bounds are whole grid units: a clamped value can
+    never round past a bound (the declared sensitivity stays exact)."""
+    topo = load_topology_text(_YAML)
+    grid = value_exponent(topo.metrics["spend"].bounds)
+    lo, hi = topo.metrics["spend"].bounds.lower, topo.metrics["spend"].bounds.upper
+    assert (lo * 2**grid).is_integer() and (hi * 2**grid).is_integer()
+    events = [{"user_id": "a", "ts": 1, "eur": 100 - 1e-15}, {"user_id": "b", "ts": 1, "eur": -10 + 1e-15}]
+    values, _ = _partials(events)
+    assert -10 * 2**grid <= values["spend"][""] <= 200 * 2**grid

@@ -126,7 +126,7 @@ def test_absent_value_and_key_are_not_errors(parser):
 
 def test_pipeline_dead_letters_and_keeps_going(topo):
     """Bad events become dead letters (reason, offset, raw bytes) and good ones around them count."""
-    pipe = PartitionPipeline(topo, "clicks", 3)
+    pipe = PartitionPipeline(topo, "clicks", 3, schedule_start=0)
     recs = [
         Rec(0, b'{"user_id": "u1", "ts": 10, "page": "a"}'),
         Rec(1, b"garbage"),
@@ -150,22 +150,31 @@ def test_pipeline_dead_letters_and_keeps_going(topo):
     assert counts["invalid:not_json"] == 2 and counts["invalid:bad_value"] == 1
 
 
-def test_far_future_event_is_dead_lettered_live_and_leaves_the_watermark_alone(topo):
-    """Live (a clock given): an event timed past now + max_future goes to the DLQ as future_timestamp and
-    does not move the watermark, so the events after it are not late; a replay (no clock) keeps it."""
+def test_far_future_event_is_dead_lettered_by_its_own_arrival_time(topo):
+    """An event timed past its own record's append time + max_future goes to the DLQ as
+    future_timestamp; the others around it are untouched. A replay line (no record time) arrives at
+    its own event time, so it is never in the future."""
     now = 1_700_000_000.0
     horizon = now + topo.sources["clicks"].max_future_s
+    stamp = int(now * 1000)
     recs = [
-        Rec(0, json.dumps({"user_id": "a", "ts": now - 5, "eur": 1.0}).encode()),
-        Rec(1, json.dumps({"user_id": "b", "ts": horizon + 1, "eur": 1.0}).encode()),
-        Rec(2, json.dumps({"user_id": "c", "ts": now - 4, "eur": 1.0}).encode()),
-        Rec(3, json.dumps({"user_id": "d", "ts": horizon - 1, "eur": 1.0}).encode()),  # inside the horizon: kept
+        Rec(0, json.dumps({"user_id": "a", "ts": now - 5, "eur": 1.0}).encode(), stamp),
+        Rec(1, json.dumps({"user_id": "b", "ts": horizon + 1, "eur": 1.0}).encode(), stamp),
+        Rec(2, json.dumps({"user_id": "c", "ts": now - 4, "eur": 1.0}).encode(), stamp),
+        Rec(3, json.dumps({"user_id": "d", "ts": horizon - 1, "eur": 1.0}).encode(), stamp),  # inside: kept
     ]
-    live = PartitionPipeline(topo, "clicks", 0)
-    out = live.process_batch(recs[:3], now=now)
+    live = PartitionPipeline(topo, "clicks", 0, schedule_start=int(now) - 3600)
+    out = live.process_batch(recs)
     assert [(d.reason, d.offset) for d in out.dead_letters] == [("future_timestamp", 1)]
-    assert live.counts.invalid["future_timestamp"] == 1 and live.counts.late == 0
-    assert live.watermark < now
-    assert live.process_batch(recs[3:], now=now).dead_letters == []
-    replay = PartitionPipeline(topo, "clicks", 0)
-    assert replay.process_batch(recs[:3]).dead_letters == [] and replay.counts.accepted == 3
+    assert live.counts.invalid["future_timestamp"] == 1 and live.counts.late == 0 and live.counts.accepted == 3
+    replay = PartitionPipeline(topo, "clicks", 0, schedule_start=int(now) - 3600)
+    plain = [Rec(r.offset, r.value) for r in recs]
+    assert replay.process_batch(plain).dead_letters == [] and replay.counts.accepted == 4
+
+
+def test_events_outside_the_replay_range_are_dead_lettered(topo):
+    """replay --from/--to: an event timed outside [from, to) is `out_of_range`, never a window."""
+    pipe = PartitionPipeline(topo, "clicks", 0, schedule_start=600, until=1200, event_range=(600, 1200))
+    recs = [Rec(i, json.dumps({"user_id": "a", "ts": t}).encode()) for i, t in enumerate([599, 600, 1199, 1200])]
+    out = pipe.process_batch(recs)
+    assert [(d.reason, d.offset) for d in out.dead_letters] == [("out_of_range", 0), ("out_of_range", 3)]

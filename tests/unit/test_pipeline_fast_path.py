@@ -43,7 +43,8 @@ _LATENESS = 3.0
 _events = st.lists(
     st.tuples(
         st.sampled_from(["u1", "u2", "u3", "u4"]),
-        st.floats(min_value=-9.0, max_value=9.0, allow_nan=False),  # step from the previous event: some go back
+        st.floats(min_value=0.0, max_value=4.0, allow_nan=False),  # arrival step (append times never go back)
+        st.floats(min_value=-2.0, max_value=9.0, allow_nan=False),  # event time = arrival − this: some ahead, some late
         st.sampled_from(["a", "b", "c", "zzz"]),  # zzz: not a declared key (skipped by views)
         st.one_of(st.none(), st.floats(min_value=-5.0, max_value=15.0, allow_nan=False)),  # None: skipped by spend
     ),
@@ -52,18 +53,16 @@ _events = st.lists(
 
 
 def _run(metric: str, events: list, cuts: list[int], reuse: bool) -> tuple:
-    acc = MetricAccumulator(_TOPO.metrics[metric], _TOPO.sources["clicks"], reuse_window=reuse)
+    acc = MetricAccumulator(_TOPO.metrics[metric], _TOPO.sources["clicks"], 995, reuse_window=reuse)
     out, late = [], 0
-    ts, maxt = 1_000.0, -1e18
-    for i, (unit, step, page, eur) in enumerate(events):
-        ts = max(0.0, ts + step)
-        if maxt < -1e17:
-            acc.start_at(acc.first_start_covering(ts))
-        maxt = max(maxt, ts)
-        late += acc.add(unit, ts, {"page": page, "eur": eur}, i, maxt - _LATENESS)
-        if i in cuts:  # a batch boundary: windows final by now are emitted
-            out.extend(acc.emit_final(maxt - _LATENESS, 10_000))
-    out.extend(acc.flush())
+    arrival = 1_000.0
+    for i, (unit, step, delay, page, eur) in enumerate(events):
+        arrival += step
+        ts = max(0.0, arrival - delay)
+        late += acc.add(unit, ts, {"page": page, "eur": eur}, i, arrival - _LATENESS)
+        if i in cuts:  # a close between batches: everything appended before now is consumed
+            out.extend(acc.close_through(arrival - 0.001))
+    out.extend(acc.close_through(arrival + 100))
     return out, late, acc.capped, acc.clamped, acc.skipped
 
 
@@ -76,17 +75,17 @@ def test_fast_path_matches_the_general_path(events, cuts, metric):
 
 def test_the_fast_path_is_taken_and_bounds_like_the_general_path():
     """Twenty events of one unit in one window: capped at max_per_key either way (a non-vacuous case)."""
-    events = [("u1", 0.01, "a", 1.0)] * 20
+    events = [("u1", 0.01, 0.0, "a", 1.0)] * 20
     fast, general = _run("views", events, [], True), _run("views", events, [], False)
     assert fast == general
-    [(start, values)] = fast[0]
-    assert values == {"a": 2} and fast[2] == 18
+    nonempty = [(s, v) for s, v in fast[0] if v]
+    assert nonempty == [(1000, {"a": 2})] and fast[2] == 18
 
 
-def test_an_event_for_the_remembered_window_after_the_watermark_passed_it_is_late():
-    """The remembered window is not reused once final: A goes to [1000, 1005); an event the metric skips
-    moves the watermark past 1005; B, back in [1000, 1005), is late on both paths, not added."""
-    events = [("u1", 1.0, "a", 1.0), ("u2", 8.0, "zzz", 1.0), ("u3", -8.5, "a", 1.0)]  # times 1001, 1009, 1000.5
+def test_an_event_for_the_remembered_window_after_it_closed_is_late():
+    """The remembered window is not reused once closed: A goes to [1000, 1005) (C = 1008); B, back in
+    [1000, 1005) but appended at 1008.5, is late on both paths, not added."""
+    events = [("u1", 1.0, 0.0, "a", 1.0), ("u3", 7.5, 8.0, "a", 1.0)]  # (ts, arrival): (1001, 1001), (1000.5, 1008.5)
     fast, general = _run("views", events, [], True), _run("views", events, [], False)
     assert fast == general
     partials, late = fast[0], fast[1]

@@ -1,4 +1,4 @@
-"""PartialMerger: dedupe by (window, partition), completeness, deadline, state round trip."""
+"""PartialMerger: dedupe by (window, partition), completeness (no deadline), partition counts, state round trip."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ import pytest
 
 from topology.errors import InternalError
 from workers.pipeline import PartialMerger, WindowPartial
+from workers.pipeline.merger import PartitionCountChanged
 
 
-def _p(start: int, partition: int, values: dict, metric: str = "m") -> WindowPartial:
-    return WindowPartial(metric, start, start + 60, "src", "topic", partition, values)
+def _p(start: int, partition: int, values: dict, metric: str = "m", of: int = 2) -> WindowPartial:
+    return WindowPartial(metric, start, start + 60, "src", "topic", partition, values, partitions=of)
 
 
 def test_window_released_once_all_partitions_reported():
     """A window is merged (summed) only when every expected partition sent its partial."""
     m = PartialMerger("m", [0, 1, 2])
-    assert m.add(_p(0, 0, {"": 3})) == []
-    assert m.add(_p(0, 2, {"": 4})) == []
-    [w] = m.add(_p(0, 1, {"": 5}))
-    assert (w.start, w.end, w.values, w.complete) == (0, 60, {"": 12}, True)
+    assert m.add(_p(0, 0, {"": 3}, of=3)) == []
+    assert m.add(_p(0, 2, {"": 4}, of=3)) == []
+    [w] = m.add(_p(0, 1, {"": 5}, of=3))
+    assert (w.start, w.end, w.values) == (0, 60, {"": 12})
 
 
 def test_duplicate_partials_are_ignored():
@@ -40,7 +41,7 @@ def test_later_partial_implies_earlier_window_empty_there():
     m = PartialMerger("m", [0, 1])
     assert m.add(_p(0, 0, {"": 2})) == []
     [w] = m.add(_p(60, 1, {"": 1}))
-    assert (w.start, w.values, w.complete) == (0, {"": 2}, True)
+    assert (w.start, w.values) == (0, {"": 2})
 
 
 def test_mean_pairs_merge_pairwise():
@@ -51,14 +52,27 @@ def test_mean_pairs_merge_pairwise():
     assert w.values == {"": [12.0, 3]}
 
 
-def test_deadline_releases_incomplete_and_flags_it():
-    """After the deadline a window goes out with what arrived, flagged incomplete with the missing partitions."""
-    m = PartialMerger("m", [0, 1, 2], deadline_s=5.0)
-    m.add(_p(0, 0, {"": 1}), now=100.0)
-    assert m.expire(104.9) == []
-    [w] = m.expire(105.0)
-    assert (w.complete, w.missing, w.values) == (False, (1, 2), {"": 1})
-    assert m.add(_p(0, 1, {"": 1}), now=106.0) == []
+def test_a_missing_partial_holds_the_window_back_however_long():
+    """No deadline: until every partition reported, nothing is released (a missing partition's units
+    are never dropped); the window shows as pending (release lag)."""
+    m = PartialMerger("m", [0, 1, 2])
+    for start in range(0, 6000, 60):
+        assert m.add(_p(start, 0, {"": 1}, of=3)) == []
+        assert m.add(_p(start, 1, {"": 1}, of=3)) == []
+    assert m.pending_windows()[:2] == [0, 60] and len(m.pending_windows()) == 100
+    [w] = m.add(_p(0, 2, {"": 5}, of=3))
+    assert (w.start, w.values) == (0, {"": 7})
+
+
+def test_a_changed_partition_count_is_refused_with_one_line():
+    """A partial from a source that now has another number of partitions is refused, not merged."""
+    m = PartialMerger("m", [0, 1])
+    with pytest.raises(PartitionCountChanged, match="now reports 3 partitions, the release side expects 2") as err:
+        m.add(_p(0, 2, {"": 1}, of=3))
+    assert "\n" not in str(err.value)
+    with pytest.raises(PartitionCountChanged):
+        m.add(_p(0, 0, {"": 1}, of=3))
+    assert m.pending_windows() == []
 
 
 def test_state_round_trips_through_json():
@@ -81,9 +95,7 @@ def test_partials_round_trip_as_bytes():
 
 
 def test_foreign_partials_are_bugs():
-    """A partial of another metric or an unknown partition raises InternalError."""
+    """A partial of another metric raises InternalError."""
     m = PartialMerger("m", [0])
     with pytest.raises(InternalError, match="merger of 'm'"):
-        m.add(_p(0, 0, {}, metric="other"))
-    with pytest.raises(InternalError, match="partition 4"):
-        m.add(_p(0, 4, {}))
+        m.add(_p(0, 0, {}, metric="other", of=1))

@@ -35,7 +35,7 @@ _T0 = 1_796_000_400
 
 
 def _window(metric: str, start: int) -> MergedWindow:
-    return MergedWindow(metric, start, start + 10, {"a": 1}, True)
+    return MergedWindow(metric, start, start + 10, {"a": 1})
 
 
 def test_a_slow_metric_does_not_hold_up_another():
@@ -153,16 +153,16 @@ def test_a_failed_release_is_reported_kept_and_retried_after_a_backoff(monkeypat
 
 def test_state_round_trips_through_json_with_its_releasing_windows():
     """Merger and releasing windows survive to_state → JSON → from_state (what the changelog holds)."""
-    state = MetricReleaseState.from_state("hist", range(2), None, 30.0)
+    state = MetricReleaseState.from_state("hist", range(2), None)
     for p in (0, 1):
-        state.merger.add(WindowPartial("hist", 0, 10, "s", "t", p, {"a": 2 + p}), now=1.0)
-    state.releasing[0] = MergedWindow("hist", 0, 10, {"a": 5, "b": [1.5, 2]}, False, (1,))
+        state.merger.add(WindowPartial("hist", 0, 10, "s", "t", p, {"a": 2 + p}, partitions=2))
+    state.releasing[0] = MergedWindow("hist", 0, 10, {"a": 5, "b": [1.5, 2]})
     doc = json.loads(json.dumps(state.to_state()))
-    back = MetricReleaseState.from_state("hist", range(2), doc, 30.0)
+    back = MetricReleaseState.from_state("hist", range(2), doc)
     assert back.releasing == state.releasing
     assert back.merger.to_state() == state.merger.to_state()
     # the merger remembers window 0 as released: a replayed partial of it is dropped
-    assert back.merger.add(WindowPartial("hist", 0, 10, "s", "t", 0, {"a": 9}), now=2.0) == []
+    assert back.merger.add(WindowPartial("hist", 0, 10, "s", "t", 0, {"a": 9}, partitions=2)) == []
 
 
 def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge():
@@ -172,8 +172,8 @@ def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge
 
     async def go():
         ledger = await open_ledger("memory", topo)
-        window = MergedWindow("hist", _T0, _T0 + 3600, {"a": 40, "b": 2}, True)
-        state = MetricReleaseState.from_state("hist", range(1), None, 30.0)
+        window = MergedWindow("hist", _T0, _T0 + 3600, {"a": 40, "b": 2})
+        state = MetricReleaseState.from_state("hist", range(1), None)
         state.releasing[window.start] = window
         doc = json.loads(json.dumps(state.to_state()))
 
@@ -193,7 +193,7 @@ def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge
         owner_b = Releaser(topo, ledger)
         results = []
         d = ReleaseDispatcher(lambda w: owner_b.release_merged(w, sink), lambda w, r, e: results.append(r))
-        resumed = MetricReleaseState.from_state("hist", range(1), doc, 30.0)
+        resumed = MetricReleaseState.from_state("hist", range(1), doc)
         for start in sorted(resumed.releasing):
             d.dispatch(resumed.releasing[start])
         await d.drain()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import json
 
 import pytest
 
 from topology.loader import load_topology_text
 from workers.ledger.types import RATIO_TOKEN
+from workers.pipeline.fixed_point import value_exponent
 from workers.release import RATIO_PLACEHOLDER, build_record, canonical_bytes, true_values_for
 
 _YAML = """
@@ -69,7 +72,6 @@ def _record(topo, metric: str, cost: float = 0.01):
         cost=cost,
         noise_fields={"values": {"a": 1.0}, "mechanism": "discrete_gaussian", "noise": {"scale": 2.0, "stddev": 2.0},
                       "ci": {"level": 0.95, "half_width": 4.0}, "metric": "overwrite-attempt"},
-        complete=True,
         built_at=1_796_044_870.4,
     )
 
@@ -109,8 +111,10 @@ def test_event_level_and_pure_costs_are_labelled(topo):
 
 
 def test_true_values_zero_fill_declared_keys_and_shape_means(topo):
-    """Declared keys are always present (zero when unseen); ungrouped uses ''; means become (sum, count)."""
+    """Declared keys are always present (zero when unseen); ungrouped uses ''; means become (sum, count);
+    integer grid-unit sums become exact Fractions."""
     assert true_values_for(topo.metrics["hist"], {"b": 4}) == {"a": 0, "b": 4, "c": 0}
-    assert true_values_for(topo.metrics["avg"], {"": [12.5, 3]}) == {"": (12.5, 3)}
+    scale = 2 ** value_exponent(topo.metrics["avg"].bounds)
+    assert true_values_for(topo.metrics["avg"], {"": [int(12.5 * scale), 3]}) == {"": (Fraction(25, 2), 3)}
     assert true_values_for(topo.metrics["avg"], {}) == {"": (0.0, 0)}
     assert true_values_for(topo.metrics["evsum"], {}) == {"": 0.0}

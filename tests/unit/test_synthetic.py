@@ -73,9 +73,10 @@ def test_malformed_events_fail_validation_with_their_reason(topology) -> None:  
             Malformation.BAD_TIMESTAMP: "bad_timestamp", Malformation.FUTURE_TIMESTAMP: "future_timestamp"}
     gen = EventGenerator(topology, config=GeneratorConfig(users=20, seed=5, malformed=0.5))
     events = list(gen.events(400))
-    pipe = PartitionPipeline(topology, "clicks", 0)
-    records = [_Rec(i, ev.value) for i, ev in enumerate(events)]
-    dead = {d.offset: d.reason for d in pipe.process_batch(records, now=max(ev.ts for ev in events)).dead_letters}
+    now = max(ev.ts for ev in events if ev.malformation is None)
+    pipe = PartitionPipeline(topology, "clicks", 0, schedule_start=0)
+    records = [_Rec(i, ev.value, int(now * 1000)) for i, ev in enumerate(events)]  # all appended at `now`
+    dead = {d.offset: d.reason for d in pipe.process_batch(records).dead_letters}
     assert {i: want[ev.malformation] for i, ev in enumerate(events) if ev.malformation is not None} == dead
     assert {ev.malformation for ev in events} == set(want) | {None}
 

@@ -2,28 +2,34 @@
 
 Each line of EVENTS is one event (JSON object) of the source; events are spread over
 `--partitions` partitions by a hash of their privacy unit, exactly as a keyed topic would, and run
-through the same bounding, windowing, merging, noise and ledger code as the worker. End of file
-closes every window. Release records (the ledger's stored bytes) go out as JSON lines.
+through the same bounding, windowing, merging, noise and ledger code as the worker. The release
+schedule is public: every window in [--from, --to) is released, empty or not; events outside it
+are dead-lettered (`out_of_range`). A file line has no broker append time: each event counts as
+arrived at its own event time (never late). Release records (the ledger's stored bytes) go out as
+JSON lines.
 """
 
 from __future__ import annotations
 
-__all__ = ["register", "ReplayRecord", "ReplaySummary", "replay_lines"]
+__all__ = ["register", "ReplayRecord", "ReplaySummary", "replay_lines", "data_range", "parse_utc"]
 
 import argparse
 import asyncio
 import inspect
 import sys
 import zlib
+from datetime import datetime, timedelta, timezone
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from topology.errors import ConfigError
+from topology.errors import ConfigError, EventError
 from topology.model import Topology
+from topology.periods import period_start
 from workers.pipeline import BatchOutput, PartialMerger, PartitionPipeline
 from workers.pipeline.counters import EventCounts
-from workers.pipeline.events import decode_json
+from workers.pipeline.events import EventParser, decode_json
+from workers.release.record import iso_utc
 from workers.release import ReleaseCounts, Releaser, ReleaseResult
 
 _BATCH_LINES = 8192
@@ -77,13 +83,22 @@ async def replay_lines(
     ledger: Any,
     publish: Callable[[bytes, bytes], Awaitable[Any]],
     *,
+    start: int,
+    end: int,
     source: str | None = None,
     partitions: int = 1,
     mechanism_factory: Callable[..., Any] | None = None,
 ) -> ReplaySummary:
-    """Run `lines` (events of one source) through the whole core; `publish` gets each stored record."""
+    """Run `lines` (events of one source) through the whole core over the public schedule
+    [start, end) (epoch seconds); `publish` gets each stored record."""
+    if end <= start:
+        raise ConfigError(f"replay range [{start}, {end}): --to must be after --from")
     src = _pick_source(topology, source)
-    pipes = [PartitionPipeline(topology, src, p) for p in range(partitions)]
+    pipes = [
+        PartitionPipeline(topology, src, p, schedule_start=start, until=end, partitions=partitions,
+                          event_range=(start, end))
+        for p in range(partitions)
+    ]
     metrics = [m for m in topology.metrics.values() if m.source == src]
     mergers = {m.name: PartialMerger(m.name, range(partitions)) for m in metrics}
     releaser = Releaser(topology, ledger, mechanism_factory=mechanism_factory)
@@ -133,6 +148,50 @@ async def replay_lines(
     return summary
 
 
+def data_range(topology: Topology, lines: Iterable[bytes], source: str | None = None) -> tuple[int, int] | None:
+    """The whole budget periods spanned by the valid events' times (the longest period of the
+    source's scopes), or None when no line is a valid event. Derived from the data: a fallback for
+    `replay` without --from/--to, not a public schedule."""
+    src = _pick_source(topology, source)
+    parser = EventParser(topology.sources[src])
+    lo = hi = None
+    for raw in lines:
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            ts = parser.parse(raw).time
+        except EventError:
+            continue
+        lo = ts if lo is None or ts < lo else lo
+        hi = ts if hi is None or ts > hi else hi
+    if lo is None or hi is None:
+        return None
+    period = max(topology.budgets[m.budget].period_s for m in topology.metrics.values() if m.source == src)
+    return period_start(period, lo), period_start(period, hi) + period
+
+
+def parse_utc(text: str, flag: str) -> int:
+    """Epoch seconds from `--from/--to`: ISO-8601 with Z/+00:00, a date (midnight UTC), or epoch seconds."""
+    value = text.strip()
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: not a time; give ISO-8601 UTC (2026-11-30T00:00:00Z), a date or epoch seconds") from None
+    if parsed.tzinfo is None:
+        if len(value) == 10:  # a plain date: midnight UTC
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        else:
+            raise ConfigError(f"{flag} {text!r}: no UTC offset; add Z (e.g. {value}Z)")
+    if parsed.utcoffset() != timedelta(0):
+        raise ConfigError(f"{flag} {text!r}: not UTC; give the time with Z or +00:00")
+    return int(parsed.timestamp())
+
+
 def _pick_source(topology: Topology, source: str | None) -> str:
     if source is not None:
         if source not in topology.sources:
@@ -172,6 +231,7 @@ async def _run(args: argparse.Namespace) -> int:
     topology = load_topology(args.file)
     if args.partitions < 1:
         raise ConfigError(f"--partitions {args.partitions}: need at least 1")
+    span = _schedule(args, topology)
     try:
         events: BinaryIO = open(args.events, "rb")
     except OSError as exc:
@@ -185,7 +245,8 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         with events:
             summary = await replay_lines(
-                topology, events, ledger, publish, source=args.source, partitions=args.partitions
+                topology, events, ledger, publish, start=span[0], end=span[1], source=args.source,
+                partitions=args.partitions,
             )
     finally:
         await _close(ledger)
@@ -196,6 +257,27 @@ async def _run(args: argparse.Namespace) -> int:
     for line in summary.lines():
         print(f"dpstream replay: {line}", file=sys.stderr)
     return 0
+
+
+def _schedule(args: argparse.Namespace, topology: Topology) -> tuple[int, int]:
+    """[from, to) of the replay: the flags, or (said so on stderr) the periods the events span."""
+    if args.start is not None and args.end is not None:
+        return parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
+    if args.start is not None or args.end is not None:
+        raise ConfigError("--from/--to: give both (the public schedule of the replay), or neither")
+    try:
+        with open(args.events, "rb") as fh:
+            span = data_range(topology, fh, args.source)
+    except OSError as exc:
+        raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
+    if span is None:
+        raise ConfigError(f"{args.events}: no valid event to derive a range from; give --from and --to")
+    print(
+        f"dpstream replay: no --from/--to: releasing [{iso_utc(span[0])}, {iso_utc(span[1])}), the whole budget "
+        "periods the events span; this range is derived from the data (give --from/--to for a public schedule)",
+        file=sys.stderr,
+    )
+    return span
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -211,4 +293,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, help="where to write release records (JSON lines; default stdout)")
     parser.add_argument("--partitions", type=int, default=1, help="partitions to spread units over (default 1)")
     parser.add_argument("--source", default=None, help="source of the events (needed when the topology has several)")
+    parser.add_argument("--from", dest="start", default=None,
+                        help="first window start, UTC (ISO-8601 with Z, a date, or epoch s); events before it are "
+                        "dead-lettered as out_of_range")
+    parser.add_argument("--to", dest="end", default=None,
+                        help="end of the last window, UTC; without --from/--to the whole budget periods the events "
+                        "span are used (derived from the data, and said so)")
     parser.set_defaults(func=lambda args: asyncio.run(_run(args)))

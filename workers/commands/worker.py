@@ -21,8 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--redis", default=None, help="ledger Redis URL (default: the topology's)")
     parser.add_argument("--worker-id", default=None, help="name of this worker in logs and client ids")
     parser.add_argument("--web-port", type=int, default=None, help="serve the web endpoint on this port")
+    parser.add_argument(
+        "--web-bind",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the web endpoint listens on (default 127.0.0.1); the port is curator-side: "
+        "bind it wider only on a network that only the curator reaches",
+    )
     parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created when missing")
-    parser.add_argument("--deadline", type=float, default=30.0, help="seconds before an incomplete window is released")
     parser.add_argument("--datadir", default=None, help="Faust data directory (default: a per-worker temp dir)")
     parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
     parser.add_argument(
@@ -65,8 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         redis_url=args.redis or topology.redis.url,
         worker_id=worker_id,
         web_port=args.web_port,
+        web_bind=args.web_bind,
         partitions=args.partitions,
-        deadline_s=args.deadline,
         datadir=args.datadir or tempfile.mkdtemp(prefix=f"dpstream-{worker_id}-"),
     )
     return run_worker(build_runtime(topology, settings, Role(args.role)), loglevel=args.loglevel)

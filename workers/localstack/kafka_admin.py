@@ -6,7 +6,7 @@ __all__ = ["broker_ready", "create_topics", "create_topics_async"]
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from topology.errors import ConfigError
@@ -48,7 +48,11 @@ def broker_ready(bootstrap: str, timeout_ms: int = 3000) -> bool:
 
 
 async def create_topics_async(
-    bootstrap: str, names: Sequence[str], partitions: int = 4, timeout_s: float = 30.0
+    bootstrap: str,
+    names: Sequence[str],
+    partitions: int = 4,
+    timeout_s: float = 30.0,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet (replication 1) and wait until every partition has a leader.
 
@@ -66,7 +70,8 @@ async def create_topics_async(
     try:
         await admin.start()
         response = await admin.create_topics(
-            [NewTopic(name, partitions, 1) for name in wanted], timeout_ms=int(timeout_s * 1000)
+            [NewTopic(name, partitions, 1, topic_configs=dict((configs or {}).get(name, {}))) for name in wanted],
+            timeout_ms=int(timeout_s * 1000),
         )
         created: list[str] = []
         for entry in response.topic_errors:
@@ -102,6 +107,12 @@ async def _wait_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def create_topics(bootstrap: str, names: Sequence[str], partitions: int = 4, timeout_s: float = 30.0) -> list[str]:
+def create_topics(
+    bootstrap: str,
+    names: Sequence[str],
+    partitions: int = 4,
+    timeout_s: float = 30.0,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[str]:
     """Sync form of `create_topics_async` (idempotent): create missing topics, return those created now."""
-    return _run(create_topics_async(bootstrap, names, partitions, timeout_s))
+    return _run(create_topics_async(bootstrap, names, partitions, timeout_s, configs))

@@ -37,12 +37,17 @@ class FixedPointGrid:
     """Integer sensitivity per key: ⌈Δ_key / step⌉ + 1 (≥ Δ_key / step)."""
 
     def encode(self, value: float | Fraction) -> int:
-        """round(value / step), half to even, computed exactly."""
-        if not math.isfinite(value):
+        """round(value / step), half to even, computed exactly.
+
+        Errors never show the value: it is a true aggregate (DESIGN §1 "Trust boundary")."""
+        if not isinstance(value, Fraction) and not math.isfinite(value):
             raise InternalError("non-finite true aggregate reached the fixed-point encoder")
         units = round(Fraction(value) / Fraction(self.step))
         if abs(units) > _MAX_UNITS:
-            raise InternalError(f"true aggregate {abs(value):.3g}× too large for the fixed-point grid (step {self.step})")
+            raise InternalError(
+                f"a true aggregate exceeds the fixed-point grid's range (2^50 steps of {self.step}); "
+                "narrow the metric's bounds"
+            )
         return int(units)
 
     def decode(self, units: int | float) -> float:

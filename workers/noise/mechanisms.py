@@ -48,15 +48,19 @@ class _Codec:
 
     def encode(self, value: float | int) -> int:
         if self.grid is not None:
-            if not math.isfinite(float(value)):
-                raise InternalError("non-finite true aggregate reached the fixed-point encoder")
-            return self.grid.encode(Fraction(float(value)) / Fraction(self.divisor))
+            exact = value if isinstance(value, Fraction) else Fraction(float(value))  # Fraction: an exact sum
+            return self.grid.encode(exact / Fraction(self.divisor))
         if isinstance(value, bool) or not float(value).is_integer():
             raise InternalError(f"count aggregate {type(value).__name__} is not an integer")
         return int(value)
 
     def decode(self, units: int) -> float:
         return self.grid.decode(units) if self.grid is not None else float(units)
+
+
+def _exact(value: Any) -> float | Fraction:
+    """A Fraction (an exact pipeline sum) as it is; anything else as a float."""
+    return value if isinstance(value, Fraction) else float(value)
 
 
 def _codec(component: NoiseComponent, integer: bool, divisor: float | None = None) -> _Codec:
@@ -188,8 +192,8 @@ class _RatioMeanRelease(ReleaseMechanism):
             )
             self.partition_selection = _selection_info(self._threshold, 1.0, delta)
 
-    def _centred_units(self, total: float, count: int) -> int:
-        if not math.isfinite(total):
+    def _centred_units(self, total: float | Fraction, count: int) -> int:
+        if not isinstance(total, Fraction) and not math.isfinite(total):
             raise InternalError("non-finite true sum reached the noisy-mean encoder")
         centred = Fraction(total) - self._mid * int(count)
         assert self._sum_codec.grid is not None
@@ -217,7 +221,7 @@ class _RatioMeanRelease(ReleaseMechanism):
             keys = self._keys
             count_units = self._count.draw([int(true_values.get(k, (0.0, 0))[1]) for k in keys])
         pairs = [true_values.get(k, (0.0, 0)) for k in keys]
-        sum_units = self._sum.draw([self._centred_units(float(s), int(c)) for s, c in pairs]) if keys else []
+        sum_units = self._sum.draw([self._centred_units(_exact(s), int(c)) for s, c in pairs]) if keys else []
         raw, halves = {}, {}
         for key, su, cu in zip(keys, sum_units, count_units):
             raw[key], halves[key] = self._finish(su, cu)
@@ -236,7 +240,7 @@ class _RatioMeanRelease(ReleaseMechanism):
     def noise_batch(self, true_value: Any, n: int) -> list[float]:
         """n independent noisy means of one key's (sum, count)."""
         total, count = true_value
-        sums = self._sum.draw([self._centred_units(float(total), int(count))] * n)
+        sums = self._sum.draw([self._centred_units(_exact(total), int(count))] * n)
         counts = self._count.draw([int(count)] * n)
         return [self._finish(s, c)[0] for s, c in zip(sums, counts)]
 

@@ -1,12 +1,18 @@
-"""One metric on one source partition: event-time windows, contribution bounding, partial aggregates.
+"""One metric on one source partition: the public window schedule, contribution bounding, partial sums.
+
+Windows follow a public schedule: every window of the metric's grid from the deployment start S
+onwards (the first window starting at or after S), closed in order and emitted whether or not any
+event fell in it. An event counts in window w iff its own event time lies in w and its own
+arrival (append) time is at or before w's close time C(w) = end(w) + allowed_lateness (DESIGN §1,
+§3). Nothing another event did moves that decision.
 
 Per (unit, window): at most `max_keys` distinct keys (L0) and `max_per_key` events per key (L∞),
 the *first* ones in partition (offset) order, so replaying a partition rebuilds the same partial.
-Values are clamped to `bounds` first. `count_units` counts a unit once per (window, key).
+Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
+`count_units` counts a unit once per (window, key).
 
 Partial values per key: count / count_units / top_k → int; sum and mean over a public
-denominator → clamped float sum; mean without denominator → [clamped sum, count]. Sums stay
-floats here (exact enough for a partial; the noise module moves them to its fixed-point grid).
+denominator → integer grid units; mean without denominator → [grid units, count].
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import math
 from typing import Any
 
 from topology.model import Aggregate, Metric, Source
+from workers.pipeline.fixed_point import value_exponent
 
 PartialValues = dict[str, Any]
-"""key → int count, float sum, or [sum, count] for a mean without public denominator."""
+"""key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""
 
 _COUNT, _UNITS, _SUM, _MEAN = 0, 1, 2, 3
 
@@ -37,15 +44,28 @@ class _WindowState:
 
 
 class MetricAccumulator:
-    """Windows of one metric on one partition; `add` is the per-event hot path."""
+    """Windows of one metric on one partition, from `first_start` on; `add` is the per-event hot path."""
 
-    def __init__(self, metric: Metric, source: Source, *, reuse_window: bool = True) -> None:
-        """`reuse_window=False` sends every event through the general window-grid path (the
-        reference the tumbling fast path is tested against)."""
+    def __init__(
+        self,
+        metric: Metric,
+        source: Source,
+        first_start: int,
+        *,
+        until: int | None = None,
+        reuse_window: bool = True,
+    ) -> None:
+        """`first_start`: the first window of the schedule not yet emitted here (on the grid);
+        `until`: no window ending after it is ever emitted (replay's `--to`); `reuse_window=False`
+        sends every event through the general window-grid path (the reference the tumbling fast
+        path is tested against)."""
         self.metric = metric
         self._reuse_window = reuse_window
         self.size = metric.window.size_s
         self.every = metric.window.every_s
+        self.lateness = int(source.allowed_lateness_s)
+        if first_start % self.every:
+            raise ValueError(f"window start {first_start} is not on the {self.every} s grid")
         agg = metric.aggregate
         if agg in (Aggregate.COUNT, Aggregate.TOP_K):
             self._kind = _COUNT
@@ -60,14 +80,18 @@ class MetricAccumulator:
         self._value = metric.value if self._kind in (_SUM, _MEAN) else None
         self._lo = metric.bounds.lower if metric.bounds is not None else -math.inf
         self._hi = metric.bounds.upper if metric.bounds is not None else math.inf
+        self.exponent = value_exponent(metric.bounds) if self._value is not None and metric.bounds else 0
+        """Sums are kept in units of 2^-exponent (see `fixed_point`)."""
         c = metric.contribution
         self._max_keys = c.max_keys if self._group is not None else 1
         self._max_per_key = 1 if self._kind == _UNITS else c.max_per_key
         self._bounded = not source.event_level
         self.windows: dict[int, _WindowState] = {}
-        self.next_start: int | None = None
-        """Smallest window start not yet emitted; None until the partition has a time."""
-        self.emitted_any = False
+        self.first_start = first_start
+        """The first window this accumulator was started at (earlier ones are never emitted here)."""
+        self.next_start = first_start
+        """Smallest window start not yet emitted: every earlier window is closed here."""
+        self.until = until
         self.capped = 0
         self.clamped = 0
         self.skipped = 0
@@ -77,29 +101,23 @@ class MetricAccumulator:
         self.add_fn = self._make_add()
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
-    # -- window grid -------------------------------------------------------------------
-    def first_start_covering(self, ts: float) -> int:
-        """Start of the earliest window containing `ts`."""
-        return (int(ts // self.every) * self.every) - self.size + self.every
-
-    def first_start_after(self, watermark: float) -> int:
-        """Start of the earliest window whose end lies beyond `watermark` (not yet final)."""
-        return (math.floor((watermark - self.size) / self.every) + 1) * self.every
-
     # -- hot path ----------------------------------------------------------------------
-    def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
-        """Add one validated event; returns True when some window of it was already final (late).
+    def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float) -> bool:
+        """Add one validated event; `horizon` = its arrival time − allowed_lateness: a window that
+        ends before it had closed when the event arrived. Returns True when some window covering
+        the event time was missed (closed on arrival, already emitted, or before the schedule).
 
         Replaced per instance by a closure specialised to this metric (see `_make_add`): the hot
         path then reads its settings from closure cells instead of attributes.
         """
-        return self.add_fn(unit, ts, fields, offset, watermark)
+        return self.add_fn(unit, ts, fields, offset, horizon)
 
     def _make_add(self):  # noqa: C901 - one flat function is the point: it runs per event
         group = self._group
         declared = self._keys
         value_field = self._value
         lo, hi = self._lo, self._hi
+        scale = math.ldexp(1.0, self.exponent)
         max_keys, max_per_key = self._max_keys, self._max_per_key
         bounded = self._bounded
         kind = self._kind
@@ -112,8 +130,9 @@ class MetricAccumulator:
         acc = self
         cur = self._current
         tumbling = every == size and self._reuse_window
+        first = self.first_start
 
-        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, watermark: float) -> bool:
+        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float) -> bool:
             if grouped:
                 key = fields.get(group)
                 if key is None:
@@ -128,20 +147,21 @@ class MetricAccumulator:
             else:
                 key = ""
                 uk = unit
-            v = 0.0
+            v = 0
             if value_field is not None:
                 raw = fields.get(value_field)
                 if raw is None:
                     acc.skipped += 1
                     return False
-                v = float(raw)
-                if v < lo:
-                    v = lo
+                f = float(raw)
+                if f < lo:
+                    f = lo
                     acc.clamped += 1
-                elif v > hi:
-                    v = hi
+                elif f > hi:
+                    f = hi
                     acc.clamped += 1
-            if cur[0] <= ts < cur[1] and cur[1] > watermark:
+                v = round(f * scale)  # exact integer grid units; bounds are whole units
+            if cur[0] <= ts < cur[1] and cur[1] >= horizon:
                 # tumbling, same open window as the previous event (the common case): no grid math
                 start = last = cur[0]
                 known = cur[2]
@@ -156,15 +176,10 @@ class MetricAccumulator:
                 if known is not None:
                     st = known
                 else:
-                    if s + size <= watermark:
-                        late = True
-                        continue
-                    next_start = acc.next_start
-                    if next_start is not None and s < next_start:
-                        if acc.emitted_any:
+                    if s + size < horizon or s < acc.next_start:
+                        if s >= first:  # closed when the event arrived, or already emitted here
                             late = True
-                            continue
-                        acc.next_start = s  # before any emission: extend the sequence back
+                        continue  # a window before the schedule's start S does not exist
                     st = windows.get(s)
                     if st is None:
                         st = windows[s] = _WindowState(offset)
@@ -190,7 +205,7 @@ class MetricAccumulator:
                 if is_count:
                     agg[key] = agg.get(key, 0) + 1
                 elif is_sum:
-                    agg[key] = agg.get(key, 0.0) + v
+                    agg[key] = agg.get(key, 0) + v
                 else:
                     pair = agg.get(key)
                     if pair is None:
@@ -202,50 +217,39 @@ class MetricAccumulator:
 
         return add
 
-    # -- emission ----------------------------------------------------------------------
-    def start_at(self, start: int) -> None:
-        """Begin this partition's window sequence at `start` if it has none yet."""
-        if self.next_start is None:
-            self.next_start = start
+    # -- closing -------------------------------------------------------------------------
+    def close_time(self, start: int) -> int:
+        """C(w) of the window starting at `start`: its end plus the allowed lateness."""
+        return start + self.size + self.lateness
 
-    def emit_final(self, watermark: float, max_empty_run: int) -> list[tuple[int, PartialValues]]:
-        """Pop every window whose end ≤ watermark, in order, empty ones included.
+    def next_close_time(self) -> int | None:
+        """C(w) of the next window to emit (None when the schedule has ended)."""
+        s = self.next_start
+        if self.until is not None and s + self.size > self.until:
+            return None
+        return self.close_time(s)
 
-        A run of more than `max_empty_run` empty windows (an idle partition after a long gap) is
-        jumped over instead of emitted; the merger reads a later partial as "empty before".
+    def close_through(self, t: float, limit: int | None = None) -> list[tuple[int, PartialValues]]:
+        """Pop, in order, every window with C(w) ≤ t (empty ones included), at most `limit` of them.
+
+        The caller guarantees that every record appended up to t has been consumed: nothing can
+        join these windows any more.
         """
         out: list[tuple[int, PartialValues]] = []
         self._current[0], self._current[1], self._current[2] = math.inf, -math.inf, None
         s = self.next_start
-        if s is None:
-            return out
-        size, every, windows = self.size, self.every, self.windows
-        while s + size <= watermark:
+        size, every, windows, lateness, until = self.size, self.every, self.windows, self.lateness, self.until
+        while s + size + lateness <= t and (until is None or s + size <= until):
+            if limit is not None and len(out) >= limit:
+                break
             st = windows.pop(s, None)
-            if st is not None:
-                out.append((s, st.agg))
-                s += every
-                continue
-            nxt = min((w for w in windows if w > s), default=None)
-            limit = math.floor((watermark - size) / every) * every  # last final start
-            stop = limit if nxt is None else min(limit, nxt - every)
-            run = (stop - s) // every + 1
-            if run > max_empty_run:
-                s = stop + every
-                continue
-            out.append((s, {}))
+            out.append((s, st.agg if st is not None else {}))
             s += every
-        if s != self.next_start:
-            self.emitted_any = True
         self.next_start = s
+        if until is not None:  # events for windows past the schedule's end are never emitted
+            for w in [w for w in windows if w + size > until]:
+                del windows[w]
         return out
-
-    def flush(self) -> list[tuple[int, PartialValues]]:
-        """End of stream: emit every window up to the last one holding data."""
-        if not self.windows:
-            return []
-        last = max(self.windows)
-        return self.emit_final(last + self.size, max_empty_run=1 << 62)
 
     def first_open_offset(self) -> int | None:
         """Smallest first-offset among windows not yet emitted (None if none is open)."""

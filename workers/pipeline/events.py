@@ -38,6 +38,8 @@ REASONS = (
     "bad_value",
     "bad_key",
     "future_timestamp",
+    "key_mismatch",
+    "out_of_range",
 )
 """Every reason an event can be dead-lettered for."""
 

@@ -1,16 +1,21 @@
 """`PartialMerger`: the release side's merge of one metric's window partials across source partitions.
 
-A window is complete once every expected partition has either sent its partial for it, or sent
-a partial for a *later* window (partitions emit windows in order and contiguously since their
-first one, so a skipped window was empty there). Partials are deduped by (window, partition);
-ones for a window already released are dropped. At a deadline a window goes out with what
-arrived, flagged incomplete. The state is JSON-able (`to_state` / `from_state`) so a Faust
-changelogged Table can hold it.
+Every source partition emits a partial for every scheduled window, in order, empty ones included.
+A window is complete once every expected partition has sent its partial for it (or one for a
+later window: partitions emit contiguously, so an earlier one was sent and merged before). Only a
+complete window is released: there is no deadline, so the true aggregate never depends on which
+partial arrived first; a missing partial delays the release and shows up as release lag.
+
+Partials are deduped by (window, partition); ones for a window already released are dropped. A
+partial from a source whose partition count differs from the expected one is refused
+(`PartitionCountChanged`): adding partitions mid-deployment would bound a unit once per
+partition. The state is JSON-able (`to_state` / `from_state`) so a Faust changelogged Table can
+hold it.
 """
 
 from __future__ import annotations
 
-__all__ = ["MergedWindow", "PartialMerger", "merge_values"]
+__all__ = ["MergedWindow", "PartialMerger", "PartitionCountChanged", "merge_values"]
 
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,17 +28,18 @@ _RELEASED_KEEP = 4096
 """Released window starts remembered for dedupe; older ones fall under `released_floor`."""
 
 
+class PartitionCountChanged(Exception):
+    """A partial says its source has a different number of partitions than the merger expects."""
+
+
 @dataclass(frozen=True)
 class MergedWindow:
-    """The true aggregate of one metric window over all partitions that reported it."""
+    """The true aggregate of one metric window over every source partition."""
 
     metric: str
     start: int
     end: int
     values: dict[str, Any]
-    complete: bool
-    missing: tuple[int, ...] = ()
-    """Partitions that never reported (only when released at a deadline)."""
 
 
 def merge_values(into: dict[str, Any], values: dict[str, Any]) -> None:
@@ -50,11 +56,10 @@ def merge_values(into: dict[str, Any], values: dict[str, Any]) -> None:
 
 
 class _Pending:
-    __slots__ = ("end", "first_seen", "reported", "values")
+    __slots__ = ("end", "reported", "values")
 
-    def __init__(self, end: int, first_seen: float | None) -> None:
+    def __init__(self, end: int) -> None:
         self.end = end
-        self.first_seen = first_seen
         self.reported: set[int] = set()
         self.values: dict[str, Any] = {}
 
@@ -62,12 +67,11 @@ class _Pending:
 class PartialMerger:
     """Merges the partials of one metric from `partitions` (the source topic's partition ids)."""
 
-    def __init__(self, metric: str, partitions: Iterable[int], deadline_s: float | None = None) -> None:
+    def __init__(self, metric: str, partitions: Iterable[int]) -> None:
         self.metric = metric
         self.partitions = frozenset(partitions)
         if not self.partitions:
             raise InternalError(f"merger of metric {metric!r} built with no source partitions")
-        self.deadline_s = deadline_s
         self._pending: dict[int, _Pending] = {}
         self._latest: dict[int, int] = {}
         self._released: set[int] = set()
@@ -75,13 +79,18 @@ class PartialMerger:
         self.duplicates = 0
         self.late = 0
 
-    def add(self, partial: WindowPartial, now: float | None = None) -> list[MergedWindow]:
+    def add(self, partial: WindowPartial) -> list[MergedWindow]:
         """Take one partial; return the windows (in start order) that it completed."""
         if partial.metric != self.metric:
             raise InternalError(f"partial of {partial.metric!r} given to the merger of {self.metric!r}")
         p, s = partial.partition, partial.start
-        if p not in self.partitions:
-            raise InternalError(f"partial from partition {p} of {self.metric!r}, expected {sorted(self.partitions)}")
+        if partial.partitions != len(self.partitions) or p not in self.partitions:
+            raise PartitionCountChanged(
+                f"metric {self.metric}: source topic {partial.topic} now reports {partial.partitions} partitions, "
+                f"the release side expects {len(self.partitions)}; changing a source's partition count "
+                "mid-deployment would bound a unit once per partition: restore the count, or deploy a new "
+                "topology version on a new topic"
+            )
         if s in self._released or (self.released_floor is not None and s < self.released_floor):
             self.late += 1
             return []
@@ -89,7 +98,7 @@ class PartialMerger:
             self._latest[p] = s
         pending = self._pending.get(s)
         if pending is None:
-            pending = self._pending[s] = _Pending(partial.end, now)
+            pending = self._pending[s] = _Pending(partial.end)
         if p in pending.reported:
             self.duplicates += 1
         else:
@@ -97,20 +106,13 @@ class PartialMerger:
             merge_values(pending.values, partial.values)
         return self._ready()
 
-    def expire(self, now: float) -> list[MergedWindow]:
-        """Release, flagged incomplete, every window pending for longer than the deadline."""
-        if self.deadline_s is None:
-            return []
-        due = [
-            s
-            for s, w in self._pending.items()
-            if w.first_seen is not None and now - w.first_seen >= self.deadline_s
-        ]
-        return [self._release(s, complete=False) for s in sorted(due)]
+    def pending_windows(self) -> list[int]:
+        """Starts of windows some partition reported that are not released yet (release lag)."""
+        return sorted(self._pending)
 
     def drain(self) -> list[MergedWindow]:
-        """End of a finite stream (every partition flushed): release everything pending as complete."""
-        return [self._release(s, complete=True) for s in sorted(self._pending)]
+        """End of a finite stream (every partition flushed): release everything pending."""
+        return [self._release(s) for s in sorted(self._pending)]
 
     def _complete(self, s: int, w: _Pending) -> bool:
         latest = self._latest
@@ -118,24 +120,23 @@ class PartialMerger:
 
     def _ready(self) -> list[MergedWindow]:
         ready = [s for s, w in self._pending.items() if self._complete(s, w)]
-        return [self._release(s, complete=True) for s in sorted(ready)]
+        return [self._release(s) for s in sorted(ready)]
 
-    def _release(self, s: int, complete: bool) -> MergedWindow:
+    def _release(self, s: int) -> MergedWindow:
         w = self._pending.pop(s)
         self._released.add(s)
         if len(self._released) > _RELEASED_KEEP:
             keep = sorted(self._released)[-_RELEASED_KEEP // 2 :]
             self.released_floor = keep[0]
             self._released = set(keep)
-        missing = () if complete else tuple(sorted(self.partitions - w.reported))
-        return MergedWindow(self.metric, s, w.end, w.values, complete and not missing, missing)
+        return MergedWindow(self.metric, s, w.end, w.values)
 
     # -- persistence ---------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """JSON-able state (for a changelogged Table)."""
         return {
             "pending": {
-                str(s): {"end": w.end, "first_seen": w.first_seen, "reported": sorted(w.reported), "values": w.values}
+                str(s): {"end": w.end, "reported": sorted(w.reported), "values": w.values}
                 for s, w in self._pending.items()
             },
             "latest": {str(p): s for p, s in self._latest.items()},
@@ -144,13 +145,11 @@ class PartialMerger:
         }
 
     @classmethod
-    def from_state(
-        cls, metric: str, partitions: Iterable[int], state: dict[str, Any], deadline_s: float | None = None
-    ) -> PartialMerger:
+    def from_state(cls, metric: str, partitions: Iterable[int], state: dict[str, Any]) -> PartialMerger:
         """Rebuild a merger from `to_state` output."""
-        m = cls(metric, partitions, deadline_s)
+        m = cls(metric, partitions)
         for s, doc in state.get("pending", {}).items():
-            w = _Pending(int(doc["end"]), doc["first_seen"])
+            w = _Pending(int(doc["end"]))
             w.reported = set(doc["reported"])
             w.values = doc["values"]
             m._pending[int(s)] = w

@@ -1,7 +1,8 @@
 """`WindowPartial`: one source partition's final aggregate of one metric window, as JSON bytes.
 
-Partials go to the internal partials topic keyed by metric; the release side merges the partials
-of every source partition (`workers.pipeline.merger`). They hold true (un-noised) aggregates and
+Every partition sends one partial per scheduled window, empty or not. Partials go to the internal
+partials topic keyed by metric; the release side merges the partials of every source partition
+(`workers.pipeline.merger`). They hold true (un-noised) aggregates and
 never leave the deployment.
 """
 
@@ -27,6 +28,9 @@ class WindowPartial:
     topic: str
     partition: int
     values: dict[str, Any]
+    partitions: int = 1
+    """How many partitions the source topic had when this partition's worker started (the merger
+    refuses partials whose count differs from the one it expects: units would be split)."""
 
     @property
     def key(self) -> bytes:
@@ -43,6 +47,7 @@ class WindowPartial:
             "topic": self.topic,
             "partition": self.partition,
             "values": self.values,
+            "partitions": self.partitions,
         }
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
@@ -59,6 +64,7 @@ class WindowPartial:
                 topic=str(doc["topic"]),
                 partition=int(doc["partition"]),
                 values=dict(doc["values"]),
+                partitions=int(doc.get("partitions", 1)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise InternalError(f"malformed window partial on the partials topic: {exc}") from exc

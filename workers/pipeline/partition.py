@@ -1,33 +1,41 @@
 """`PartitionPipeline`: the hot path for one source topic partition, driven batch by batch.
 
-Feed it fetched records (anything with `.offset`, `.value` bytes and `.timestamp` in ms, e.g.
-aiokafka's ConsumerRecord) in offset order. It validates, bounds and aggregates every metric of
-the source, keeps the partition watermark (max event time − allowed_lateness; wall clock once
-idle), and returns the partials of windows that became final plus the dead letters.
+Feed it fetched records (anything with `.offset`, `.value` bytes, `.timestamp` in ms and `.key`,
+e.g. aiokafka's ConsumerRecord) in offset order. It validates, bounds and aggregates every metric
+of the source and returns dead letters. Windows close by the rule of DESIGN §3, never by a
+watermark built from event times:
+
+- an event counts in window w iff its event time lies in w and its record's append time
+  (`.timestamp`; for a repartitioned source, the source topic's append time carried along) is at
+  or before C(w) = end(w) + allowed_lateness;
+- window w closes once the driver tells the pipeline (`mark_end`) that the partition's end
+  offset, read at a wall-clock time T ≥ C(w), has been consumed: every record appended up to T
+  is then in. Windows close in schedule order, every one from the deployment start, empty or not.
 
 Commit protocol for the driver: produce the returned dead letters and partials, then commit
-`safe_offset()` — it never passes the first event of a window not yet emitted here, so a
-restarted worker replays and rebuilds every open window (DESIGN §3 "recovery by replay").
+`safe_offset()` with `progress()` as the commit's metadata — the offset never passes the first
+event of a window not yet emitted here, and the metadata tells a restarted owner which window
+comes next, so it rebuilds exactly the same partials (DESIGN §3 "recovery by replay").
 """
 
 from __future__ import annotations
 
-__all__ = ["RecordLike", "BatchOutput", "PartitionPipeline"]
+__all__ = ["RecordLike", "BatchOutput", "PartitionPipeline", "first_window_start", "MAX_WINDOWS_PER_CLOSE"]
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from topology.errors import EventError
-from topology.model import Topology
+from topology.model import Metric, Topology
 from workers.pipeline.accumulator import MetricAccumulator
 from workers.pipeline.counters import EventCounts
 from workers.pipeline.events import DeadLetter, EventParser
 from workers.pipeline.partials import WindowPartial
 
-MAX_EMPTY_RUN = 10_000
-"""Longest run of consecutive empty windows emitted at once (see `MetricAccumulator.emit_final`)."""
+MAX_WINDOWS_PER_CLOSE = 5_000
+"""Windows one metric emits per close call (a long catch-up is emitted over several calls)."""
 
 
 class RecordLike(Protocol):
@@ -40,10 +48,16 @@ class RecordLike(Protocol):
 
 @dataclass(frozen=True)
 class BatchOutput:
-    """What one batch (or idle tick, or flush) produced: partials to publish, dead letters to park."""
+    """What one batch (or close, or flush) produced: partials to publish, dead letters to park."""
 
     partials: list[WindowPartial]
     dead_letters: list[DeadLetter]
+
+
+def first_window_start(metric: Metric, schedule_start: int) -> int:
+    """The first window of the metric's public schedule: the first grid window starting at or after S."""
+    every = metric.window.every_s
+    return -(-int(schedule_start) // every) * every
 
 
 class PartitionPipeline:
@@ -55,43 +69,57 @@ class PartitionPipeline:
         source: str,
         partition: int,
         *,
+        schedule_start: int,
         topic: str | None = None,
-        started_at: float | None = None,
-        max_empty_run: int = MAX_EMPTY_RUN,
+        partitions: int = 1,
+        resume: Mapping[str, int] | None = None,
+        start_offset: int | None = None,
+        until: int | None = None,
+        check_keys: bool = False,
+        event_range: tuple[float, float] | None = None,
     ) -> None:
+        """`schedule_start`: the deployment start S; `partitions`: how many partitions the source
+        has (every partial says so, the merger checks it); `resume`: metric → next window start to
+        emit, from the last commit's metadata; `start_offset`: where consumption (re)starts;
+        `until`: replay's end of schedule; `check_keys`: dead-letter records whose Kafka key is
+        not their unit (`key_mismatch`); `event_range`: replay's [from, to) for event times."""
         self.source = topology.sources[source]
         self.topic = topic or self.source.topic
         self.partition = partition
+        self.partitions = partitions
+        self.schedule_start = int(schedule_start)
         metrics = [m for m in topology.metrics.values() if m.source == source]
-        self._accs = [MetricAccumulator(m, self.source) for m in metrics]
+        resume = resume or {}
+        self._accs = [
+            MetricAccumulator(m, self.source, max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf)),
+                              until=until)
+            for m in metrics
+        ]
         self._parser = EventParser(
             self.source,
             value_fields=[m.value for m in metrics if m.value],
             key_fields=[m.group_by for m in metrics if m.group_by],
         )
         self._lateness = float(self.source.allowed_lateness_s)
-        self._idle_timeout = float(self.source.idle_timeout_s)
         self._max_future = float(self.source.max_future_s)
-        self._max_empty_run = max_empty_run
-        self.max_event_time = -math.inf
-        self.watermark = -math.inf
-        self.last_offset: int | None = None
-        self.last_activity = started_at
+        self._check_keys = check_keys and not self.source.event_level
+        self._event_range = event_range
+        self.last_offset: int | None = None if start_offset is None else start_offset - 1
+        self._marks: list[tuple[float, int]] = []
+        """(wall-clock time T, end offset read at T) not yet reached by consumption."""
         self.counts = EventCounts()
 
     # -- hot path ----------------------------------------------------------------------
-    def process_batch(self, records: Iterable[RecordLike], now: float | None = None) -> BatchOutput:
-        """Consume records in offset order; return partials of windows now final and dead letters.
-
-        `now` (a live worker's clock) also dead-letters events timed more than the source's
-        `max_future` ahead of it; a replay passes no clock and takes event times as they are.
-        """
-        horizon = math.inf if now is None else now + self._max_future
+    def process_batch(self, records: Iterable[RecordLike]) -> BatchOutput:
+        """Consume records in offset order; return dead letters and the partials of windows that
+        closed because consumption reached a pending end-offset mark."""
         parse = self._parser.parse_fast
         adds = [acc.add_fn for acc in self._accs]
         lateness = self._lateness
-        maxt = self.max_event_time
-        wm = self.watermark
+        max_future = self._max_future
+        check_keys = self._check_keys
+        lo, hi = self._event_range if self._event_range is not None else (-math.inf, math.inf)
+        start = self.schedule_start
         dead: list[DeadLetter] = []
         accepted = late = 0
         offset = self.last_offset
@@ -102,67 +130,103 @@ class PartitionPipeline:
             except EventError as exc:
                 self._dead_letter(dead, exc.reason, offset, rec.value)
                 continue
-            if ts > horizon:
+            if check_keys and rec.key != unit.encode():
+                self._dead_letter(dead, "key_mismatch", offset, rec.value)
+                continue
+            if not lo <= ts < hi:
+                self._dead_letter(dead, "out_of_range", offset, rec.value)
+                continue
+            # arrival: the record's append time; a file line (replay) arrives at its own event time
+            arrival = ts if rec.timestamp is None else rec.timestamp / 1000.0
+            if ts > arrival + max_future:
                 self._dead_letter(dead, "future_timestamp", offset, rec.value)
                 continue
-            if ts > maxt:
-                if maxt == -math.inf:
-                    self._start_sequences(ts, covering=True)
-                maxt = ts
-                if ts - lateness > wm:
-                    wm = ts - lateness
             accepted += 1
+            if ts < start:  # before the deployment start S: no window of the schedule holds it
+                late += 1
+                continue
+            horizon = arrival - lateness
             was_late = False
             for add in adds:
-                if add(unit, ts, fields, offset, wm):
+                if add(unit, ts, fields, offset, horizon):
                     was_late = True
             if was_late:
                 late += 1
-        self.max_event_time = maxt
-        self.watermark = wm
         self.last_offset = offset
-        if now is not None:
-            self.last_activity = now
         self.counts.accepted += accepted
         self.counts.late += late
-        return BatchOutput(self._emit(), dead)
+        return BatchOutput(self._close_reached(), dead)
 
     def _dead_letter(self, dead: list[DeadLetter], reason: str, offset: int, raw: bytes | None) -> None:
         self.counts.invalid[reason] += 1
         dead.append(DeadLetter(reason, self.source.name, self.topic, self.partition, offset, raw or b""))
 
-    # -- time --------------------------------------------------------------------------
-    def advance_idle(self, now: float) -> BatchOutput:
-        """Wall-clock tick: once no record arrived for `idle_timeout`, watermark := now − lateness."""
-        if self.last_activity is None:
-            self.last_activity = now
-            return BatchOutput([], [])
-        if now - self.last_activity < self._idle_timeout:
-            return BatchOutput([], [])
-        wm = now - self._lateness
-        if wm > self.watermark:
-            self.watermark = wm
-            if self.max_event_time == -math.inf:
-                self._start_sequences(wm)
-        return BatchOutput(self._emit(), [])
+    # -- closing -----------------------------------------------------------------------
+    def next_close_time(self) -> float | None:
+        """The earliest C(w) of a window not yet emitted here (None when every schedule ended)."""
+        times = [t for t in (acc.next_close_time() for acc in self._accs) if t is not None]
+        return min(times) if times else None
+
+    def mark_end(self, read_at: float, end_offset: int) -> BatchOutput:
+        """The partition's end offset was `end_offset` when read at wall-clock `read_at`: once
+        consumption reaches it, every record appended up to `read_at` is in, and every window with
+        C(w) ≤ read_at closes. Returns what closes now (consumption may already be there)."""
+        due = self.next_close_time()
+        if due is not None and read_at >= due and (not self._marks or read_at > self._marks[-1][0]):
+            self._marks.append((read_at, end_offset))
+        return BatchOutput(self._close_reached(), [])
+
+    def _close_reached(self) -> list[WindowPartial]:
+        position = 0 if self.last_offset is None else self.last_offset + 1
+        through = None
+        while self._marks and position >= self._marks[0][1]:
+            through = self._marks.pop(0)[0]
+        if through is None:
+            return []
+        out = self.close_through(through)
+        due = self.next_close_time()
+        if due is not None and due <= through:  # more than one close call's worth: continue next time
+            self._marks.insert(0, (through, 0))
+        return out
+
+    def close_through(self, t: float) -> list[WindowPartial]:
+        """Emit every window with C(w) ≤ t, in schedule order (at most MAX_WINDOWS_PER_CLOSE per
+        metric); only for a caller that knows every record appended up to t was consumed."""
+        out: list[WindowPartial] = []
+        for acc in self._accs:
+            out.extend(self._partial(acc, s, v) for s, v in acc.close_through(t, MAX_WINDOWS_PER_CLOSE))
+        return out
 
     def flush(self) -> BatchOutput:
-        """End of a finite stream (replay): every window holding data becomes final and is emitted."""
-        partials: list[WindowPartial] = []
-        for acc in self._accs:
-            partials.extend(self._partial(acc, s, v) for s, v in acc.flush())
-        return BatchOutput(partials, [])
+        """End of a finite stream (replay): every window of the schedule up to its end (`until`)
+        closes; without an end, every window up to the last one holding data."""
+        through = math.inf
+        if any(acc.until is None for acc in self._accs):
+            opened = [acc.close_time(max(acc.windows)) for acc in self._accs if acc.windows]
+            if not opened:
+                return BatchOutput([], [])
+            through = max(opened)
+        out: list[WindowPartial] = []
+        while True:
+            got = self.close_through(through)
+            if not got:
+                return BatchOutput(out, [])
+            out.extend(got)
 
     # -- commit ------------------------------------------------------------------------
     def safe_offset(self) -> int | None:
         """Offset to commit: the first event of the oldest open window, else the next record.
 
-        None before any record was seen (nothing to commit).
+        None before any record position is known (nothing to commit).
         """
         firsts = [o for o in (acc.first_open_offset() for acc in self._accs) if o is not None]
         if firsts:
             return min(firsts)
         return None if self.last_offset is None else self.last_offset + 1
+
+    def progress(self) -> dict[str, int]:
+        """metric → next window start to emit (the commit metadata a restarted owner resumes from)."""
+        return {acc.metric.name: acc.next_start for acc in self._accs}
 
     def refresh_counts(self) -> EventCounts:
         """Fold the per-metric cap / clamp / skip tallies into `counts` and return it."""
@@ -172,21 +236,8 @@ class PartitionPipeline:
         return self.counts
 
     # -- internals ---------------------------------------------------------------------
-    def _start_sequences(self, t: float, covering: bool = False) -> None:
-        """The partition's first time: each metric's window sequence starts at the first window of
-        the first event (`covering`), or, for a partition idle from the start, at the first window
-        not yet final at watermark `t`. Earlier windows never get a partial from this partition."""
-        for acc in self._accs:
-            acc.start_at(acc.first_start_covering(t) if covering else acc.first_start_after(t))
-
-    def _emit(self) -> list[WindowPartial]:
-        out: list[WindowPartial] = []
-        for acc in self._accs:
-            for start, values in acc.emit_final(self.watermark, self._max_empty_run):
-                out.append(self._partial(acc, start, values))
-        return out
-
     def _partial(self, acc: MetricAccumulator, start: int, values: dict) -> WindowPartial:
         return WindowPartial(
-            acc.metric.name, start, start + acc.size, self.source.name, self.topic, self.partition, values
+            acc.metric.name, start, start + acc.size, self.source.name, self.topic, self.partition, values,
+            partitions=self.partitions,
         )

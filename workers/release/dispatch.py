@@ -39,12 +39,11 @@ Finished = Callable[[MergedWindow, Any, BaseException | None], None]
 
 
 def _window_doc(w: MergedWindow) -> dict[str, Any]:
-    return {"end": w.end, "values": w.values, "complete": w.complete, "missing": list(w.missing)}
+    return {"end": w.end, "values": w.values}
 
 
 def _window_from(metric: str, start: str, doc: dict[str, Any]) -> MergedWindow:
-    return MergedWindow(metric, int(start), int(doc["end"]), doc["values"], bool(doc["complete"]),
-                        tuple(doc.get("missing", ())))
+    return MergedWindow(metric, int(start), int(doc["end"]), doc["values"])
 
 
 @dataclass
@@ -63,12 +62,12 @@ class MetricReleaseState:
 
     @classmethod
     def from_state(
-        cls, metric: str, partitions: Iterable[int], state: dict[str, Any] | None, deadline_s: float | None
+        cls, metric: str, partitions: Iterable[int], state: dict[str, Any] | None
     ) -> MetricReleaseState:
         """Rebuild from `to_state` (None: a fresh metric)."""
         if state is None:
-            return cls(PartialMerger(metric, partitions, deadline_s))
-        merger = PartialMerger.from_state(metric, partitions, state.get("merger", {}), deadline_s)
+            return cls(PartialMerger(metric, partitions))
+        merger = PartialMerger.from_state(metric, partitions, state.get("merger", {}))
         releasing = {int(s): _window_from(metric, s, d) for s, d in state.get("releasing", {}).items()}
         return cls(merger, releasing)
 

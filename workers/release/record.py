@@ -16,6 +16,7 @@ from typing import Any
 
 from topology.accounting import epsilon_from_rho
 from topology.model import Accounting, Aggregate, Budget, Metric, Source
+from workers.pipeline.fixed_point import from_units, value_exponent
 
 RATIO_PLACEHOLDER = b'"ratio_after":null'
 """Exactly what canonical bytes contain for `budget.ratio_after` before the ledger fills it."""
@@ -51,12 +52,14 @@ def _zero(metric: Metric) -> Any:
 
 
 def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
-    """The mechanism's input from merged partial values: declared keys zero-filled, means as tuples.
+    """The mechanism's input from merged partial values: declared keys zero-filled, means as tuples,
+    integer grid-unit sums as exact `Fraction`s (see `workers.pipeline.fixed_point`).
 
     Ungrouped metrics use the key ''; data-derived keys pass as observed (partition selection
     in the mechanism decides which may appear).
     """
     zero = _zero(metric)
+    exponent = value_exponent(metric.bounds) if metric.value is not None and metric.bounds is not None else None
     if metric.group_by is None:
         keys: Any = ("",)
     elif metric.keys is not None:
@@ -65,8 +68,15 @@ def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
         keys = sorted(merged)
     out: dict[str, Any] = {}
     for k in keys:
-        v = merged.get(k, zero)
-        out[k] = tuple(v) if isinstance(v, (list, tuple)) else v
+        v = merged.get(k)
+        if v is None:
+            out[k] = zero
+        elif exponent is None:
+            out[k] = tuple(v) if isinstance(v, (list, tuple)) else v
+        elif isinstance(v, (list, tuple)):  # [grid-unit sum, count] → (exact sum, count)
+            out[k] = (from_units(int(v[0]), exponent), int(v[1]))
+        else:
+            out[k] = from_units(int(v), exponent)
     return out
 
 
@@ -82,7 +92,6 @@ def build_record(
     window_end: int,
     cost: float,
     noise_fields: dict[str, Any],
-    complete: bool,
     built_at: float,
 ) -> dict[str, Any]:
     """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…)."""
@@ -105,7 +114,6 @@ def build_record(
         "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
         "budget": {"scope": budget.name, "period": period_id, "ratio_after": None},
         "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
-        "complete": complete,
         "published_at": iso_utc(built_at),
     }
     if source.event_level:

@@ -81,7 +81,7 @@ class Releaser:
         """Release a merged window (declared keys zero-filled, empty windows included)."""
         metric = self.topology.metrics[merged.metric]
         values = true_values_for(metric, merged.values)
-        return await self.release(metric, (merged.start, merged.end), values, publish, complete=merged.complete)
+        return await self.release(metric, (merged.start, merged.end), values, publish)
 
     async def release(
         self,
@@ -89,15 +89,13 @@ class Releaser:
         window: tuple[int, int],
         true_values: dict[str, Any],
         publish: Publish,
-        *,
-        complete: bool = True,
     ) -> ReleaseResult:
         """Run the protocol for one window; raises (counted as failed) when the ledger or publish fails."""
         m = self.topology.metrics[metric] if isinstance(metric, str) else metric
         start, end = window
         rid = self.release_id(m.name, start, end)
         try:
-            result = await self._release(m, start, end, rid, true_values, publish, complete)
+            result = await self._release(m, start, end, rid, true_values, publish)
         except BaseException:
             self.counts.failed += 1
             raise
@@ -112,7 +110,6 @@ class Releaser:
         rid: str,
         true_values: dict[str, Any],
         publish: Publish,
-        complete: bool,
     ) -> ReleaseResult:
         budget = self.topology.budgets[m.budget]
         known = await self.ledger.stored_payload(budget.name, rid)
@@ -121,7 +118,7 @@ class Releaser:
             await self.ledger.commit(rid, budget.name)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
         async with self._pricing_lock(budget.name):
-            charged = await self._price_and_reserve(m, budget, start, end, rid, true_values, complete)
+            charged = await self._price_and_reserve(m, budget, start, end, rid, true_values)
         if isinstance(charged, ReleaseResult):
             return charged
         reservation = charged
@@ -148,7 +145,6 @@ class Releaser:
         end: int,
         rid: str,
         true_values: dict[str, Any],
-        complete: bool,
     ) -> ReleaseResult | Reservation:
         """Quote, draw the noise at the quoted cost and reserve: the reservation, or the final result
         when nothing is to be published (thinned, refused)."""
@@ -174,7 +170,6 @@ class Releaser:
             window_end=end,
             cost=cost,
             noise_fields=noisy.to_record_fields(),
-            complete=complete,
             built_at=self._clock(),
         )
         request = ReleaseRequest(

@@ -1,9 +1,17 @@
 """The hot path: an aiokafka consumer-group member, run as a service inside the Faust worker.
 
-It fetches batches (`getmany`), hands each partition's records to that partition's processor (the
+It fetches batches (`getmany`), hands each partition's records to that partition's pipeline (the
 Kafka-free core: validate, bound, window, aggregate), sends dead letters and window partials, waits
-for their acks, and only then commits each partition's `safe_offset()` — never past the first event
-of a window not yet emitted there, so a restarted or rebalanced worker rebuilds open windows by replay.
+for their acks, and only then commits each partition's `safe_offset()` with the pipeline's progress
+(the next window of each metric) as the commit's metadata — never past the first event of a window
+not yet emitted there, so a restarted or rebalanced worker rebuilds the same open windows by replay.
+
+Windows close by arrival, not by event time (DESIGN §3): once a window's close time C(w) has
+passed on the wall clock, the partition's end offset is read; when consumption reaches it, every
+record appended up to that read is in and the window's partial goes out, empty or not. For a
+repartitioned source the end offset of the by-unit topic is read only after the hop's committed
+offsets have reached the source topic's end offsets read at that time, so every source record
+appended by then has been copied (with its source append time) first.
 Per-event work is the core's few dict updates; Faust's per-event machinery is not on this path.
 """
 
@@ -13,23 +21,26 @@ __all__ = ["IngestService", "IngestStats"]
 
 import asyncio
 import gc
+import json
 import logging
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
-from topology.model import Source, Topology
-from workers.runtime.core import PartitionCore, ProcessorOutput, new_partition_core
+from topology.model import Topology
+from workers.pipeline.partition import PartitionPipeline
+from workers.runtime.core import ProcessorOutput, to_output
+from workers.runtime.schedule import resolve_schedule_start
 from workers.runtime.settings import RuntimeSettings
-from workers.runtime.topics import ingest_topic
+from workers.runtime.topics import ingest_topic, partition_count
 
 _log = logging.getLogger(__name__)
 
@@ -66,13 +77,12 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class IngestService(Service):
-    """Batch consumer of every source of a topology; one processor per assigned source partition."""
+    """Batch consumer of every source of a topology; one pipeline per assigned source partition."""
 
     def __init__(
         self,
         topology: Topology,
         settings: RuntimeSettings,
-        core_factory: Callable[[Topology, Source, str, int], PartitionCore] = new_partition_core,
         *,
         offload: bool = True,
         **kwargs: object,
@@ -80,11 +90,16 @@ class IngestService(Service):
         self.topology = topology
         self.settings = settings
         self.stats = IngestStats()
-        self._core_factory = core_factory
         self._by_topic = {ingest_topic(s): s for s in topology.sources.values()}
-        self._cores: dict[TopicPartition, PartitionCore] = {}
-        self._committed: dict[TopicPartition, int] = {}
-        """Last offset this worker committed per owned partition (an unchanged safe offset is not re-sent)."""
+        self._hop_of = {ingest_topic(s): s.topic for s in topology.sources.values() if ingest_topic(s) != s.topic}
+        """by-unit topic → the source topic the repartition hop copies into it."""
+        self._cores: dict[TopicPartition, PartitionPipeline] = {}
+        self._committed: dict[TopicPartition, tuple[int, str]] = {}
+        """Last (offset, metadata) committed per owned partition (an unchanged pair is not re-sent)."""
+        self._counts: dict[str, int] = {}
+        """Partitions of each ingest topic when this worker started (every partial carries it)."""
+        self._warned: set[str] = set()
+        self.schedule_start: int | None = None
         self._lock = asyncio.Lock()
         self._offload = offload
         """Process batches on a thread, for a process that also runs the release agent."""
@@ -94,6 +109,9 @@ class IngestService(Service):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpstream-ingest")
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._ends: AIOKafkaConsumer | None = None
+        """A group-less client that reads the source topics' end offsets for the repartition check."""
         super().__init__(**kwargs)
 
     async def on_start(self) -> None:
@@ -106,10 +124,18 @@ class IngestService(Service):
         # every few hundred events. Rarer young-generation runs: about 11 % less CPU per event.
         gc.freeze()
         gc.set_threshold(GC_YOUNG_THRESHOLD, 50, 100)
+        self.schedule_start = await resolve_schedule_start(self.topology, self.settings.redis_url)
+        for topic in self._by_topic:
+            self._counts[topic] = await partition_count(self.settings.bootstrap, topic)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap, linger_ms=2, acks="all", enable_idempotence=True
         )
         await self._producer.start()
+        if self._hop_of:
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
+            await self._admin.start()
+            self._ends = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, enable_auto_commit=False)
+            await self._ends.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.bootstrap,
             group_id=f"{self.settings.group_id(self.topology)}-ingest",
@@ -126,14 +152,15 @@ class IngestService(Service):
         self._consumer.subscribe(list(self._by_topic), listener=_Listener(self))
         await self._consumer.start()
         self.add_future(self._consume_forever())
-        self.add_future(self._idle_forever())
+        self.add_future(self._close_forever())
 
     async def on_stop(self) -> None:
         async with self._lock:
-            if self._consumer is not None:
-                await self._consumer.stop()
-            if self._producer is not None:
-                await self._producer.stop()
+            for client in (self._consumer, self._producer, self._ends):
+                if client is not None:
+                    await client.stop()
+            if self._admin is not None:
+                await self._admin.close()
         self._executor.shutdown(wait=True)
 
     async def drop_partitions(self, revoked: list[TopicPartition]) -> None:
@@ -161,7 +188,11 @@ class IngestService(Service):
                 continue
             async with self._lock:
                 owned = self._consumer.assignment()
-                work = [(tp, self._core(tp), records) for tp, records in batches.items() if tp in owned and records]
+                work = []
+                for tp, records in batches.items():
+                    if tp in owned and records:
+                        self._check_timestamp_type(tp.topic, records[0])
+                        work.append((tp, await self._core(tp), records))
                 if self._offload:
                     # The batch runs on the ingest thread: the event loop stays free for the release
                     # agent's ledger and producer round trips, so a big batch does not delay a release.
@@ -171,41 +202,112 @@ class IngestService(Service):
                 await self._flush(outputs)
 
     def _process(
-        self, work: list[tuple[TopicPartition, PartitionCore, list]]
+        self, work: list[tuple[TopicPartition, PartitionPipeline, list]]
     ) -> list[tuple[TopicPartition, ProcessorOutput]]:
-        """Feed each partition's batch to its core (on the ingest thread, under the ingest lock)."""
+        """Feed each partition's batch to its pipeline (on the ingest thread, under the ingest lock)."""
         started = time.thread_time()
         outputs = []
         for tp, core, records in work:
-            outputs.append((tp, core.process(records)))
+            outputs.append((tp, to_output(core.process_batch(records))))
             self.stats.events += len(records)
             self.stats.batches += 1
         self.stats.busy_s += time.thread_time() - started
         return outputs
 
-    async def _idle_forever(self) -> None:
-        while not self.should_stop:
-            await self.sleep(self.settings.idle_interval_s)
-            if self._consumer is None:
-                continue
-            async with self._lock:
-                now = time.time()
-                owned = self._consumer.assignment()
-                for tp in owned:
-                    if tp not in self._cores and tp.topic in self._by_topic:
-                        self._core(tp)  # a partition that never saw an event still has windows to close
-                outputs = [(tp, core.advance_idle(now)) for tp, core in self._cores.items() if tp in owned]
-                await self._flush(outputs)
+    def _check_timestamp_type(self, topic: str, record: object) -> None:
+        """Warn once per topic whose record times are not broker append times (inclusion by arrival
+        is then by the producer's clock, and a restart may count a slow producer's event differently)."""
+        if topic in self._warned or topic in self._hop_of:
+            return
+        self._warned.add(topic)
+        if getattr(record, "timestamp_type", 1) != 1:
+            _log.warning(
+                "ingest: topic %s uses CreateTime; set message.timestamp.type=LogAppendTime on it so that "
+                "an event's inclusion follows its broker append time (DESIGN §3)", topic
+            )
 
-    def _core(self, tp: TopicPartition) -> PartitionCore:
+    async def _close_forever(self) -> None:
+        """Once a window's close time passed, read end offsets; windows close when consumption reaches them."""
+        assert self._consumer is not None
+        while not self.should_stop:
+            await self.sleep(self.settings.close_interval_s)
+            try:
+                async with self._lock:
+                    await self._close_due()
+            except (KafkaError, IllegalStateError) as exc:
+                _log.warning("ingest: close check failed (%s); retrying", type(exc).__name__)
+
+    async def _close_due(self) -> None:
+        assert self._consumer is not None
+        owned = [tp for tp in self._consumer.assignment() if tp.topic in self._by_topic]
+        for tp in owned:
+            await self._core(tp)  # a partition that never saw an event still has windows to close
+        self._check_partition_counts()
+        read_at = time.time() - self.settings.close_grace_s
+        due = []
+        for tp in owned:
+            t = self._cores[tp].next_close_time()
+            if t is not None and t <= read_at:
+                due.append(tp)
+        if not due:
+            return
+        for hop_topic in {tp.topic for tp in due if tp.topic in self._hop_of}:
+            if not await self._hop_caught_up(self._hop_of[hop_topic]):
+                due = [tp for tp in due if tp.topic != hop_topic]  # not all copied yet: next round
+        if not due:
+            return
+        ends = await self._consumer.end_offsets(due)
+        outputs = [(tp, to_output(self._cores[tp].mark_end(read_at, ends[tp]))) for tp in due if tp in ends]
+        await self._flush(outputs)
+
+    async def _hop_caught_up(self, source_topic: str) -> bool:
+        """True when the repartition hop has committed past every record of `source_topic` that was
+        in the topic now (so all of them are in the by-unit topic, acknowledged)."""
+        assert self._admin is not None and self._ends is not None
+        parts = range(await partition_count(self.settings.bootstrap, source_topic))
+        tps = [TopicPartition(source_topic, p) for p in parts]
+        ends = await self._ends.end_offsets(tps)
+        group = f"{self.settings.group_id(self.topology)}-repartition"
+        committed = await self._admin.list_consumer_group_offsets(group, partitions=tps)
+        return all(ends[tp] == 0 or (tp in committed and committed[tp].offset >= ends[tp]) for tp in tps)
+
+    def _check_partition_counts(self) -> None:
+        assert self._consumer is not None
+        for topic, count in self._counts.items():
+            now = self._consumer.partitions_for_topic(topic)
+            if now is not None and len(now) != count and topic not in self._warned:
+                self._warned.add(topic)
+                _log.error(
+                    "ingest: topic %s changed from %d to %d partitions mid-deployment: a unit would be bounded once "
+                    "per partition, so the release side refuses these partials; restore the count or deploy a new "
+                    "topology version on a new topic", topic, count, len(now)
+                )
+
+    async def _core(self, tp: TopicPartition) -> PartitionPipeline:
+        """The partition's pipeline; a new one resumes from the last commit's offset and metadata."""
         core = self._cores.get(tp)
-        if core is None:
-            source = self._by_topic[tp.topic]
-            core = self._cores[tp] = self._core_factory(self.topology, source, tp.topic, tp.partition)
+        if core is not None:
+            return core
+        assert self._consumer is not None and self.schedule_start is not None
+        committed = await self._consumer._coordinator.fetch_committed_offsets([tp])  # noqa: SLF001 - aiokafka's public committed() drops the metadata we resume from
+        meta = committed.get(tp)
+        resume: dict[str, int] | None = None
+        if meta is not None and meta.offset >= 0:
+            offset = meta.offset
+            resume = _parse_progress(meta.metadata)
+        else:
+            offset = (await self._consumer.beginning_offsets([tp]))[tp]
+        source = self._by_topic[tp.topic]
+        core = self._cores[tp] = PartitionPipeline(
+            self.topology, source.name, tp.partition, schedule_start=self.schedule_start, topic=tp.topic,
+            partitions=self._counts.get(tp.topic) or 1, resume=resume, start_offset=offset, check_keys=True,
+        )
+        self._committed[tp] = (offset, meta.metadata if meta is not None else "")
         return core
 
     async def _flush(self, outputs: list[tuple[TopicPartition, ProcessorOutput]]) -> None:
-        """Send dead letters and partials, wait for every ack, then commit each partition's safe offset."""
+        """Send dead letters and partials, wait for every ack, then commit each partition's safe offset
+        with its progress as metadata."""
         assert self._producer is not None and self._consumer is not None
         sends = []
         sinks = self.topology.sinks
@@ -220,14 +322,29 @@ class IngestService(Service):
             await asyncio.gather(*sends)
         offsets = {}
         for tp, _out in outputs:
-            safe = self._cores[tp].safe_offset() if tp in self._cores else None
-            if safe is not None and safe != self._committed.get(tp):
-                offsets[tp] = OffsetAndMetadata(safe, "")
-        if offsets:  # the safe offset only moves when a window is emitted: most batches commit nothing
+            core = self._cores.get(tp)
+            if core is None:
+                continue
+            safe = core.safe_offset()
+            meta = json.dumps(core.progress(), sort_keys=True, separators=(",", ":"))
+            if safe is not None and (safe, meta) != self._committed.get(tp):
+                offsets[tp] = OffsetAndMetadata(safe, meta)
+        if offsets:  # offset and progress move only when a window closes: most batches commit nothing
             try:
                 await self._consumer.commit(offsets)
                 self.stats.commits += 1
-                self._committed.update((tp, meta.offset) for tp, meta in offsets.items())
+                self._committed.update((tp, (m.offset, m.metadata)) for tp, m in offsets.items())
             except (CommitFailedError, IllegalStateError, KafkaError) as exc:
                 # a rebalance took these partitions: their new owner replays from the last good commit
                 _log.info("ingest: commit skipped (%s); the partition's new owner replays", type(exc).__name__)
+
+
+def _parse_progress(metadata: str) -> dict[str, int] | None:
+    """The commit metadata written by `_flush` (metric → next window start); None if absent or foreign."""
+    try:
+        doc = json.loads(metadata) if metadata else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return {str(k): int(v) for k, v in doc.items() if isinstance(v, int)}

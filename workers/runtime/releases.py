@@ -2,18 +2,19 @@
 
 Each metric's state (its `PartialMerger` and the windows merged but not yet released) lives in a
 changelogged Table (one key per metric), so a rebalanced or restarted owner resumes it; partials are
-deduped by (window, partition), so replayed partials change nothing. The agent only merges: a merged
+deduped by (window, partition), so replayed partials change nothing. A window is released only when
+every source partition has reported it (no deadline: a missing partial delays the release, it never
+drops a partition's units). The agent only merges: a merged
 window is recorded as releasing and handed to the `ReleaseDispatcher` (up to 16 releases at once;
 quote → reserve one scope at a time), which runs the core's `Releaser` (quote → noise → reserve →
 publish the stored bytes with key = release_id on an idempotent producer → commit); finished windows
-leave the state at the metric's next message. Deadline checks arrive as tick messages on the same topic, because a Faust
-Table is only written while iterating its stream. A sweeper timer republishes reserved-but-unpublished
+leave the state at the metric's next message. A sweeper timer republishes reserved-but-unpublished
 records with their stored bytes.
 """
 
 from __future__ import annotations
 
-__all__ = ["ReleaseSide", "ReleaseStats", "TICK_PREFIX", "FAULT_ENV"]
+__all__ = ["ReleaseSide", "ReleaseStats", "FAULT_ENV"]
 
 import asyncio
 import logging
@@ -27,16 +28,13 @@ import faust
 from aiokafka import AIOKafkaProducer
 
 from topology.model import Topology
-from workers.pipeline.merger import MergedWindow
+from workers.pipeline.merger import MergedWindow, PartitionCountChanged
 from workers.pipeline.partials import WindowPartial
 from workers.release import Releaser, ReleaseResult, sweep
 from workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
 from workers.runtime.settings import RuntimeSettings
 
 _log = logging.getLogger(__name__)
-
-TICK_PREFIX = b"dpstream-tick:"
-"""Value prefix of deadline-check messages on the partials topic (never a valid partial)."""
 
 MAX_CONCURRENT_RELEASES = 16
 """Releases one process runs at once (their quote → reserve still go one scope at a time)."""
@@ -57,7 +55,8 @@ class ReleaseStats:
 
     partials: int = 0
     released: int = 0
-    by_deadline: int = 0
+    refused_partials: int = 0
+    """Partials refused because their source's partition count changed (see PartialMerger)."""
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
     last: list[ReleaseResult] = field(default_factory=list)
@@ -85,7 +84,6 @@ class ReleaseSide:
         )
         self.table = app.Table("dpstream-mergers", default=None, partitions=settings.partitions)
         app.agent(self.topic, name="dpstream-release")(self._agent)
-        app.timer(1.0, name="dpstream-deadline-tick")(self._tick)
         app.timer(settings.sweep_interval_s, name="dpstream-sweeper")(self._sweep)
 
     async def start(self) -> None:
@@ -137,19 +135,22 @@ class ReleaseSide:
                 continue
             state = self._state(metric)
             value: bytes = event.value
-            now = time.time()
-            if value.startswith(TICK_PREFIX):
-                ready = state.merger.expire(now)
-                self.stats.by_deadline += len(ready)
-            else:
-                partial = WindowPartial.from_bytes(value)
-                self.stats.partials += 1
-                key = (metric, partial.start)
-                self._closed_at[key] = max(self._closed_at.get(key, 0.0), event.message.timestamp)
-                if len(self._closed_at) > KEEP_CLOSE_TIMES:  # windows another owner released: forget the oldest
-                    for old in sorted(self._closed_at, key=self._closed_at.__getitem__)[: KEEP_CLOSE_TIMES // 2]:
-                        del self._closed_at[old]
-                ready = state.merger.add(partial, now)
+            if not value.startswith(b"{"):  # not a partial (e.g. an older release's tick message)
+                continue
+            partial = WindowPartial.from_bytes(value)
+            self.stats.partials += 1
+            key = (metric, partial.start)
+            self._closed_at[key] = max(self._closed_at.get(key, 0.0), event.message.timestamp)
+            if len(self._closed_at) > KEEP_CLOSE_TIMES:  # windows another owner released: forget the oldest
+                for old in sorted(self._closed_at, key=self._closed_at.__getitem__)[: KEEP_CLOSE_TIMES // 2]:
+                    del self._closed_at[old]
+            try:
+                ready = state.merger.add(partial)
+            except PartitionCountChanged as exc:
+                self.stats.refused_partials += 1
+                if self.stats.refused_partials == 1 or self.stats.refused_partials % 1000 == 0:
+                    _log.error("release side: %s", exc)
+                ready = []
             for merged in ready:
                 state.releasing[merged.start] = merged
             for start in self._dispatcher.take_finished(metric):
@@ -168,7 +169,7 @@ class ReleaseSide:
         if cached is not None and cached[0] is stored:
             return cached[1]
         parts = range(self._partitions.get(metric, 1))
-        state = MetricReleaseState.from_state(metric, parts, stored, self.settings.deadline_s)
+        state = MetricReleaseState.from_state(metric, parts, stored)
         self._states[metric] = (stored, state)
         return state
 
@@ -203,14 +204,6 @@ class ReleaseSide:
     async def _publish(self, value: bytes, key: bytes) -> None:
         assert self._producer is not None
         await self._producer.send_and_wait(self.topology.sinks.releases, value, key=key)
-
-    async def _tick(self) -> None:
-        """Ask each metric's owner to check its deadlines (ticks ride the metric's partition)."""
-        if self._producer is None:
-            return
-        now = f"{time.time():.3f}".encode()
-        for metric in self.topology.metrics:
-            await self._producer.send(self.topology.sinks.partials_topic, TICK_PREFIX + now, key=metric.encode())
 
     async def _sweep(self) -> None:
         """Republish reserved-but-unpublished releases with their stored bytes."""

@@ -18,20 +18,22 @@ class RuntimeSettings:
     redis_url: str
     worker_id: str = "worker-1"
     web_port: int | None = None
+    web_bind: str = "127.0.0.1"
+    """Address the web server listens on: curator-side, so loopback unless told otherwise."""
     partitions: int = 4
     """Partitions of topics the worker creates when missing."""
     batch_max_records: int = 20000
     shared_batch_max_records: int = 5000
     """Records per fetch in a process that also runs the release agent (role `all`)."""
     fetch_timeout_ms: int = 100
-    idle_interval_s: float = 1.0
-    """How often idle partitions are advanced by wall clock."""
+    close_interval_s: float = 1.0
+    """How often partitions check for windows whose close time passed (and read end offsets)."""
+    close_grace_s: float = 0.5
+    """Windows close on end offsets read at least this long after C(w): room for broker/worker clock skew."""
     sweep_interval_s: float = 2.0
     """How often reserved-but-unpublished releases are republished."""
     sweep_age_s: float = 5.0
     """A reserved release older than this is republished by the sweeper."""
-    deadline_s: float = 30.0
-    """A window whose partials are incomplete this long after its first partial is released with what is there."""
     datadir: str = ""
 
     def __post_init__(self) -> None:

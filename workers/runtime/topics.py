@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["TopicNames", "topic_names", "repartition_topic", "ingest_topic", "ensure_topics", "partition_count"]
+__all__ = [
+    "APPEND_TIME",
+    "TopicNames",
+    "topic_names",
+    "topic_configs",
+    "repartition_topic",
+    "ingest_topic",
+    "ensure_topics",
+    "partition_count",
+]
 
 from dataclasses import dataclass
 
@@ -47,11 +56,21 @@ def ingest_topic(source: Source) -> str:
     return repartition_topic(source) if _needs_repartition(source) else source.topic
 
 
+APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+"""Source topics stamp each record with the broker's append time: inclusion is by arrival (DESIGN §3)."""
+
+
+def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
+    """Per-topic configs of created topics: source topics use append time; by-unit topics keep the
+    source's append time the hop writes (CreateTime, the default)."""
+    return {s.topic: dict(APPEND_TIME) for s in topology.sources.values()}
+
+
 def ensure_topics(bootstrap: str, topology: Topology, partitions: int = 4) -> list[str]:
     """Create the topology's missing topics (existing ones are left alone); returns those created."""
     from workers.localstack.kafka_admin import create_topics
 
-    return create_topics(bootstrap, topic_names(topology).all, partitions)
+    return create_topics(bootstrap, topic_names(topology).all, partitions, configs=topic_configs(topology))
 
 
 async def partition_count(bootstrap: str, topic: str) -> int:

@@ -1,0 +1,28 @@
+"""The deployment start S: where every metric's public release schedule begins (DESIGN §1 rule 2).
+
+S is the topology's `start:` when it declares one; otherwise the first start of this topology
+version, recorded once in the ledger (the first worker to ask sets it; every later worker, restart
+or rebalance reads the same value). Both are public: neither depends on any event.
+"""
+
+from __future__ import annotations
+
+__all__ = ["resolve_schedule_start"]
+
+import time
+
+from topology.model import Topology
+
+
+async def resolve_schedule_start(topology: Topology, redis_url: str, now: float | None = None) -> int:
+    """S in epoch seconds: `start:` of the topology, else the ledger's record for this version."""
+    declared = getattr(topology, "start_s", None)
+    if declared is not None:
+        return int(declared)
+    from workers.ledger import open_ledger
+
+    ledger = await open_ledger(redis_url, None)
+    try:
+        return int(await ledger.deployment_start(topology.topology_version, int(time.time() if now is None else now)))
+    finally:
+        await ledger.close()
