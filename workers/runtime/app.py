@@ -6,12 +6,13 @@ Thin wiring: the topology says what to release, the settings where Kafka and Red
 
 from __future__ import annotations
 
-__all__ = ["Role", "Runtime", "build_runtime", "run_worker"]
+__all__ = ["Role", "Runtime", "build_runtime", "new_app", "run_worker", "web_settings"]
 
 import asyncio
 import logging
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import faust
 from mode import Service
@@ -72,23 +73,58 @@ def _expected_partials(topology: Topology, bootstrap: str) -> dict[str, int]:
     return counts
 
 
-def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Role.ALL) -> Runtime:
-    """Create missing topics, then the Faust app with the services, agents, tables and timers of `role`."""
-    ensure_topics(settings.bootstrap, topology, settings.partitions)
-    # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
-    app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
+_BUILTIN_VIEWS_OFF: dict[str, bool] = {
+    # Faust's own views (faust/web/base.py BLUEPRINT_FLAGS). The port is curator-side, but even there
+    # no endpoint may carry a true aggregate (DESIGN §1 "Trust boundary"), so every one that serves
+    # data is off; views the app adds itself (`@app.page`) are not gated by these and still serve.
+    "web_tables_enabled": False,  # /table/<name>/<key>/: table values, i.e. the un-noised merger state
+    "web_router_enabled": False,  # /router/: which worker owns a table key, every worker's URL
+    "web_stats_enabled": False,  # / and /assignment/: sensor counters, partition assignment
+    "web_graph_enabled": False,  # /graph/: the worker's service tree
+    "web_metrics_enabled": False,  # /performance/: monitor throughput, lag and table statistics
+}
+
+
+def web_settings(settings: RuntimeSettings) -> dict[str, Any]:
+    """Faust web settings of a worker: on only with a port, bound to `settings.web_bind` over TCP,
+    no built-in view (with stats off, `/` is Faust's plain `{"status": "OK"}` index)."""
+    return {
+        "web_enabled": settings.web_port is not None,
+        "web_port": settings.web_port or 6066,
+        "web_bind": settings.web_bind,
+        "web_transport": "tcp://",
+        **_BUILTIN_VIEWS_OFF,
+    }
+
+
+def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
+    """The worker's Faust app (no broker contacted), its web settings pinned."""
+    web = web_settings(settings)
     app = faust.App(
         app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
-        web_enabled=settings.web_port is not None,
-        web_port=settings.web_port or 6066,
         topic_partitions=settings.partitions,
         table_standby_replicas=0,
         producer_linger_ms=0,
         consumer_auto_offset_reset="earliest",
         **({"datadir": settings.datadir} if settings.datadir else {}),
+        **web,
     )
+    # Faust lets environment variables (WEB_BIND, APP_WEB_TABLES_ENABLED, APP_WEB_ENABLED, ...) win over
+    # keyword settings: set ours again so no stray variable widens the bind or reopens a view. Done before
+    # anything touches `app.web`, which picks its blueprints when it is created.
+    for name, value in web.items():
+        setattr(app.conf, name, value)
+    return app
+
+
+def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Role.ALL) -> Runtime:
+    """Create missing topics, then the Faust app with the services, agents, tables and timers of `role`."""
+    ensure_topics(settings.bootstrap, topology, settings.partitions)
+    # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
+    app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
+    app = new_app(app_id, settings)
     releases = ingest = repartition = None
     if role is not Role.INGEST:
         releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings.bootstrap))
