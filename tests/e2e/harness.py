@@ -22,20 +22,20 @@ from topology.model import Topology
 
 TOPOLOGY = """\
 version: 1
+start: {start}
 sources:
   clicks:
-    topic: {prefix}.clicks
+    topic: {source_topic}
     privacy_unit: user_id
     timestamp: ts
     allowed_lateness: 1s
-    idle_timeout: 2s
     keyed_by_unit: {keyed}
 budgets:
   b:
     epsilon: {epsilon}
     delta: 1.0e-6
     accounting: zcdp
-    period: 1d
+    period: {period}
 metrics:
   views:
     source: clicks
@@ -81,7 +81,7 @@ class Deployment:
         """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
         log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         argv = [sys.executable, "-m", "workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
-                "--redis", self.redis_url, "--worker-id", name, "--deadline", "20", "--role", role]
+                "--redis", self.redis_url, "--worker-id", name, "--role", role]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
         return proc
@@ -102,16 +102,31 @@ class Deployment:
         return (self.path.parent / f"{name}.log").read_text(errors="replace")
 
 
-def deploy(tmp_path: Path, bootstrap: str, redis_url: str, keyed: bool = True, epsilon: float = 1.0) -> Deployment:
-    """Write a small topology (2 s windows, 2 s idle timeout) with unique topic names, and create its topics.
+def deploy(
+    tmp_path: Path,
+    bootstrap: str,
+    redis_url: str,
+    keyed: bool = True,
+    epsilon: float = 1.0,
+    start: int | None = None,
+    source_topic: str | None = None,
+    period: str = "1d",
+) -> Deployment:
+    """Write a small topology (2 s windows) with unique topic names and a public start (default: the
+    current 2 s window), and create its topics.
 
     The broker does not auto-create topics, so tests may send events before any worker runs.
     """
+    if start is None:
+        start = int(time.time()) // 2 * 2
     from workers.runtime.topics import ensure_topics
 
     prefix = f"e2e-{uuid.uuid4().hex[:10]}"
-    path = tmp_path / "topology.yaml"
-    path.write_text(TOPOLOGY.format(prefix=prefix, keyed=str(keyed).lower(), epsilon=epsilon))
+    path = tmp_path / prefix / "topology.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = TOPOLOGY.format(prefix=prefix, keyed=str(keyed).lower(), epsilon=epsilon, start=start,
+                           source_topic=source_topic or f"{prefix}.clicks", period=period)
+    path.write_text(text)
     topology = load_topology(path)
     ensure_topics(bootstrap, topology)
     return Deployment(path, topology, bootstrap, redis_url)

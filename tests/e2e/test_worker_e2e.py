@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.pipeline.fixed_point import value_exponent
 from tests.e2e.harness import Deployment, binomial_upper, deploy, event, poll, read_all, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +43,10 @@ def _partials(dep: Deployment) -> dict[tuple[str, int], dict[str, float]]:
             continue
         seen.add((p["metric"], p["start"], p["partition"]))
         into = merged[(p["metric"], p["start"])]
-        for key, v in p["values"].items():
-            into[key] = into.get(key, 0) + (v[0] if isinstance(v, list) else v)
+        metric = dep.topology.metrics[p["metric"]]
+        scale = 2 ** value_exponent(metric.bounds) if metric.value is not None and metric.bounds else 1
+        for key, v in p["values"].items():  # sums are integer grid units: back to values
+            into[key] = into.get(key, 0) + (v[0] if isinstance(v, list) else v) / scale
     return merged
 
 
@@ -138,20 +141,17 @@ def test_malformed_events_go_to_dlq_and_worker_continues(deployment: Deployment)
     assert deployment.workers[0].poll() is None  # still running
 
 
-def test_idle_source_closes_windows(deployment: Deployment) -> None:
-    """After the last event, the idle timeout closes the remaining windows (release soon after idle + grace)."""
+def test_a_quiet_source_closes_its_windows_by_the_clock(deployment: Deployment) -> None:
+    """No event after the first window: the windows still close once their close time passed and the
+    (unchanged) end offsets were consumed, and the following empty windows are released too."""
     t0 = _t0()
     send(deployment.bootstrap, deployment.source_topic, [event(f"u{i}", t0 + 0.5) for i in range(10)])
     deployment.start_worker("w1")
-    recs = poll(lambda: _released_all(deployment, [t0]), timeout_s=120)
+    starts = [t0, t0 + WINDOW, t0 + 2 * WINDOW]
+    recs = poll(lambda: _released_all(deployment, starts), timeout_s=120)
     assert recs, deployment.log("w1")[-3000:]
-    src = deployment.topology.sources["clicks"]
-    for r in recs:
-        if r["window"]["start_epoch"] == t0:
-            published = r["published_at_epoch"] if "published_at_epoch" in r else None
-            assert r["complete"] is True
-            if published is not None:
-                assert published - (t0 + WINDOW) <= src.idle_timeout_s + src.allowed_lateness_s + 15
+    _assert_exactly_once(recs)
+    assert all("complete" not in r for r in recs)  # no data-dependent completeness flag in a release
 
 
 def test_two_workers_rebalance_exactly_once(deployment: Deployment) -> None:
@@ -199,7 +199,8 @@ def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: 
     _assert_exactly_once(recs)
     raw = {k: v for k, v in read_all(deployment.bootstrap, deployment.topology.sinks.releases)}
     assert raw[stuck[0].release_id.encode()] == stuck[0].payload
-    assert not asyncio.run(pending())
+    # committed now (later windows of the schedule keep being released, so others may be in flight)
+    assert poll(lambda: stuck[0].release_id not in {p.release_id for p in asyncio.run(pending())}, timeout_s=60)
 
 
 def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001

@@ -30,13 +30,13 @@ from typing import Any
 _WINDOW_S = 10
 _TOPOLOGY = """\
 version: 1
+start: {start}
 sources:
   clicks:
     topic: {prefix}.clicks
     privacy_unit: user_id
     timestamp: ts
     allowed_lateness: 1s
-    idle_timeout: 60s
     keyed_by_unit: true
 budgets:
   {prefix}: {{epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}}
@@ -83,8 +83,10 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _events(n: int, windows: int, t0: int) -> list[tuple[bytes, bytes]]:
-    """Half the units heavy (many events per window: they hit the caps), half light; event time ordered."""
+def _events(n: int, windows: int, t0: int) -> list[tuple[bytes, bytes, int]]:
+    """Half the units heavy (many events per window: they hit the caps), half light; event time
+    ordered; each with the record time (ms) it is stamped with: its own event time (a backlog that
+    arrived on time, so windows close by the clock as soon as it is consumed)."""
     import numpy as np  # bench path: a non-cryptographic RNG is fine here
 
     rng = np.random.default_rng(7)
@@ -96,26 +98,23 @@ def _events(n: int, windows: int, t0: int) -> list[tuple[bytes, bytes]]:
         unit = f"h{int(rng.integers(heavy_units))}" if i % 2 == 0 else f"l{int(rng.integers(light_units))}"
         ts = t0 + span * i / n
         doc = {"user_id": unit, "ts": round(ts, 3), "page": pages[i % 5], "basket_eur": round(float(rng.random()) * 250, 2)}
-        out.append((unit.encode(), json.dumps(doc, separators=(",", ":")).encode()))
+        out.append((unit.encode(), json.dumps(doc, separators=(",", ":")).encode(), int(round(ts, 3) * 1000)))
     return out
 
 
-async def _preload(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]], sentinel_ts: float) -> None:
+async def _preload(bootstrap: str, topic: str, events: list[tuple[bytes, bytes, int]]) -> None:
+    """Produce the events with their record times (the bench topic keeps producer times: CreateTime)."""
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, max_batch_size=512 * 1024, acks=1)
     await producer.start()
     try:
         futures = []
-        for key, value in events:
-            futures.append(await producer.send(topic, value, key=key))
+        for key, value, stamp in events:
+            futures.append(await producer.send(topic, value, key=key, timestamp_ms=stamp))
             if len(futures) >= 20_000:
                 await asyncio.gather(*futures)
                 futures.clear()
-        # one far-ahead event per partition moves every watermark past the data (no idle wait)
-        for p in range(4):
-            doc = {"user_id": f"sentinel{p}", "ts": sentinel_ts, "page": "home", "basket_eur": 1}
-            futures.append(await producer.send(topic, json.dumps(doc).encode(), key=b"s", partition=p))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -269,15 +268,17 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     path = workdir / "bench.yaml"
-    path.write_text(_TOPOLOGY.format(prefix=prefix, window=_WINDOW_S))
+    t0 = (int(time.time()) // _WINDOW_S - args.windows - 5) * _WINDOW_S
+    path.write_text(_TOPOLOGY.format(prefix=prefix, window=_WINDOW_S, start=t0))
     topology = load_topology(path)
+    # CreateTime topics (not the worker's LogAppendTime): the pre-loaded backlog keeps the record
+    # times it was stamped with, as if each event had arrived at its own time
     create_topics(bootstrap, topic_names(topology).all, 4)
     topic = topology.sources["clicks"].topic
-    t0 = (int(time.time()) // _WINDOW_S - args.windows - 5) * _WINDOW_S
     events = _events(args.events, args.windows, t0)
-    asyncio.run(_preload(bootstrap, topic, events, t0 + (args.windows + 3) * _WINDOW_S))
+    asyncio.run(_preload(bootstrap, topic, events))
     del events
-    total = args.events + 4
+    total = args.events
     raw = asyncio.run(_raw_rate(bootstrap, topic, total))
     naive = _naive_rate(bootstrap, topic, min(args.naive_events, args.events), workdir)
 
