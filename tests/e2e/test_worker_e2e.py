@@ -123,20 +123,22 @@ def test_bounding_caps_one_heavy_unit_and_clamps(deployment: Deployment) -> None
 
 
 def test_malformed_events_go_to_dlq_and_worker_continues(deployment: Deployment) -> None:
-    """Bad JSON, missing unit, non-numeric value land in the DLQ with their reason; good windows still release."""
+    """Bad JSON, missing unit, non-numeric value, a record keyed by another unit land in the DLQ with their
+    reason; good windows still release."""
     t0 = _t0()
     bad = [
         (b"x", b"{not json"),
         (b"y", json.dumps({"ts": t0 + 0.2, "page": "home"}).encode()),
         (b"z", json.dumps({"user_id": "z", "ts": t0 + 0.3, "basket_eur": "NaN"}).encode()),
         (b"w", json.dumps({"user_id": "w", "ts": "yesterday"}).encode()),
+        (b"not-the-unit", json.dumps({"user_id": "v", "ts": t0 + 0.4, "page": "home"}).encode()),
     ]
     good = [event(f"g{i}", t0 + 0.5) for i in range(20)]
     send(deployment.bootstrap, deployment.source_topic, bad + good)
     deployment.start_worker("w1")
     assert poll(lambda: _released_all(deployment, [t0]), timeout_s=120), deployment.log("w1")[-3000:]
     dlq = [json.loads(v) for _k, v in read_all(deployment.bootstrap, deployment.topology.sinks.dead_letter)]
-    assert sorted(d["reason"] for d in dlq) == ["bad_timestamp", "bad_value", "missing_unit", "not_json"]
+    assert sorted(d["reason"] for d in dlq) == ["bad_timestamp", "bad_value", "key_mismatch", "missing_unit", "not_json"]
     assert all(d["source"] == "clicks" and d["topic"] == deployment.source_topic for d in dlq)
     assert deployment.workers[0].poll() is None  # still running
 
@@ -250,3 +252,25 @@ def test_split_ingest_and_release_processes_release_every_window_once(deployment
     assert recs, deployment.log("ingest")[-2000:] + deployment.log("release")[-2000:]
     _assert_exactly_once(recs)
     assert {r["metric"] for r in recs} == set(deployment.topology.metrics)
+
+
+def test_a_repartitioned_source_counts_by_the_source_append_time(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001
+    """A source not keyed by its unit goes through the by-unit hop (keys are anything); windows close
+    only once the hop has copied everything the source held, and every event is counted once."""
+    dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, keyed=False)
+    try:
+        t0 = _t0()
+        starts = [t0, t0 + WINDOW]
+        events = [(f"k{i % 5}".encode(), event(f"u{i:03d}", s + 0.3, "home", 1.0)[1]) for s in starts for i in range(40)]
+        send(dep.bootstrap, dep.source_topic, events)
+        dep.start_worker("w1")
+        recs = poll(lambda: _released_all(dep, starts), timeout_s=150)
+        assert recs, dep.log("w1")[-3000:]
+        _assert_exactly_once(recs)
+        merged = _partials(dep)
+        for s in starts:
+            assert merged[("views", s)].get("home", 0) == 40
+        dlq = [json.loads(v) for _k, v in read_all(dep.bootstrap, dep.topology.sinks.dead_letter)]
+        assert dlq == []  # the hop keys by unit: no key_mismatch on the by-unit topic
+    finally:
+        dep.stop_all()
