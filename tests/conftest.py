@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from workers.localstack import KafkaHandle, RedisHandle, create_topics, free_port
+from dpstream.workers.localstack import KafkaHandle, RedisHandle, create_topics, free_port
 
 if TYPE_CHECKING:
     import redis

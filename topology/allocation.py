@@ -24,8 +24,8 @@ __all__ = [
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from topology.errors import InternalError
-from topology.model import Accounting, WarningPolicy, Window
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, WarningPolicy, Window
 
 
 @dataclass(frozen=True)

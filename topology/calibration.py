@@ -12,11 +12,11 @@ __all__ = ["NoiseComponent", "calibrate", "MEAN_SUM_SHARE", "Z95", "continuous_c
 import math
 from dataclasses import dataclass
 
-from topology import accounting as acc
-from topology.errors import InternalError
-from topology.model import Accounting, Aggregate, Mechanism, Metric
-from topology.selection import TOP_K_SELECTION_SHARE
-from topology.sensitivity import Sensitivity, release_sensitivities
+from dpstream.topology import accounting as acc
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
+from dpstream.topology.selection import TOP_K_SELECTION_SHARE
+from dpstream.topology.sensitivity import Sensitivity, release_sensitivities
 
 MEAN_SUM_SHARE = 0.5
 """Share of a noisy mean's cost spent on its sum (the rest goes to its count)."""

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from topology.durations import format_duration
-from topology.model import (
+from dpstream.topology.durations import format_duration
+from dpstream.topology.model import (
     Accounting,
     Budget,
     Contribution,

@@ -6,10 +6,10 @@ __all__ = ["DEFAULT_DELTA_CEILING", "lint_topology"]
 
 from fractions import Fraction
 
-from topology.durations import format_duration
-from topology.errors import ConfigWarning
-from topology.model import Accounting, Mechanism, Topology, WindowKind
-from topology.validation import SourceMap
+from dpstream.topology.durations import format_duration
+from dpstream.topology.errors import ConfigWarning
+from dpstream.topology.model import Accounting, Mechanism, Topology, WindowKind
+from dpstream.topology.validation import SourceMap
 
 DEFAULT_DELTA_CEILING = 1e-5
 """Without `expected_units`, a δ above this is flagged: δ should be far below 1 / number of units."""

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from topology.errors import ConfigError, ConfigWarning
-from topology.lint import lint_topology
-from topology.model import (
+from dpstream.topology.errors import ConfigError, ConfigWarning
+from dpstream.topology.lint import lint_topology
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Bounds,
@@ -43,7 +43,7 @@ from topology.model import (
     WarningPolicy,
     Window,
 )
-from topology.readers import (
+from dpstream.topology.readers import (
     FieldProblem,
     is_null,
     read_bool,
@@ -56,8 +56,8 @@ from topology.readers import (
     show,
     suggest,
 )
-from topology.validation import Problem, SourceMap, TopologyError, check_metric_links
-from topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compose_located
+from dpstream.topology.validation import Problem, SourceMap, TopologyError, check_metric_links
+from dpstream.topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compose_located
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     "topology": ("version", "start", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),

@@ -12,7 +12,7 @@ __all__ = ["period_start", "period_end", "period_id", "periods_touched", "period
 import math
 from datetime import datetime, timezone
 
-from topology.errors import InternalError
+from dpstream.topology.errors import InternalError
 
 _DAY_S = 86_400
 _MINUTE_S = 60

@@ -104,12 +104,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from topology import accounting as acc
-from topology.allocation import MetricDemand, static_release_cost
-from topology.calibration import NoiseComponent, calibrate
-from topology.durations import format_duration
-from topology.model import Accounting, Budget, Mechanism, Metric, Topology, WindowKind
-from topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
+from dpstream.topology import accounting as acc
+from dpstream.topology.allocation import MetricDemand, static_release_cost
+from dpstream.topology.calibration import NoiseComponent, calibrate
+from dpstream.topology.durations import format_duration
+from dpstream.topology.model import Accounting, Budget, Mechanism, Metric, Topology, WindowKind
+from dpstream.topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
 
 PLAN_JSON_VERSION = 1
 """Bumped whenever a field of `plan_to_json`'s output changes meaning or disappears."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __all__ = ["render_plan"]
 
-from topology.durations import format_duration
-from topology.plan import MetricPlan, Plan, ScopePlan
+from dpstream.topology.durations import format_duration
+from dpstream.topology.plan import MetricPlan, Plan, ScopePlan
 
 
 def _num(x: float | None) -> str:

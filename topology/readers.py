@@ -26,8 +26,8 @@ import re
 from enum import Enum
 from typing import TypeVar
 
-from topology.durations import parse_duration
-from topology.yaml_positions import Map, Node, Scalar, Seq
+from dpstream.topology.durations import parse_duration
+from dpstream.topology.yaml_positions import Map, Node, Scalar, Seq
 
 E = TypeVar("E", bound=Enum)
 

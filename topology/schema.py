@@ -18,10 +18,10 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from topology import model
-from topology.durations import format_duration
-from topology.loader import START_MAX_S, START_MIN_S
-from topology.model import (
+from dpstream.topology import model
+from dpstream.topology.durations import format_duration
+from dpstream.topology.loader import START_MAX_S, START_MIN_S
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Budget,

@@ -25,8 +25,8 @@ __all__ = [
 
 from collections.abc import Sequence
 
-from topology import accounting as acc
-from topology.model import Accounting, Budget, Metric
+from dpstream.topology import accounting as acc
+from dpstream.topology.model import Accounting, Budget, Metric
 
 SELECTION_DELTA_SHARE = 0.1
 """Fraction of a zCDP scope's δ set aside for partition selection (when any metric selects)."""

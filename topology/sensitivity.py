@@ -13,8 +13,8 @@ __all__ = ["Sensitivity", "release_sensitivities"]
 import math
 from dataclasses import dataclass
 
-from topology.errors import InternalError
-from topology.model import Aggregate, Metric
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Aggregate, Metric
 
 
 @dataclass(frozen=True)

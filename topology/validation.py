@@ -12,10 +12,10 @@ __all__ = ["Problem", "TopologyError", "SourceMap", "check_metric_links"]
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from topology.durations import format_duration
-from topology.errors import ConfigError, ConfigWarning
-from topology.model import Accounting, Budget, Mechanism, Metric, Source, WindowKind
-from topology.readers import suggest
+from dpstream.topology.durations import format_duration
+from dpstream.topology.errors import ConfigError, ConfigWarning
+from dpstream.topology.model import Accounting, Budget, Mechanism, Metric, Source, WindowKind
+from dpstream.topology.readers import suggest
 
 
 @dataclass(frozen=True, order=True)

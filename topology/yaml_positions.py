@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from topology.substitution import SubstitutionError, has_reference, substitute_env
+from dpstream.topology.substitution import SubstitutionError, has_reference, substitute_env
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"

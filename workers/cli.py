@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import sys
 
-from topology.errors import ConfigError, DpstreamError
+from dpstream.topology.errors import ConfigError, DpstreamError
 
 COMMANDS = (
     "validate",
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module_name = f"workers.commands.{name}"
+        module_name = f"dpstream.workers.commands.{name}"
         if importlib.util.find_spec(module_name) is None:
             continue
         importlib.import_module(module_name).register(subparsers)

@@ -17,8 +17,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer
 
-from topology.loader import load_topology
-from topology.model import Topology
+from dpstream.topology.loader import load_topology
+from dpstream.topology.model import Topology
 
 TOPOLOGY = """\
 version: 1
@@ -80,7 +80,7 @@ class Deployment:
     def start_worker(self, name: str, env: dict[str, str] | None = None, role: str = "all") -> subprocess.Popen:
         """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
         log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        argv = [sys.executable, "-m", "workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
+        argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
                 "--redis", self.redis_url, "--worker-id", name, "--role", role]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
@@ -119,7 +119,7 @@ def deploy(
     """
     if start is None:
         start = int(time.time()) // 2 * 2
-    from workers.runtime.topics import ensure_topics
+    from dpstream.workers.runtime.topics import ensure_topics
 
     prefix = f"e2e-{uuid.uuid4().hex[:10]}"
     path = tmp_path / prefix / "topology.yaml"

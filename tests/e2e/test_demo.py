@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.demo import DemoOptions, run_demo
-from workers.demo.feed import format_release
-from workers.localstack import default_home, free_port
-from workers.localstack.ports import port_open
+from dpstream.workers.demo import DemoOptions, run_demo
+from dpstream.workers.demo.feed import format_release
+from dpstream.workers.localstack import default_home, free_port
+from dpstream.workers.localstack.ports import port_open
 
 METRICS = ("page_views", "active_users_5m", "basket_value", "session_seconds", "top_referrers")
 

@@ -22,9 +22,9 @@ import faust
 import pytest
 
 from tests.e2e.harness import Deployment, deploy, event, poll, releases, send
-from workers.localstack import free_port
-from workers.runtime.app import new_app, web_settings
-from workers.runtime.settings import RuntimeSettings
+from dpstream.workers.localstack import free_port
+from dpstream.workers.runtime.app import new_app, web_settings
+from dpstream.workers.runtime.settings import RuntimeSettings
 
 METRIC = "views"
 TABLE = "dpstream-mergers"
@@ -65,7 +65,7 @@ async def _serve(app: faust.App, paths: list[str]) -> dict[str, tuple[int, str]]
 
 def test_worker_settings_default_to_loopback() -> None:
     """RuntimeSettings and the CLI default bind the port to 127.0.0.1."""
-    from workers.cli import build_parser
+    from dpstream.workers.cli import build_parser
 
     assert _settings().web_bind == "127.0.0.1"
     args = build_parser().parse_args(["worker", "t.yaml", "--web-port", "7000"])
@@ -129,7 +129,7 @@ def deployment(tmp_path: Path, kafka_broker, fresh_redis):  # noqa: ANN001, ANN2
 
 def _start_worker(dep: Deployment, name: str, extra: list[str]) -> subprocess.Popen:
     log = open(dep.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-    argv = [sys.executable, "-m", "workers.cli", "worker", str(dep.path), "--bootstrap", dep.bootstrap,
+    argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(dep.path), "--bootstrap", dep.bootstrap,
             "--redis", dep.redis_url, "--worker-id", name, *extra]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     dep.workers.append(proc)

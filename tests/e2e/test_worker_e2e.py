@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.pipeline.fixed_point import value_exponent
 from tests.e2e.harness import Deployment, binomial_upper, deploy, event, poll, read_all, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -178,7 +178,7 @@ def test_two_workers_rebalance_exactly_once(deployment: Deployment) -> None:
 
 def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: Deployment) -> None:
     """Killed after reserve, before publish: the restarted worker's sweeper publishes the stored bytes; one charge."""
-    from workers.ledger import open_ledger
+    from dpstream.workers.ledger import open_ledger
 
     t0 = _t0()
     send(deployment.bootstrap, deployment.source_topic, [event(f"u{i}", t0 + 0.5) for i in range(10)])
@@ -207,7 +207,7 @@ def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: 
 
 def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001
     """With an operator-opened breaker (budget closed), windows are refused and counted, nothing is published."""
-    from workers.ledger import open_ledger
+    from dpstream.workers.ledger import open_ledger
 
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     try:

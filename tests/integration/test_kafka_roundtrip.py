@@ -6,7 +6,7 @@ import asyncio
 import json
 import uuid
 
-from workers.localstack import create_topics
+from dpstream.workers.localstack import create_topics
 
 _N = 40
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from topology.periods import period_id, period_start
-from workers.cli import main
-from workers.ledger import ReleaseRequest, open_ledger
-from workers.ledger.keys import ScopeKeys
-from workers.ledger.samples import one_scope_topology
+from dpstream.topology.periods import period_id, period_start
+from dpstream.workers.cli import main
+from dpstream.workers.ledger import ReleaseRequest, open_ledger
+from dpstream.workers.ledger.keys import ScopeKeys
+from dpstream.workers.ledger.samples import one_scope_topology
 
 
 def _charge(url: str, n: int) -> None:

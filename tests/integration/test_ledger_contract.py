@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from topology.errors import ConfigError
-from topology.loader import load_topology
-from topology.model import Accounting, WarningPolicy
-from topology.periods import period_id
-from workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
-from workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import load_topology
+from dpstream.topology.model import Accounting, WarningPolicy
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
+from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
 
 DAY = 86_400
 T0 = 1_796_000_000  # 2026-11-30T... (inside one UTC day)

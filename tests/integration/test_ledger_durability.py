@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from topology.errors import ConfigError
-from topology.periods import period_id
-from workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import one_scope_topology
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from topology.errors import ConfigError, InternalError
-from topology.loader import load_topology_text
-from topology.model import Accounting
-from topology.periods import period_id
-from workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.topology.errors import ConfigError, InternalError
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.model import Accounting
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
 
 DAY = 86_400
 HOUR = 3600
@@ -68,8 +68,8 @@ async def _reopen(where: str, ledgers: dict[str, Any], **topo: Any) -> Any:
     """A ledger with its own topology on the same store (memory: the same in-process store)."""
     if where != "memory":
         return await open_ledger(where, one_scope_topology(**topo), clock=ledgers["clock"])
-    from workers.ledger.config import scope_configs
-    from workers.ledger.memory import MemoryLedger
+    from dpstream.workers.ledger.config import scope_configs
+    from dpstream.workers.ledger.memory import MemoryLedger
 
     other = MemoryLedger(scope_configs(one_scope_topology(**topo)), clock=ledgers["clock"])
     other._store = ledgers["first"]._store  # one store, two topologies (as two workers on one Redis)

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
-from topology.periods import period_id
-from workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import one_scope_topology
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY
@@ -19,9 +19,9 @@ TOPO = dict(epsilon=1.0, reserve=0.0, warn_at=0.9)
 
 _PROCESS = r"""
 import asyncio, json, sys
-from topology.periods import period_id
-from workers.ledger import Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import one_scope_topology
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import one_scope_topology
 
 async def main(url, prefix, clients):
     ledger = await open_ledger(url, one_scope_topology(epsilon=1.0, reserve=0.0, warn_at=0.9))

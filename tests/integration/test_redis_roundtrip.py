@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.localstack import RedisHandle, free_port
+from dpstream.workers.localstack import RedisHandle, free_port
 
 
 def test_set_get_round_trip(fresh_redis) -> None:

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from workers.ledger.samples import one_scope_topology
-from workers.runtime.schedule import resolve_schedule_start
+from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.runtime.schedule import resolve_schedule_start
 
 
 def test_the_first_start_of_a_version_is_recorded_once(fresh_redis: Any) -> None:

@@ -12,9 +12,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
-from workers.noise import build_release_mechanism
-from workers.noise.mechanisms import ReleaseMechanism
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.workers.noise import build_release_mechanism
+from dpstream.workers.noise.mechanisms import ReleaseMechanism
 
 Z = 5.0
 """Two-sided z of every assertion: P(|N(0,1)| > 5) = 5.7e-7 < 1e-6."""

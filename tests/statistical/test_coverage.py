@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests.statistical._draws import CASES, Z, noise
-from topology.model import Accounting, Aggregate, Bounds, Mechanism, Metric, Window
-from workers.noise import build_release_mechanism, discrete
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Mechanism, Metric, Window
+from dpstream.workers.noise import build_release_mechanism, discrete
 
 IDS = [c.name for c in CASES]
 

@@ -13,9 +13,9 @@ import math
 
 import pytest
 
-from topology.model import Accounting, Aggregate, Mechanism, Metric, Window
-from workers.noise import build_release_mechanism
-from workers.noise.stats import chi2_sf
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric, Window
+from dpstream.workers.noise import build_release_mechanism
+from dpstream.workers.noise.stats import chi2_sf
 
 KEYS = ("a", "b", "c", "d", "e")
 SCORES = {"a": 6, "b": 5, "c": 3, "d": 3, "e": 0}

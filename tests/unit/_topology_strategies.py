@@ -6,7 +6,7 @@ __all__ = ["valid_topologies"]
 
 from hypothesis import strategies as st
 
-from topology.model import (
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Bounds,

@@ -5,7 +5,7 @@ import math
 import opendp.prelude as dp
 import pytest
 
-from topology import accounting as acc
+from dpstream.topology import accounting as acc
 
 dp.enable_features("contrib")
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from topology.allocation import (
+from dpstream.topology.allocation import (
     MetricDemand,
     adaptive_release_cost,
     static_release_cost,
@@ -12,8 +12,8 @@ from topology.allocation import (
     warning_cost_factor,
     windows_left,
 )
-from topology.errors import InternalError
-from topology.model import Accounting, WarningPolicy, Window
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, WarningPolicy, Window
 
 DAY = 86_400
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from topology import accounting as acc
-from topology.calibration import MEAN_SUM_SHARE, Z95, calibrate, continuous_ci_half_width
-from topology.errors import InternalError
-from topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.topology import accounting as acc
+from dpstream.topology.calibration import MEAN_SUM_SHARE, Z95, calibrate, continuous_ci_half_width
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
 
 
 def _metric(aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN, **kw) -> Metric:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.cli import main
+from dpstream.workers.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
 

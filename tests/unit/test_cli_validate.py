@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.cli import main
+from dpstream.workers.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = sorted((ROOT / "tests" / "topologies" / "broken").glob("*.yaml"))
@@ -50,7 +50,7 @@ def test_broken_file_through_the_console_script(name: str) -> None:
     """The real process (python -m workers.cli) prints one line, exits 2, and shows no traceback."""
     path = ROOT / "tests" / "topologies" / "broken" / name
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "validate", str(path)],
+        [sys.executable, "-m", "dpstream.workers.cli", "validate", str(path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.cli import main
+from dpstream.workers.cli import main
 
 
 @pytest.mark.parametrize("nice", ["-1", "20"])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from topology.dumper import dump_topology
-from topology.loader import load_topology, load_topology_text
-from topology.plan import build_plan
-from workers.demo.run import accelerated, example_topology_path
+from dpstream.topology.dumper import dump_topology
+from dpstream.topology.loader import load_topology, load_topology_text
+from dpstream.topology.plan import build_plan
+from dpstream.workers.demo.run import accelerated, example_topology_path
 
 _ENV = {"DPSTREAM_KAFKA": "127.0.0.1:9092", "DPSTREAM_REDIS": "redis://127.0.0.1:6379/0"}
 

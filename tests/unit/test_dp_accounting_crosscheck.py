@@ -24,8 +24,8 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant as pld
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from topology import accounting as acc
-from topology.model import (
+from dpstream.topology import accounting as acc
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Bounds,
@@ -38,7 +38,7 @@ from topology.model import (
     Topology,
     Window,
 )
-from topology.plan import ScopePlan, build_plan
+from dpstream.topology.plan import ScopePlan, build_plan
 
 DAY = 86_400
 _PLD_INTERVAL = 1e-3  # value_discretization_interval (pessimistic), unless a Laplace part needs finer

@@ -2,7 +2,7 @@
 
 import pytest
 
-from topology.durations import format_duration, parse_duration
+from dpstream.topology.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("1d", 86400), (" 15m ", 900), (7, 7)])

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from topology.loader import load_topology
-from topology.periods import period_id, periods_touched
-from workers.ledger import Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.topology.loader import load_topology
+from dpstream.topology.periods import period_id, periods_touched
+from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from topology.loader import load_topology_text
-from topology.periods import period_id
-from workers.commands.budget import status_json
-from workers.ledger import Outcome, ReleaseRequest, open_ledger
-from workers.ledger.samples import ManualClock
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.periods import period_id
+from dpstream.workers.commands.budget import status_json
+from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.samples import ManualClock
 
 _YAML = """
 version: 1

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from topology.errors import ConfigError, InternalError
-from workers.ledger.keys import ScopeKeys, deployment_start_key
-from workers.ledger.units import (
+from dpstream.topology.errors import ConfigError, InternalError
+from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
+from dpstream.workers.ledger.units import (
     cap_to_units,
     cost_to_units,
     delta_cap_to_units,

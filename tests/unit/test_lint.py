@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from topology.lint import lint_topology
-from topology.loader import load_text_with_warnings, load_topology_text, load_with_warnings
+from dpstream.topology.lint import lint_topology
+from dpstream.topology.loader import load_text_with_warnings, load_topology_text, load_with_warnings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _topology_strategies import valid_topologies
-from topology.dumper import dump_topology, format_start
-from topology.errors import ConfigError
-from topology.loader import (
+from dpstream.topology.dumper import dump_topology, format_start
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import (
     START_MAX_S,
     START_MIN_S,
     load_topology,
@@ -21,10 +21,10 @@ from topology.loader import (
     load_with_warnings,
     read_topology,
 )
-from topology.model import Accounting, Aggregate, Mechanism, WindowKind
-from topology.substitution import SubstitutionError, substitute_env
-from topology.validation import TopologyError
-from topology.yaml_positions import LocatedError, Map, compose_located
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, WindowKind
+from dpstream.topology.substitution import SubstitutionError, substitute_env
+from dpstream.topology.validation import TopologyError
+from dpstream.topology.yaml_positions import LocatedError, Map, compose_located
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
 

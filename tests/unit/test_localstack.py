@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topology.errors import ConfigError
-from workers.localstack import Ports, Service, Stack, StackConfig, free_port
-from workers.localstack.__main__ import main as stack_main
-from workers.localstack.errors import ServiceStartError
-from workers.localstack.kafka import new_cluster_id, render_server_properties
-from workers.localstack.kafka_libs import MARKER, ensure_libs, libs_ready, mvn_argv, pom_digest
-from workers.localstack.monitoring import render_prometheus_config
-from workers.localstack.paths import default_home, tail
-from workers.localstack.process import ManagedProcess, RunRecord
-from workers.localstack.redis import render_redis_conf
-from workers.localstack.sysdeps import PROMETHEUS, PROMTOOL, REDIS, install_hint, missing
+from dpstream.topology.errors import ConfigError
+from dpstream.workers.localstack import Ports, Service, Stack, StackConfig, free_port
+from dpstream.workers.localstack.__main__ import main as stack_main
+from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.kafka import new_cluster_id, render_server_properties
+from dpstream.workers.localstack.kafka_libs import MARKER, ensure_libs, libs_ready, mvn_argv, pom_digest
+from dpstream.workers.localstack.monitoring import render_prometheus_config
+from dpstream.workers.localstack.paths import default_home, tail
+from dpstream.workers.localstack.process import ManagedProcess, RunRecord
+from dpstream.workers.localstack.redis import render_redis_conf
+from dpstream.workers.localstack.sysdeps import PROMETHEUS, PROMTOOL, REDIS, install_hint, missing
 
 
 def _properties(text: str) -> dict[str, str]:

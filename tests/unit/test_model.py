@@ -5,7 +5,7 @@ import hashlib
 import json
 from enum import Enum
 
-from topology.model import (
+from dpstream.topology.model import (
     Aggregate,
     Budget,
     Accounting,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from workers.noise import discrete
+from dpstream.workers.noise import discrete
 
 
 def _laplace_pmf(t: float, top: int) -> tuple[np.ndarray, np.ndarray]:

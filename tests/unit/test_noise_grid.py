@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topology.errors import InternalError
-from workers.noise.grid import GRID_BITS, choose_grid
+from dpstream.topology.errors import InternalError
+from dpstream.workers.noise.grid import GRID_BITS, choose_grid
 
 
 @given(st.floats(1e-3, 1e6), st.floats(1e-3, 1e7))

@@ -8,12 +8,12 @@ import math
 import opendp.prelude as dp
 import pytest
 
-from topology import accounting as acc
-from topology.calibration import calibrate
-from topology.errors import InternalError
-from topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, PostProcess, Window
-from workers.noise import build_release_mechanism
-from workers.noise.measurements import check_cost, integer_noise, top_k
+from dpstream.topology import accounting as acc
+from dpstream.topology.calibration import calibrate
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, PostProcess, Window
+from dpstream.workers.noise import build_release_mechanism
+from dpstream.workers.noise.measurements import check_cost, integer_noise, top_k
 
 W = Window(60, 60)
 
@@ -160,11 +160,11 @@ def test_non_integer_count_is_a_bug() -> None:
 
 
 def test_only_contrib_feature_is_enabled() -> None:
-    """workers.noise enables OpenDP's `contrib` and nothing else (no floating-point, no honest-but-curious)."""
+    """dpstream.workers.noise enables OpenDP's `contrib` and nothing else (no floating-point, no honest-but-curious)."""
     import ast
     import pathlib
 
-    import workers.noise as pkg
+    import dpstream.workers.noise as pkg
 
     enabled = set()
     for path in pathlib.Path(pkg.__file__).parent.glob("*.py"):

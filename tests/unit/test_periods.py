@@ -4,8 +4,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from topology.errors import InternalError
-from topology.periods import period_end, period_id, period_ids_touched, period_start, periods_touched
+from dpstream.topology.errors import InternalError
+from dpstream.topology.periods import period_end, period_id, period_ids_touched, period_start, periods_touched
 
 DAY = 86_400
 HOUR = 3_600

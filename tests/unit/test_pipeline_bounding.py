@@ -6,9 +6,9 @@ import json
 from fractions import Fraction
 from typing import NamedTuple
 
-from topology.loader import load_topology_text
-from workers.pipeline import PartitionPipeline
-from workers.pipeline.fixed_point import from_units, value_exponent
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
 _YAML = """
 version: 1

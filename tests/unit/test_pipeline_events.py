@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import pytest
 
-from topology.errors import EventError
-from topology.loader import load_topology_text
-from workers.pipeline import REASONS, EventParser, PartitionPipeline
+from dpstream.topology.errors import EventError
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.pipeline import REASONS, EventParser, PartitionPipeline
 
 _YAML = """
 version: 1

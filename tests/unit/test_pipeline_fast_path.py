@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology.loader import load_topology_text
-from workers.pipeline.accumulator import MetricAccumulator
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
 
 _YAML = """
 version: 1

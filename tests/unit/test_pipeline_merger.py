@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from topology.errors import InternalError
-from workers.pipeline import PartialMerger, WindowPartial
-from workers.pipeline.merger import PartitionCountChanged
+from dpstream.topology.errors import InternalError
+from dpstream.workers.pipeline import PartialMerger, WindowPartial
+from dpstream.workers.pipeline.merger import PartitionCountChanged
 
 
 def _p(start: int, partition: int, values: dict, metric: str = "m", of: int = 2) -> WindowPartial:

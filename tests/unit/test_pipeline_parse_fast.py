@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology.errors import EventError
-from topology.loader import load_topology_text
-from workers.pipeline import EventParser
+from dpstream.topology.errors import EventError
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.pipeline import EventParser
 
 _YAML = """
 version: 1

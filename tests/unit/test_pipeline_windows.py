@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import pytest
 
-from topology.loader import load_topology_text
-from workers.pipeline import PartitionPipeline
-from workers.pipeline.partition import MAX_WINDOWS_PER_CLOSE, first_window_start
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.pipeline.partition import MAX_WINDOWS_PER_CLOSE, first_window_start
 
 _YAML = """
 version: 1

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from topology import accounting as acc
-from topology.loader import load_topology
-from topology.model import (
+from dpstream.topology import accounting as acc
+from dpstream.topology.loader import load_topology
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Bounds,
@@ -21,7 +21,7 @@ from topology.model import (
     Topology,
     Window,
 )
-from topology.plan import PLAN_JSON_VERSION, build_plan, plan_to_json
+from dpstream.topology.plan import PLAN_JSON_VERSION, build_plan, plan_to_json
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
 DAY = 86_400

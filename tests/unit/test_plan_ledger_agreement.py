@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from topology.loader import load_topology
-from topology.plan import build_plan
-from topology.selection import selection_delta_per_release
-from workers.ledger.config import ScopeConfig
-from workers.ledger.units import units_to_float
+from dpstream.topology.loader import load_topology
+from dpstream.topology.plan import build_plan
+from dpstream.topology.selection import selection_delta_per_release
+from dpstream.workers.ledger.config import ScopeConfig
+from dpstream.workers.ledger.units import units_to_float
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from topology.loader import load_topology_text
-from workers.ledger import open_ledger
-from workers.pipeline.merger import MergedWindow
-from workers.pipeline.partials import WindowPartial
-from workers.release import ReleaseOutcome, Releaser
-from workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.pipeline.merger import MergedWindow
+from dpstream.workers.pipeline.partials import WindowPartial
+from dpstream.workers.release import ReleaseOutcome, Releaser
+from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
 
 _YAML = """
 version: 1
@@ -118,7 +118,7 @@ def test_a_failed_release_is_reported_kept_and_retried_after_a_backoff(monkeypat
     """An exception reaches on_finished as the error and the metric's next window still goes out; the
     failed window is not finished (it stays in the state), is refused a retry until its backoff has
     passed, then is released."""
-    import workers.release.dispatch as dispatch_module
+    import dpstream.workers.release.dispatch as dispatch_module
 
     clock = [1000.0]
     monkeypatch.setattr(dispatch_module.time, "monotonic", lambda: clock[0])

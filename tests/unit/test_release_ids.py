@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from workers.release import release_id
+from dpstream.workers.release import release_id
 
 
 def test_release_id_is_deterministic_sha256_hex():

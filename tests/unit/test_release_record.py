@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from topology.loader import load_topology_text
-from workers.ledger.types import RATIO_TOKEN
-from workers.pipeline.fixed_point import value_exponent
-from workers.release import RATIO_PLACEHOLDER, build_record, canonical_bytes, true_values_for
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.ledger.types import RATIO_TOKEN
+from dpstream.workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.release import RATIO_PLACEHOLDER, build_record, canonical_bytes, true_values_for
 
 _YAML = """
 version: 1

@@ -9,9 +9,9 @@ from fractions import Fraction
 
 import pytest
 
-from topology.loader import load_topology_text
-from workers.ledger import open_ledger
-from workers.release import ReleaseOutcome, Releaser, sweep
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.release import ReleaseOutcome, Releaser, sweep
 
 _YAML = """
 version: 1
@@ -196,7 +196,7 @@ def test_refusal_in_the_later_period_publishes_nothing_and_charges_nothing_earli
 
 def test_prepare_builds_the_mechanism_at_the_planned_cost_without_sampling(topo):
     """Warm-up: `prepare` builds (caches) the mechanism at the planned cost; nothing is released or charged."""
-    from workers.noise import build_release_mechanism
+    from dpstream.workers.noise import build_release_mechanism
 
     built = []
 
@@ -258,8 +258,8 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
 
 def _straddle_fill(topo, start: int, cost_share: float):
     """A request that spends `cost_share` of the cap in the period of `start` (a window inside it)."""
-    from topology.periods import period_id
-    from workers.ledger import ReleaseRequest
+    from dpstream.topology.periods import period_id
+    from dpstream.workers.ledger import ReleaseRequest
 
     async def fill(ledger):
         cap = (await ledger.status("b")).cap
@@ -302,9 +302,9 @@ _SELECTING_YAML = _YAML.replace("    keys: [a, b]\n", "")
 def test_selection_delta_is_calibrated_and_charged_as_one_amount():
     """A metric with data-derived keys: the mechanism gets the per-release selection δ rounded down to the
     ledger's unit, and the ledger charges exactly that δ to the period's δ counter."""
-    from topology.selection import selection_delta_per_release
-    from workers.ledger.units import DELTA_UNITS_PER_DELTA, ledger_delta
-    from workers.noise import build_release_mechanism
+    from dpstream.topology.selection import selection_delta_per_release
+    from dpstream.workers.ledger.units import DELTA_UNITS_PER_DELTA, ledger_delta
+    from dpstream.workers.noise import build_release_mechanism
 
     topo = load_topology_text(_SELECTING_YAML)
     deltas = []

@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from topology.loader import load_topology_text
-from workers.cli import main
-from workers.commands.replay import replay_lines
-from workers.ledger import open_ledger
-from workers.release import ReleaseOutcome, release_id
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.cli import main
+from dpstream.workers.commands.replay import replay_lines
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.release import ReleaseOutcome, release_id
 
 _YAML = """
 version: 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from topology.loader import load_topology
-from workers.runtime.topics import ingest_topic, repartition_topic, topic_names
+from dpstream.topology.loader import load_topology
+from dpstream.workers.runtime.topics import ingest_topic, repartition_topic, topic_names
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "topology" / "examples" / "web-analytics.yaml"
 

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _topology_strategies import valid_topologies
-from topology.dumper import topology_document
-from topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS, START_MAX_S, START_MIN_S, load_topology_text
-from topology.model import Accounting, Aggregate, Mechanism
-from topology.schema import topology_schema
+from dpstream.topology.dumper import topology_document
+from dpstream.topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS, START_MAX_S, START_MIN_S, load_topology_text
+from dpstream.topology.model import Accounting, Aggregate, Mechanism
+from dpstream.topology.schema import topology_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "topology" / "examples").glob("*.yaml"))

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from topology.errors import InternalError
-from topology.model import Aggregate, Bounds, Contribution, Mechanism, Metric, Window
-from topology.sensitivity import release_sensitivities
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.topology.sensitivity import release_sensitivities
 
 
 def _metric(aggregate: Aggregate, *, keys=2, per_key=3, group_by=None, bounds=None, denominator=None, k=None,

@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import pytest
 
-from topology.errors import ConfigError
-from topology.loader import load_topology
-from workers.pipeline import PartitionPipeline
-from workers.synthetic import EventGenerator, GeneratorConfig, Malformation, write_jsonl
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import load_topology
+from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.synthetic import EventGenerator, GeneratorConfig, Malformation, write_jsonl
 
 
 class _Rec(NamedTuple):

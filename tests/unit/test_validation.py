@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from topology.errors import ConfigError
-from topology.loader import load_topology_text
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import load_topology_text
 
 BASE = """\
 version: 1

@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from topology.model import Topology
-from topology.periods import period_id, period_start
+from dpstream.topology.model import Topology
+from dpstream.topology.periods import period_id, period_start
 
-from workers.ledger import ReleaseRequest, open_ledger
-from workers.ledger.redis_backend import connect
-from workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger import ReleaseRequest, open_ledger
+from dpstream.workers.ledger.redis_backend import connect
+from dpstream.workers.ledger.samples import one_scope_topology
 
 _PAYLOAD = (
     b'{"release_id":"%s","metric":"bench","window":{"start":0,"end":60},"values":{"all":1234.5},'
@@ -129,7 +129,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.redis:
         result = asyncio.run(run_bench(args.redis, args.clients, args.seconds, args.allow_volatile))
     else:
-        from workers.localstack import RedisHandle, free_port
+        from dpstream.workers.localstack import RedisHandle, free_port
 
         with tempfile.TemporaryDirectory(prefix="dpstream-bench-") as tmp:
             handle = RedisHandle(free_port(), Path(tmp))

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
-from workers.noise import build_release_mechanism
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.workers.noise import build_release_mechanism
 
 _W = Window(60, 60)
 

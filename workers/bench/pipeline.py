@@ -149,7 +149,7 @@ async def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
 
 def _naive_rate(bootstrap: str, topic: str, count: int, workdir: Path) -> float:
     progress = workdir / "naive.progress"
-    proc = subprocess.Popen([sys.executable, "-m", "workers.bench._faust_count", bootstrap, topic, str(_WINDOW_S),
+    proc = subprocess.Popen([sys.executable, "-m", "dpstream.workers.bench._faust_count", bootstrap, topic, str(_WINDOW_S),
                              str(progress)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first: tuple[int, float] | None = None
     last: tuple[int, float] = (0, 0.0)
@@ -261,10 +261,10 @@ def _read(bootstrap: str, topic: str) -> list[Any]:
 
 
 def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from topology.loader import load_topology
-    from workers.localstack.kafka_admin import create_topics
-    from workers.runtime.settings import RuntimeSettings
-    from workers.runtime.topics import topic_names
+    from dpstream.topology.loader import load_topology
+    from dpstream.workers.localstack.kafka_admin import create_topics
+    from dpstream.workers.runtime.settings import RuntimeSettings
+    from dpstream.workers.runtime.topics import topic_names
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     path = workdir / "bench.yaml"
@@ -292,7 +292,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         # (its Faust group join and table recovery are startup, not close→publish latency)
         log_path = workdir / f"worker-{role}.log"
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", str(path), "--bootstrap", bootstrap, "--redis", redis_url,
+            [sys.executable, "-m", "dpstream.workers.cli", "worker", str(path), "--bootstrap", bootstrap, "--redis", redis_url,
              "--worker-id", f"bench-{role}", "--role", role, "--loglevel", "INFO", *nice.get(role, [])],
             stdout=log_path.open("wb"), stderr=subprocess.STDOUT))
         if role == "release":
@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
     stack = None
     bootstrap, redis_url = args.bootstrap, args.redis
     if not (bootstrap and redis_url):
-        from workers.localstack import free_port, start_kafka, start_redis
+        from dpstream.workers.localstack import free_port, start_kafka, start_redis
 
         kport = free_port()
         kafka = start_kafka(kport, free_port(avoid=frozenset({kport})), workdir / "kafka")

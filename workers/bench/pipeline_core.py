@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from topology.loader import load_topology
-from workers.pipeline import PartitionPipeline
-from workers.pipeline.events import decode_json
+from dpstream.topology.loader import load_topology
+from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.pipeline.events import decode_json
 
 
 class _Rec(NamedTuple):

@@ -7,8 +7,8 @@ __all__ = ["register", "run"]
 import argparse
 import json
 
-from topology.errors import ConfigError
-from workers.noise.audit import STRICT_ALPHA, AuditResult, audit, broken_cases, standard_cases
+from dpstream.topology.errors import ConfigError
+from dpstream.workers.noise.audit import STRICT_ALPHA, AuditResult, audit, broken_cases, standard_cases
 
 DEFAULT_TRIALS = 20_000
 

@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark (noise, ledger, pipeline)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET")
     for name in TARGETS:
-        module_name = f"workers.bench.{name}"
+        module_name = f"dpstream.workers.bench.{name}"
         if importlib.util.find_spec(module_name) is not None:
             importlib.import_module(module_name).register(targets)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)

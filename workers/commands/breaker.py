@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import json
 
-from workers.commands.budget import add_ledger_args, default_actor, open_cli_ledger
+from dpstream.workers.commands.budget import add_ledger_args, default_actor, open_cli_ledger
 
 
 def _act(args: argparse.Namespace) -> int:

@@ -32,11 +32,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from topology.durations import parse_duration
-from topology.errors import ConfigError
+from dpstream.topology.durations import parse_duration
+from dpstream.topology.errors import ConfigError
 
-from workers.ledger import Ledger, ScopeStatus, open_ledger
-from workers.ledger.units import units_to_float
+from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
+from dpstream.workers.ledger.units import units_to_float
 
 _DEFAULT_REDIS = "redis://localhost:6379/0"
 
@@ -58,7 +58,7 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     """Open the ledger the command line names (without registering anything); also the topology's scopes."""
     url, scopes = getattr(args, "redis", None), []
     if getattr(args, "topology", None):
-        from topology.loader import load_topology
+        from dpstream.topology.loader import load_topology
 
         topo = load_topology(args.topology)
         url = url or topo.redis.url

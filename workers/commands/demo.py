@@ -7,8 +7,8 @@ __all__ = ["register"]
 import argparse
 from pathlib import Path
 
-from topology.durations import parse_duration
-from topology.errors import ConfigError
+from dpstream.topology.durations import parse_duration
+from dpstream.topology.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from workers.demo import DemoOptions, run_demo
+    from dpstream.workers.demo import DemoOptions, run_demo
 
     duration = None
     if args.duration is not None:

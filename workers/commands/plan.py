@@ -10,9 +10,9 @@ import json
 
 def run(args: argparse.Namespace) -> int:
     """Load the topology, build its plan and print it as a table or as JSON; returns 0."""
-    from topology.loader import load_topology
-    from topology.plan import build_plan, plan_to_json
-    from topology.plan_render import render_plan
+    from dpstream.topology.loader import load_topology
+    from dpstream.topology.plan import build_plan, plan_to_json
+    from dpstream.topology.plan_render import render_plan
 
     plan = build_plan(load_topology(args.file))
     if args.json:

@@ -7,8 +7,8 @@ __all__ = ["register"]
 import argparse
 import sys
 
-from topology.durations import parse_duration
-from topology.errors import ConfigError
+from dpstream.topology.durations import parse_duration
+from dpstream.topology.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,9 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from topology.loader import load_topology
-    from workers.synthetic.generator import EventGenerator, GeneratorConfig, write_jsonl
-    from workers.synthetic.producer import produce
+    from dpstream.topology.loader import load_topology
+    from dpstream.workers.synthetic.generator import EventGenerator, GeneratorConfig, write_jsonl
+    from dpstream.workers.synthetic.producer import produce
 
     topology = load_topology(args.file)
     if not args.rate > 0:

@@ -23,14 +23,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from topology.errors import ConfigError, EventError
-from topology.model import Topology
-from topology.periods import period_start
-from workers.pipeline import BatchOutput, PartialMerger, PartitionPipeline
-from workers.pipeline.counters import EventCounts
-from workers.pipeline.events import EventParser, decode_json
-from workers.release.record import iso_utc
-from workers.release import ReleaseCounts, Releaser, ReleaseResult
+from dpstream.topology.errors import ConfigError, EventError
+from dpstream.topology.model import Topology
+from dpstream.topology.periods import period_start
+from dpstream.workers.pipeline import BatchOutput, PartialMerger, PartitionPipeline
+from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.events import EventParser, decode_json
+from dpstream.workers.release.record import iso_utc
+from dpstream.workers.release import ReleaseCounts, Releaser, ReleaseResult
 
 _BATCH_LINES = 8192
 
@@ -209,7 +209,7 @@ def _pick_source(topology: Topology, source: str | None) -> str:
 
 
 async def _open_ledger(spec: str, topology: Topology) -> Any:
-    from workers.ledger import open_ledger
+    from dpstream.workers.ledger import open_ledger
 
     ledger = open_ledger(spec, topology)
     return await ledger if inspect.isawaitable(ledger) else ledger
@@ -226,7 +226,7 @@ async def _close(ledger: Any) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from topology.loader import load_topology
+    from dpstream.topology.loader import load_topology
 
     topology = load_topology(args.file)
     if args.partitions < 1:

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from topology.schema import topology_schema
+from dpstream.topology.schema import topology_schema
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from topology.errors import ConfigError
-from topology.loader import load_with_warnings
-from topology.validation import TopologyError
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import load_with_warnings
+from dpstream.topology.validation import TopologyError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -53,16 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from topology.errors import ConfigError
+    from dpstream.topology.errors import ConfigError
 
     if not 0 <= args.nice <= 19:
         raise ConfigError(f"--nice {args.nice}: out of range; give 0 (unchanged) to 19 (lowest priority)")
     if args.nice:
         os.nice(args.nice)
 
-    from topology.loader import load_topology
-    from workers.runtime.app import Role, build_runtime, run_worker
-    from workers.runtime.settings import RuntimeSettings
+    from dpstream.topology.loader import load_topology
+    from dpstream.workers.runtime.app import Role, build_runtime, run_worker
+    from dpstream.workers.runtime.settings import RuntimeSettings
 
     topology = load_topology(args.file)
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -19,17 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from topology.errors import DpstreamError
-from topology.model import Topology
+from dpstream.topology.errors import DpstreamError
+from dpstream.topology.model import Topology
 
-from workers.demo.feed import ReleaseTally, format_budget, format_release
+from dpstream.workers.demo.feed import ReleaseTally, format_budget, format_release
 
 Say = Callable[[str], None]
 
 
 def example_topology_path() -> Path:
     """The shipped `web-analytics.yaml` (package data of `topology`)."""
-    import topology
+    from dpstream import topology
 
     return Path(topology.__file__).resolve().parent / "examples" / "web-analytics.yaml"
 
@@ -63,7 +63,7 @@ class _Children:
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", *args], stdout=log, stderr=log)
+        proc = subprocess.Popen([sys.executable, "-m", "dpstream.workers.cli", *args], stdout=log, stderr=log)
         self._procs.append((name, proc))
         return proc
 
@@ -112,8 +112,8 @@ async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, relea
 
     from aiokafka import AIOKafkaConsumer
 
-    from workers.commands.budget import status_json
-    from workers.ledger import open_ledger
+    from dpstream.workers.commands.budget import status_json
+    from dpstream.workers.ledger import open_ledger
 
     logging.getLogger("aiokafka").setLevel(logging.ERROR)  # leader moves on fresh topics are retried, not news
     tally = ReleaseTally()
@@ -149,12 +149,12 @@ async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, relea
 
 def run_demo(options: DemoOptions, say: Say = print) -> int:
     """The whole demo; returns 0 when releases were shown, 1 otherwise."""
-    from topology.loader import load_topology
-    from topology.plan import build_plan
-    from topology.dumper import dump_topology
-    from topology.plan_render import render_plan
-    from workers.localstack import Ports, Service, Stack, StackConfig
-    from workers.runtime.topics import ensure_topics
+    from dpstream.topology.loader import load_topology
+    from dpstream.topology.plan import build_plan
+    from dpstream.topology.dumper import dump_topology
+    from dpstream.topology.plan_render import render_plan
+    from dpstream.workers.localstack import Ports, Service, Stack, StackConfig
+    from dpstream.workers.runtime.topics import ensure_topics
 
     config = StackConfig(
         ports=Ports(kafka=options.kafka_port, kafka_controller=options.kafka_controller_port,

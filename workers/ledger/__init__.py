@@ -45,12 +45,12 @@ __all__ = [
 import time
 from collections.abc import Callable
 
-from topology.model import Topology
+from dpstream.topology.model import Topology
 
-from workers.ledger.base import DEFAULT_RETENTION_S, Ledger
-from workers.ledger.config import scope_configs
-from workers.ledger.errors import LedgerUnavailable
-from workers.ledger.types import (
+from dpstream.workers.ledger.base import DEFAULT_RETENTION_S, Ledger
+from dpstream.workers.ledger.config import scope_configs
+from dpstream.workers.ledger.errors import LedgerUnavailable
+from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
     BreakerInfo,
@@ -86,12 +86,12 @@ async def open_ledger(
     """
     configs = scope_configs(topology) if topology is not None else {}
     if where == MEMORY:
-        from workers.ledger.memory import MemoryLedger
+        from dpstream.workers.ledger.memory import MemoryLedger
 
         ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s)
     else:
-        from workers.ledger.durability import check_durability
-        from workers.ledger.redis_backend import RedisLedger, connect
+        from dpstream.workers.ledger.durability import check_durability
+        from dpstream.workers.ledger.redis_backend import RedisLedger, connect
 
         redis_ledger = RedisLedger(connect(where, max_connections), where, configs, clock=clock,
                                    retention_s=retention_s)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from topology.allocation import (
+from dpstream.topology.allocation import (
     MetricDemand,
     adaptive_release_cost,
     static_release_cost,
@@ -23,9 +23,9 @@ from topology.allocation import (
     windows_left,
 )
 
-from workers.ledger.config import ScopeConfig
-from workers.ledger.types import BreakerInfo, Quote, State
-from workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
+from dpstream.workers.ledger.config import ScopeConfig
+from dpstream.workers.ledger.types import BreakerInfo, Quote, State
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 
-from topology.accounting import epsilon_from_rho
-from topology.errors import ConfigError, InternalError
-from topology.periods import period_id as _period_id
-from topology.periods import period_start as _period_start
-from topology.periods import periods_touched as _periods_touched
+from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.errors import ConfigError, InternalError
+from dpstream.topology.periods import period_id as _period_id
+from dpstream.topology.periods import period_start as _period_start
+from dpstream.topology.periods import periods_touched as _periods_touched
 
-from workers.ledger.allocation import Snapshot, price, state_of
-from workers.ledger.config import ScopeConfig
-from workers.ledger.keys import check_scope_name, deployment_start_key
-from workers.ledger.types import (
+from dpstream.workers.ledger.allocation import Snapshot, price, state_of
+from dpstream.workers.ledger.config import ScopeConfig
+from dpstream.workers.ledger.keys import check_scope_name, deployment_start_key
+from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
     BreakerInfo,
@@ -44,7 +44,7 @@ from workers.ledger.types import (
     ScopeStatus,
     State,
 )
-from workers.ledger.units import cost_to_units, delta_to_units, delta_units_to_float, units_to_float
+from dpstream.workers.ledger.units import cost_to_units, delta_to_units, delta_units_to_float, units_to_float
 
 DEFAULT_RETENTION_S = 35 * 86_400
 """How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from topology.selection import scope_cap, selection_delta_total
-from topology.errors import ConfigError
-from topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
+from dpstream.topology.selection import scope_cap, selection_delta_total
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 
-from workers.ledger.keys import check_scope_name
-from workers.ledger.units import cap_to_units, delta_cap_to_units, share_of_units
+from dpstream.workers.ledger.keys import check_scope_name
+from dpstream.workers.ledger.units import cap_to_units, delta_cap_to_units, share_of_units
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ __all__ = ["check_durability", "durability_problem"]
 import sys
 from collections.abc import Mapping
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
 
 def durability_problem(settings: Mapping[str, str]) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["LedgerUnavailable"]
 
-from topology.errors import DpstreamError
+from dpstream.topology.errors import DpstreamError
 
 
 class LedgerUnavailable(DpstreamError):

@@ -10,7 +10,7 @@ __all__ = ["PREFIX", "SCOPES_INDEX", "ScopeKeys", "check_scope_name", "deploymen
 
 from dataclasses import dataclass
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
 PREFIX = "dpstream"
 SCOPES_INDEX = f"{PREFIX}:scopes"

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from topology.errors import InternalError
+from dpstream.topology.errors import InternalError
 
-from workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawReserve
-from workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawReserve
+from dpstream.workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every reserve entry carries; other empty fields are left out (as reserve.lua does)."""

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from topology.errors import InternalError
+from dpstream.topology.errors import InternalError
 
-from workers.ledger.base import Ledger, RawRegister, RawReserve
-from workers.ledger.errors import LedgerUnavailable
-from workers.ledger.keys import SCOPES_INDEX, ScopeKeys
-from workers.ledger.scripts import SCRIPT_NAMES, script_text
-from workers.ledger.types import PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.base import Ledger, RawRegister, RawReserve
+from dpstream.workers.ledger.errors import LedgerUnavailable
+from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys
+from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
+from dpstream.workers.ledger.types import PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
 

@@ -6,7 +6,7 @@ __all__ = ["ManualClock", "one_scope_topology"]
 
 from collections.abc import Sequence
 
-from topology.model import (
+from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Budget,

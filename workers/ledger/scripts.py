@@ -15,4 +15,4 @@ def script_text(name: str) -> str:
     """The source of `lua/<name>.lua`."""
     if name not in SCRIPT_NAMES:
         raise KeyError(name)
-    return (files("workers.ledger") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return (files("dpstream.workers.ledger") / "lua" / f"{name}.lua").read_text(encoding="utf-8")

@@ -27,7 +27,7 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 
-from topology.errors import ConfigError, InternalError
+from dpstream.topology.errors import ConfigError, InternalError
 
 UNITS_PER_CURRENCY = 10**12
 """One unit is 1e-12 of ρ (zCDP scopes) or ε (pure scopes)."""

@@ -5,14 +5,14 @@ Used by `python -m workers.localstack up|status|down`, `deploy/local/stack`, the
 
 from __future__ import annotations
 
-from workers.localstack.errors import ServiceStartError
-from workers.localstack.kafka import KafkaHandle, start_kafka
-from workers.localstack.kafka_admin import create_topics, create_topics_async
-from workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
-from workers.localstack.paths import default_home
-from workers.localstack.ports import Ports, free_port
-from workers.localstack.redis import RedisHandle, start_redis
-from workers.localstack.stack import Service, ServiceStatus, Stack, StackConfig
+from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.kafka import KafkaHandle, start_kafka
+from dpstream.workers.localstack.kafka_admin import create_topics, create_topics_async
+from dpstream.workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
+from dpstream.workers.localstack.paths import default_home
+from dpstream.workers.localstack.ports import Ports, free_port
+from dpstream.workers.localstack.redis import RedisHandle, start_redis
+from dpstream.workers.localstack.stack import Service, ServiceStatus, Stack, StackConfig
 
 __all__ = [
     "AlertmanagerHandle",

@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from topology.errors import ConfigError, DpstreamError
+from dpstream.topology.errors import ConfigError, DpstreamError
 
-from workers.localstack.paths import default_home
-from workers.localstack.ports import Ports
-from workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
+from dpstream.workers.localstack.paths import default_home
+from dpstream.workers.localstack.ports import Ports
+from dpstream.workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
 
 _DEFAULTS = Ports()
 

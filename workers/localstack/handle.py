@@ -9,12 +9,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
-from workers.localstack.errors import ServiceStartError
-from workers.localstack.paths import tail
-from workers.localstack.ports import port_open
-from workers.localstack.process import ManagedProcess
+from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.paths import tail
+from dpstream.workers.localstack.ports import port_open
+from dpstream.workers.localstack.process import ManagedProcess
 
 Progress = Callable[[str], None]
 

@@ -11,15 +11,15 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
-from workers.localstack import sysdeps
-from workers.localstack.errors import ServiceStartError
-from workers.localstack.handle import Progress, ServiceHandle, no_progress
-from workers.localstack.kafka_admin import broker_ready
-from workers.localstack.kafka_libs import ensure_libs
-from workers.localstack.paths import default_home, render_template, repo_deploy_dir
-from workers.localstack.ports import HOST, port_open
+from dpstream.workers.localstack import sysdeps
+from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
+from dpstream.workers.localstack.kafka_admin import broker_ready
+from dpstream.workers.localstack.kafka_libs import ensure_libs
+from dpstream.workers.localstack.paths import default_home, render_template, repo_deploy_dir
+from dpstream.workers.localstack.ports import HOST, port_open
 
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -103,7 +103,7 @@ class KafkaHandle(ServiceHandle):
 
     def create_topics(self, names: list[str], partitions: int | None = None) -> list[str]:
         """Create missing topics on this broker (idempotent); returns those created now."""
-        from workers.localstack.kafka_admin import create_topics
+        from dpstream.workers.localstack.kafka_admin import create_topics
 
         return create_topics(self.bootstrap, names, partitions or self.partitions)
 

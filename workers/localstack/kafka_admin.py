@@ -9,9 +9,9 @@ import concurrent.futures
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
-from workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.errors import ServiceStartError
 
 _T = TypeVar("_T")
 _TOPIC_ALREADY_EXISTS = 36

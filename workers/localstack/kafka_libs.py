@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from workers.localstack import sysdeps
-from workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack import sysdeps
+from dpstream.workers.localstack.errors import ServiceStartError
 
 MARKER = ".dpstream-libs-complete"
 

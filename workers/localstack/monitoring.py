@@ -10,12 +10,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
-from workers.localstack import sysdeps
-from workers.localstack.handle import Progress, ServiceHandle, no_progress
-from workers.localstack.paths import render_template, template_path
-from workers.localstack.ports import HOST
+from dpstream.workers.localstack import sysdeps
+from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
+from dpstream.workers.localstack.paths import render_template, template_path
+from dpstream.workers.localstack.ports import HOST
 
 
 def render_prometheus_config(prometheus_port: int, alertmanager_port: int, worker_metrics_port: int) -> str:

@@ -8,7 +8,7 @@ import os
 import string
 from pathlib import Path
 
-from topology.errors import ConfigError, InternalError
+from dpstream.topology.errors import ConfigError, InternalError
 
 _HOME_ENV = "DPSTREAM_HOME"
 

@@ -7,7 +7,7 @@ __all__ = ["HOST", "Ports", "free_port", "port_open"]
 import socket
 from dataclasses import dataclass, fields
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
 HOST = "127.0.0.1"
 

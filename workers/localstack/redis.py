@@ -7,10 +7,10 @@ __all__ = ["RedisHandle", "render_redis_conf", "start_redis"]
 import shutil
 from pathlib import Path
 
-from workers.localstack import sysdeps
-from workers.localstack.handle import Progress, ServiceHandle, no_progress
-from workers.localstack.paths import render_template
-from workers.localstack.ports import HOST
+from dpstream.workers.localstack import sysdeps
+from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
+from dpstream.workers.localstack.paths import render_template
+from dpstream.workers.localstack.ports import HOST
 
 
 def render_redis_conf(port: int, data_dir: Path) -> str:

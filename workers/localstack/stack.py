@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from workers.localstack.handle import Progress, ServiceHandle, no_progress
-from workers.localstack.kafka import KafkaHandle
-from workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
-from workers.localstack.paths import default_home
-from workers.localstack.ports import HOST, Ports
-from workers.localstack.redis import RedisHandle
+from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
+from dpstream.workers.localstack.kafka import KafkaHandle
+from dpstream.workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
+from dpstream.workers.localstack.paths import default_home
+from dpstream.workers.localstack.ports import HOST, Ports
+from dpstream.workers.localstack.redis import RedisHandle
 
 
 class Service(Enum):

@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Sampling is runtime (here); what a release costs is arithmetic (`topology.accounting`).
 """
 
-from workers.noise.mechanisms import TOP_K_SELECTION_SHARE, ReleaseMechanism, build_release_mechanism
-from workers.noise.release import NoisyRelease
+from dpstream.workers.noise.mechanisms import TOP_K_SELECTION_SHARE, ReleaseMechanism, build_release_mechanism
+from dpstream.workers.noise.release import NoisyRelease
 
 __all__ = ["build_release_mechanism", "NoisyRelease", "ReleaseMechanism", "TOP_K_SELECTION_SHARE"]

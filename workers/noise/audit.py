@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 import opendp.prelude as dp
 
-from topology.accounting import epsilon_from_rho
-from topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
-from workers.noise import measurements
-from workers.noise.mechanisms import ReleaseMechanism, build_release_mechanism
-from workers.noise.stats import clopper_pearson
+from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.workers.noise import measurements
+from dpstream.workers.noise.mechanisms import ReleaseMechanism, build_release_mechanism
+from dpstream.workers.noise.stats import clopper_pearson
 
 STRICT_ALPHA = 1e-7
 """Total error probability of the verdict's bound: a correct mechanism fails with probability < 1e-7."""

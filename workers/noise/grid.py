@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from topology.errors import InternalError
+from dpstream.topology.errors import InternalError
 
 GRID_BITS = 10
 """The grid step is at least 2^10 times finer than both the per-key sensitivity and the noise scale."""

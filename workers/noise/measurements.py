@@ -25,10 +25,10 @@ from typing import Any
 
 import opendp.prelude as dp
 
-from topology import accounting as acc
-from topology.errors import InternalError
-from topology.model import Accounting, Mechanism
-from workers.noise import discrete
+from dpstream.topology import accounting as acc
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Mechanism
+from dpstream.workers.noise import discrete
 
 COST_RTOL = 1e-9
 """Relative tolerance between OpenDP's privacy map and the charged cost."""

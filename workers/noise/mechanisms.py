@@ -23,13 +23,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from topology.calibration import Z95, NoiseComponent, calibrate
-from topology.errors import InternalError
-from topology.model import Accounting, Aggregate, Mechanism, Metric
-from topology.selection import TOP_K_SELECTION_SHARE  # the plan's split, shared so both agree
-from workers.noise import discrete, measurements
-from workers.noise.grid import FixedPointGrid, choose_grid
-from workers.noise.release import NoisyRelease, apply_postprocess
+from dpstream.topology.calibration import Z95, NoiseComponent, calibrate
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
+from dpstream.topology.selection import TOP_K_SELECTION_SHARE  # the plan's split, shared so both agree
+from dpstream.workers.noise import discrete, measurements
+from dpstream.workers.noise.grid import FixedPointGrid, choose_grid
+from dpstream.workers.noise.release import NoisyRelease, apply_postprocess
 
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}

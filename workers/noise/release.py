@@ -7,7 +7,7 @@ __all__ = ["NoisyRelease", "apply_postprocess"]
 from dataclasses import dataclass, field
 from typing import Any
 
-from topology.model import PostProcess
+from dpstream.topology.model import PostProcess
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The Kafka-free pipeline core: parse, bound, window and partially aggregate events per partition,
 then merge partials per metric window on the release side (DESIGN §3)."""
 
-from workers.pipeline.accumulator import MetricAccumulator
-from workers.pipeline.counters import EventCounts
-from workers.pipeline.events import REASONS, DeadLetter, Event, EventParser
-from workers.pipeline.merger import MergedWindow, PartialMerger, merge_values
-from workers.pipeline.partials import WindowPartial
-from workers.pipeline.partition import BatchOutput, PartitionPipeline, RecordLike
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.events import REASONS, DeadLetter, Event, EventParser
+from dpstream.workers.pipeline.merger import MergedWindow, PartialMerger, merge_values
+from dpstream.workers.pipeline.partials import WindowPartial
+from dpstream.workers.pipeline.partition import BatchOutput, PartitionPipeline, RecordLike
 
 __all__ = [
     "REASONS",

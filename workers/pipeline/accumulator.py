@@ -22,8 +22,8 @@ __all__ = ["MetricAccumulator", "PartialValues"]
 import math
 from typing import Any
 
-from topology.model import Aggregate, Metric, Source
-from workers.pipeline.fixed_point import value_exponent
+from dpstream.topology.model import Aggregate, Metric, Source
+from dpstream.workers.pipeline.fixed_point import value_exponent
 
 PartialValues = dict[str, Any]
 """key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""

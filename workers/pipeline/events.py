@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from topology.errors import EventError
-from topology.model import Source
+from dpstream.topology.errors import EventError
+from dpstream.topology.model import Source
 
 try:  # optional: 3-4× faster decoding on the hot path; the stdlib is the fallback
     import orjson as _orjson

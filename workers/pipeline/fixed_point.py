@@ -14,7 +14,7 @@ __all__ = ["MIN_RESOLUTION_BITS", "value_exponent", "to_units", "from_units"]
 import math
 from fractions import Fraction
 
-from topology.model import Bounds
+from dpstream.topology.model import Bounds
 
 MIN_RESOLUTION_BITS = 24
 """The grid is at least 2^24 times finer than the bounds' range."""

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from topology.errors import InternalError
-from workers.pipeline.partials import WindowPartial
+from dpstream.topology.errors import InternalError
+from dpstream.workers.pipeline.partials import WindowPartial
 
 _RELEASED_KEEP = 4096
 """Released window starts remembered for dedupe; older ones fall under `released_floor`."""

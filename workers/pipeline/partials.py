@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from topology.errors import InternalError
+from dpstream.topology.errors import InternalError
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from topology.errors import EventError
-from topology.model import Metric, Topology
-from workers.pipeline.accumulator import MetricAccumulator
-from workers.pipeline.counters import EventCounts
-from workers.pipeline.events import DeadLetter, EventParser
-from workers.pipeline.partials import WindowPartial
+from dpstream.topology.errors import EventError
+from dpstream.topology.model import Metric, Topology
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.events import DeadLetter, EventParser
+from dpstream.workers.pipeline.partials import WindowPartial
 
 MAX_WINDOWS_PER_CLOSE = 5_000
 """Windows one metric emits per close call (a long catch-up is emitted over several calls)."""

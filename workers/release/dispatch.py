@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.pipeline.merger import MergedWindow, PartialMerger
+from dpstream.workers.pipeline.merger import MergedWindow, PartialMerger
 
 _log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from topology.accounting import epsilon_from_rho
-from topology.model import Accounting, Aggregate, Budget, Metric, Source
-from workers.pipeline.fixed_point import from_units, value_exponent
+from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Source
+from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
 RATIO_PLACEHOLDER = b'"ratio_after":null'
 """Exactly what canonical bytes contain for `budget.ratio_after` before the ledger fills it."""

@@ -15,16 +15,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from topology.model import Budget, Metric, Topology
-from topology.periods import period_id, periods_touched
-from topology.plan import build_plan
-from topology.selection import selection_delta_per_release
-from workers.ledger.types import Outcome, ReleaseRequest, Reservation
-from workers.ledger.units import ledger_delta
-from workers.pipeline.merger import MergedWindow
-from workers.release.ids import release_id as make_release_id
-from workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
-from workers.release.record import build_record, canonical_bytes, true_values_for
+from dpstream.topology.model import Budget, Metric, Topology
+from dpstream.topology.periods import period_id, periods_touched
+from dpstream.topology.plan import build_plan
+from dpstream.topology.selection import selection_delta_per_release
+from dpstream.workers.ledger.types import Outcome, ReleaseRequest, Reservation
+from dpstream.workers.ledger.units import ledger_delta
+from dpstream.workers.pipeline.merger import MergedWindow
+from dpstream.workers.release.ids import release_id as make_release_id
+from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
+from dpstream.workers.release.record import build_record, canonical_bytes, true_values_for
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
@@ -34,7 +34,7 @@ MechanismFactory = Callable[..., Any]
 
 
 def _default_factory() -> MechanismFactory:
-    from workers.noise import build_release_mechanism
+    from dpstream.workers.noise import build_release_mechanism
 
     return build_release_mechanism
 

@@ -17,12 +17,12 @@ from typing import Any
 import faust
 from mode import Service
 
-from topology.model import Topology
-from workers.runtime.ingest import IngestService
-from workers.runtime.releases import ReleaseSide
-from workers.runtime.repartition import RepartitionService
-from workers.runtime.settings import RuntimeSettings
-from workers.runtime.topics import ensure_topics, ingest_topic, partition_count
+from dpstream.topology.model import Topology
+from dpstream.workers.runtime.ingest import IngestService
+from dpstream.workers.runtime.releases import ReleaseSide
+from dpstream.workers.runtime.repartition import RepartitionService
+from dpstream.workers.runtime.settings import RuntimeSettings
+from dpstream.workers.runtime.topics import ensure_topics, ingest_topic, partition_count
 
 
 class Role(Enum):

@@ -10,7 +10,7 @@ __all__ = ["ProcessorOutput", "to_output"]
 
 from dataclasses import dataclass, field
 
-from workers.pipeline.partition import BatchOutput
+from dpstream.workers.pipeline.partition import BatchOutput
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,12 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
-from topology.model import Topology
-from workers.pipeline.partition import PartitionPipeline
-from workers.runtime.core import ProcessorOutput, to_output
-from workers.runtime.schedule import resolve_schedule_start
-from workers.runtime.settings import RuntimeSettings
-from workers.runtime.topics import ingest_topic, partition_count
+from dpstream.topology.model import Topology
+from dpstream.workers.pipeline.partition import PartitionPipeline
+from dpstream.workers.runtime.core import ProcessorOutput, to_output
+from dpstream.workers.runtime.schedule import resolve_schedule_start
+from dpstream.workers.runtime.settings import RuntimeSettings
+from dpstream.workers.runtime.topics import ingest_topic, partition_count
 
 _log = logging.getLogger(__name__)
 

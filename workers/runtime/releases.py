@@ -27,12 +27,12 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 
-from topology.model import Topology
-from workers.pipeline.merger import MergedWindow, PartitionCountChanged
-from workers.pipeline.partials import WindowPartial
-from workers.release import Releaser, ReleaseResult, sweep
-from workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
-from workers.runtime.settings import RuntimeSettings
+from dpstream.topology.model import Topology
+from dpstream.workers.pipeline.merger import MergedWindow, PartitionCountChanged
+from dpstream.workers.pipeline.partials import WindowPartial
+from dpstream.workers.release import Releaser, ReleaseResult, sweep
+from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
+from dpstream.workers.runtime.settings import RuntimeSettings
 
 _log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class ReleaseSide:
 
     async def start(self) -> None:
         """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable)."""
-        from workers.ledger import open_ledger
+        from dpstream.workers.ledger import open_ledger
 
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap, enable_idempotence=True, acks="all", linger_ms=0

@@ -17,9 +17,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
-from topology.model import Source, Topology
-from workers.runtime.settings import RuntimeSettings
-from workers.runtime.topics import repartition_topic
+from dpstream.topology.model import Source, Topology
+from dpstream.workers.runtime.settings import RuntimeSettings
+from dpstream.workers.runtime.topics import repartition_topic
 
 _log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ __all__ = ["resolve_schedule_start"]
 
 import time
 
-from topology.model import Topology
+from dpstream.topology.model import Topology
 
 
 async def resolve_schedule_start(topology: Topology, redis_url: str, now: float | None = None) -> int:
@@ -19,7 +19,7 @@ async def resolve_schedule_start(topology: Topology, redis_url: str, now: float 
     declared = getattr(topology, "start_s", None)
     if declared is not None:
         return int(declared)
-    from workers.ledger import open_ledger
+    from dpstream.workers.ledger import open_ledger
 
     ledger = await open_ledger(redis_url, None)
     try:

@@ -6,8 +6,8 @@ __all__ = ["RuntimeSettings"]
 
 from dataclasses import dataclass
 
-from topology.errors import ConfigError
-from topology.model import Topology
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import Topology
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ __all__ = [
 
 from dataclasses import dataclass
 
-from topology.model import Source, Topology
+from dpstream.topology.model import Source, Topology
 
 
 def repartition_topic(source: Source) -> str:
@@ -68,7 +68,7 @@ def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
 
 def ensure_topics(bootstrap: str, topology: Topology, partitions: int = 4) -> list[str]:
     """Create the topology's missing topics (existing ones are left alone); returns those created."""
-    from workers.localstack.kafka_admin import create_topics
+    from dpstream.workers.localstack.kafka_admin import create_topics
 
     return create_topics(bootstrap, topic_names(topology).all, partitions, configs=topic_configs(topology))
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from topology.errors import ConfigError
-from topology.model import EVENT_LEVEL_UNIT, Metric, Source, Topology
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import EVENT_LEVEL_UNIT, Metric, Source, Topology
 
 
 class Malformation(Enum):

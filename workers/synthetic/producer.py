@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from workers.synthetic.generator import EventGenerator, SyntheticEvent
+from dpstream.workers.synthetic.generator import EventGenerator, SyntheticEvent
 
 _TICK_S = 0.1
 

@@ -1,0 +1,1 @@
+"""The Kafka and Faust runtime: the worker app, batch ingest, the release side, topics, settings."""
