@@ -1,0 +1,330 @@
+"""Shared pieces of the neighbour tests (DESIGN §1 "Stream semantics"): the topology, an ordinary
+stream D, the adversary's events, a replay runner and the D-vs-D′ comparison.
+
+The comparison is the whole point: D′ = D plus every event of one unit. Rule 2 (public schedule)
+says the set of release_ids is the same; the bounding rules say each released value moves by at
+most the metric's declared sensitivity, plus the two sides' independent noise, which we bound by a
+sub-Gaussian tail (see `noise_k`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.model import Aggregate, Metric, Topology
+from dpstream.topology.sensitivity import release_sensitivities
+from dpstream.workers.commands.replay import replay_lines
+from dpstream.workers.ledger import open_ledger
+
+# Huge budget so noise is small next to the sensitivities we check. The ledger keeps a scope's cap
+# in exact 1e-12 units below 9007, so epsilon 1e6 is refused; epsilon 8000 at delta 1e-6 gives
+# rho* ≈ 7364. The period is 1h (not 1d) so each period's cap is spread over 24x fewer releases:
+# count noise sigma ≈ 0.4 instead of ≈ 2.3, which lets a doubled sensitivity show.
+# active_5m comes last on purpose: replay releases metric by metric, and its windows that straddle
+# an hour boundary are priced as if the hour's other releases were done; listed earlier, they take
+# the rest of the hour's pool and the hour's later `spend` / `referrers` windows are refused.
+# test_the_whole_schedule_is_published_and_the_bounds_are_the_declared_ones checks nothing is refused.
+TOPOLOGY_YAML = """
+version: 1
+sources:
+  clicks: {topic: t.clicks, privacy_unit: user_id, timestamp: ts, allowed_lateness: 5s}
+budgets:
+  huge: {epsilon: 8000.0, delta: 1.0e-6, accounting: zcdp, period: 1h}
+metrics:
+  views:
+    source: clicks
+    budget: huge
+    window: {tumbling: 1m}
+    aggregate: count
+    contribution: {max_per_key: 5}
+    mechanism: gaussian
+  pages:
+    source: clicks
+    budget: huge
+    window: {tumbling: 5m}
+    aggregate: count
+    group_by: page
+    keys: [home, search, cart, "42"]
+    contribution: {max_keys: 2, max_per_key: 3}
+    mechanism: gaussian
+  spend:
+    source: clicks
+    budget: huge
+    window: {tumbling: 10m}
+    aggregate: sum
+    value: amount
+    bounds: [-5, 20]
+    contribution: {max_per_key: 2}
+    mechanism: gaussian
+  referrers:
+    source: clicks
+    budget: huge
+    window: {tumbling: 30m}
+    aggregate: count
+    group_by: ref
+    contribution: {max_keys: 1, max_per_key: 1}
+    mechanism: gaussian
+  active_5m:
+    source: clicks
+    budget: huge
+    window: {hopping: 5m, every: 1m}
+    aggregate: count_units
+    group_by: page
+    keys: [home, search, cart, "42"]
+    contribution: {max_keys: 2}
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+
+DECLARED_PAGES = ("home", "search", "cart", "42")
+T0 = 1_796_000_400 - 1_796_000_400 % 3600  # 2026-11-30T01:00Z, hour-aligned
+HOUR = 3600
+
+_TOPOLOGY: Topology | None = None
+
+
+def topology() -> Topology:
+    global _TOPOLOGY
+    if _TOPOLOGY is None:
+        _TOPOLOGY = load_topology_text(TOPOLOGY_YAML)
+    return _TOPOLOGY
+
+
+# -- declared sensitivities (from the contribution bounds only) --------------------------------
+@dataclass(frozen=True)
+class Bound:
+    """How far one unit may move one release of a metric: per key (L∞), over keys (L1), keys (L0)."""
+
+    linf: float
+    l1: float
+    l0: int
+
+
+def declared_bound(metric: Metric) -> Bound:
+    """count: max_per_key per key; count_units: 1 per key; sum: max_per_key × max(|lo|, |hi|) per
+    key; over keys, times max_keys (1 for an ungrouped metric)."""
+    c = metric.contribution
+    keys = c.max_keys if metric.group_by is not None else 1
+    if metric.aggregate is Aggregate.COUNT:
+        per_key = float(c.max_per_key)
+    elif metric.aggregate is Aggregate.COUNT_UNITS:
+        per_key = 1.0
+    elif metric.aggregate is Aggregate.SUM:
+        assert metric.bounds is not None
+        per_key = c.max_per_key * max(abs(metric.bounds.lower), abs(metric.bounds.upper))
+    else:  # pragma: no cover - the topology has no other aggregate to compare
+        raise AssertionError(f"no bound for {metric.aggregate}")
+    return Bound(per_key, per_key * keys, keys)
+
+
+def topology_sensitivity(metric: Metric) -> tuple[float, float]:
+    """(L∞, L1) of the metric's single noisy component as `topology.sensitivity` computes them."""
+    (sens,) = release_sensitivities(metric)
+    return sens.linf, sens.l1
+
+
+def compared_metrics(topo: Topology) -> list[Metric]:
+    """Metrics whose values we compare: ungrouped or with declared keys. A data-derived group-by
+    (`referrers`) releases only the keys that pass partition selection, a random draw near its
+    threshold on either side, so a key may appear in one release and not the other for reasons
+    that have nothing to do with the adversary; for it we check only the schedule (release_ids)."""
+    return [m for m in topo.metrics.values() if m.group_by is None or m.keys is not None]
+
+
+def schedule_size(topo: Topology, start: int, end: int) -> tuple[int, int]:
+    """(releases, compared values) in [start, end): every window with start ≥ S and end ≤ end."""
+    releases = values = 0
+    for m in topo.metrics.values():
+        size, every = m.window.size_s, m.window.every_s
+        first = -(-start // every) * every
+        n = max(0, (end - size - first) // every + 1)
+        releases += n
+        if m in compared_metrics(topo):
+            values += n * (len(m.keys) if m.keys is not None else 1)
+    return releases, values
+
+
+# -- noise margin ---------------------------------------------------------------------------------
+def noise_k(comparisons: int, false_failure: float = 1e-6) -> float:
+    """k such that `comparisons` two-sided tests |X| ≤ k·s all pass with probability ≥ 1 − false_failure.
+
+    Each compared value is truth + noise with independent noise on the D and D′ sides. The discrete
+    Gaussian with scale σ is σ-sub-Gaussian (Canonne–Kamath–Steinke 2020, "The Discrete Gaussian for
+    Differential Privacy"), and so is the fixed-point sum's noise (the grid step times a discrete
+    Gaussian of scale σ / step); the difference of the two sides' noises is then
+    s-sub-Gaussian with s = √(σ₁² + σ₂²) (= σ√2 for equal scales), so P(|X| > k·s) ≤ 2·exp(−k²/2)
+    (the Chernoff bound; the continuous Gaussian tail 2(1 − Φ(k)) is smaller still). A union bound
+    over every comparison gives 2·exp(−k²/2)·comparisons ≤ false_failure, i.e.
+    k = √(2·ln(2·comparisons / false_failure)).
+    """
+    return math.sqrt(2.0 * math.log(2.0 * comparisons / false_failure))
+
+
+def sigma_of(record: dict[str, Any]) -> float:
+    """The sub-Gaussian parameter of one released value: the mechanism's `noise.scale` (for a discrete
+    Gaussian the actual `noise.stddev` is ≤ scale, and equal to it once scale ≳ 1)."""
+    noise = record["noise"]
+    return max(float(noise["scale"]), float(noise["stddev"]))
+
+
+# -- streams --------------------------------------------------------------------------------------
+HEAVY = "7"
+"""A heavy unit of D (hits its per-window bounds): the adversary may write its id as the integer 7."""
+
+
+def ordinary_stream(seed: int, start: int, end: int, *, units: int = 50, events: int = 300) -> list[dict]:
+    """A plain stream: `events` events of `units` units (ids "0".."49", strings), times uniform in
+    [start, end), in time order, declared pages and a few referrers, amounts inside the bounds; unit
+    "7" is a heavy user: 6 bursts of 12 events 5 s apart (over every per-window cap of views, pages
+    and spend). Synthetic data, so a seeded non-cryptographic RNG; the noise is never seeded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(events):
+        out.append(
+            {
+                "user_id": str(rng.randrange(units)),
+                "ts": round(rng.uniform(start, end - 1), 3),
+                "page": rng.choice(DECLARED_PAGES[:3]),
+                "ref": rng.choice(("google", "news", "mail")),
+                "amount": rng.randint(0, 15),
+            }
+        )
+    for _ in range(6):  # the heavy unit
+        t = rng.uniform(start, end - 300)
+        for j in range(12):
+            out.append({"user_id": HEAVY, "ts": round(t + 5 * j, 3), "page": DECLARED_PAGES[j % 3],
+                        "ref": "google", "amount": 18})
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def without_unit(events: Sequence[dict], unit: str) -> list[dict]:
+    return [e for e in events if str(e.get("user_id")) != unit]
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def to_lines(events: Iterable[Any]) -> list[bytes]:
+    """JSON lines; an item that is already bytes is a raw (possibly malformed) line."""
+    return [e if isinstance(e, bytes) else json.dumps(e).encode() for e in events]
+
+
+def interleave(base: Sequence[Any], extra: Sequence[tuple[int, Any]]) -> list[Any]:
+    """`base` with each (position, item) of `extra` inserted before base[position] (stable)."""
+    at: dict[int, list[Any]] = {}
+    for pos, item in extra:
+        at.setdefault(min(max(pos, 0), len(base)), []).append(item)
+    out: list[Any] = []
+    for i in range(len(base) + 1):
+        out.extend(at.get(i, ()))
+        if i < len(base):
+            out.append(base[i])
+    return out
+
+
+# -- running ----------------------------------------------------------------------------------------
+def run_replay(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, dict]:
+    """Replay `lines` over the public schedule [start, end) on a fresh memory ledger; release_id → record."""
+    async def go() -> dict[str, dict]:
+        ledger = await open_ledger("memory", topo)
+        published: dict[str, dict] = {}
+
+        async def publish(value: bytes, key: bytes) -> None:
+            rec = json.loads(value)
+            assert rec["release_id"] not in published, "a release_id was published twice"
+            published[rec["release_id"]] = rec
+
+        await replay_lines(topo, lines, ledger, publish, start=start, end=end, partitions=partitions)
+        return published
+
+    return asyncio.run(go())
+
+
+# -- comparing ------------------------------------------------------------------------------------
+def compare(
+    topo: Topology,
+    base: dict[str, dict],
+    neighbour: dict[str, dict],
+    k: float,
+    unit_times: Sequence[float] | None = None,
+) -> list[str]:
+    """Everything in `neighbour` (D′) that a neighbour of `base` (D) may not show, as readable lines.
+
+    Per release of a compared metric and per key, with margin m = k·√(σ_D² + σ_D′²):
+    |v′ − v| ≤ L∞ + m. Under the same noise event (|noise difference| ≤ m on every key) the true
+    change of a key is at least |v′ − v| − m, so Σ_keys max(0, |v′ − v| − m) ≤ L1 and at most L0
+    keys have |v′ − v| > m: the L1 / L0 checks cost no extra union-bound terms.
+
+    `unit_times`: every event time the differing unit wrote. By rule 1 an event counts only in the
+    windows its own time lies in, so a window holding none of them has the same true value in D and
+    D′: its bound is 0 (noise only). That is what catches one unit's timestamp moving others' events.
+    """
+    times = sorted(unit_times) if unit_times is not None else None
+    problems: list[str] = []
+    every = {**base, **neighbour}
+
+    def in_order(rids: set[str]) -> list[str]:
+        return sorted(rids, key=lambda r: (every[r]["metric"], every[r]["window"]["start_epoch"]))
+
+    only_base = in_order(set(base) - set(neighbour))
+    only_nb = in_order(set(neighbour) - set(base))
+    for rid in only_base[:5]:
+        problems.append(f"release only in D: {_where(base[rid])}")
+    for rid in only_nb[:5]:
+        problems.append(f"release only in D′: {_where(neighbour[rid])}")
+    if len(only_base) > 5 or len(only_nb) > 5:
+        problems.append(f"... {len(only_base)} releases only in D, {len(only_nb)} only in D′ "
+                        f"(D has {len(base)}, D′ {len(neighbour)})")
+    compared = {m.name: m for m in compared_metrics(topo)}
+    for rid in in_order(set(base) & set(neighbour)):
+        a, b = base[rid], neighbour[rid]
+        metric = compared.get(a["metric"])
+        if metric is None:
+            continue
+        bound = declared_bound(metric)
+        note = ""
+        if times is not None and not _holds_any(times, a["window"]["start_epoch"], a["window"]["end_epoch"]):
+            bound, note = Bound(0.0, 0.0, 0), " (no event of the unit in this window)"
+        if set(a["values"]) != set(b["values"]):
+            problems.append(f"{_where(a)}: keys {sorted(a['values'])} in D, {sorted(b['values'])} in D′")
+            continue
+        m = k * math.hypot(sigma_of(a), sigma_of(b))
+        excess_total, moved = 0.0, []
+        for key in sorted(a["values"]):
+            diff = float(b["values"][key]) - float(a["values"][key])
+            if abs(diff) > bound.linf + m:
+                problems.append(
+                    f"{_where(a)} key {key!r}: D {a['values'][key]} → D′ {b['values'][key]}, "
+                    f"|Δ| = {abs(diff):.3f} > L∞ {bound.linf} + noise margin {m:.3f}{note}"
+                )
+            if abs(diff) > m:
+                excess_total += abs(diff) - m
+                moved.append(key)
+        if excess_total > bound.l1 + 1e-9:
+            problems.append(f"{_where(a)}: Σ_keys (|Δ| − margin)+ = {excess_total:.3f} > L1 {bound.l1}{note}")
+        if len(moved) > bound.l0:
+            problems.append(
+                f"{_where(a)}: {len(moved)} keys moved beyond the noise margin > L0 {bound.l0}{note}: {moved}"
+            )
+    return problems
+
+
+def _holds_any(times: Sequence[float], start: float, end: float, slack: float = 0.01) -> bool:
+    """Whether some time lies in [start, end), with `slack` either side (time formats round)."""
+    i = bisect.bisect_left(times, start - slack)
+    return i < len(times) and times[i] < end + slack
+
+
+def _where(rec: dict) -> str:
+    return f"{rec['metric']} window {rec['window']['start']}"
