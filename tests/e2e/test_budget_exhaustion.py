@@ -34,7 +34,7 @@ async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> Non
         rest = grantable_float(block.cap_units - block.spent_units)
         request = ReleaseRequest("other-deployment", "b", pid, "views", start, start + WINDOW, rest, b"{}",
                                  may_use_reserve=True)
-        assert (await ledger.reserve(request)).outcome is Outcome.GRANTED
+        assert (await ledger.charge(request)).outcome is Outcome.GRANTED
     finally:
         await ledger.close()
 

@@ -22,7 +22,7 @@ def _charge(url: str, n: int) -> None:
         now = time.time()
         start = period_start(86_400, now)
         for i in range(n):
-            await ledger.reserve(ReleaseRequest(f"r{i}", "s", period_id(86_400, now), "m", start, start + 86_400,
+            await ledger.charge(ReleaseRequest(f"r{i}", "s", period_id(86_400, now), "m", start, start + 86_400,
                                                 0.125, b"{}"))
         await ledger.close()
 

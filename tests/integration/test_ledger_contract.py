@@ -46,7 +46,7 @@ async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
     for m in ("diagnosis", "income", "postcode", "member_tier"):
         q = await ledger.quote(m, P0, P0 + DAY)
         quotes.append(q.cost)
-        results.append(await ledger.reserve(
+        results.append(await ledger.charge(
             ReleaseRequest(f"r-{m}", q.scope, q.period_id, m, P0, P0 + DAY, q.cost, b'{"ratio_after":null}')))
     return ledger, quotes, results
 
@@ -60,9 +60,9 @@ def test_seed_002_sequence(where: str) -> None:
         assert results[-1].ratio_after == 0.8 and results[-1].state is State.WARNING
         assert results[-1].payload == b'{"ratio_after":0.800000}'
         pid = period_id(DAY, P0)
-        extra = await ledger.reserve(ReleaseRequest("x", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}"))
+        extra = await ledger.charge(ReleaseRequest("x", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}"))
         assert extra.outcome is Outcome.REFUSED and "pool exhausted" in extra.reason
-        from_reserve = await ledger.reserve(
+        from_reserve = await ledger.charge(
             ReleaseRequest("y", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}", may_use_reserve=True))
         assert from_reserve.outcome is Outcome.GRANTED and from_reserve.ratio_after == pytest.approx(0.85)
         await ledger.close()
@@ -74,8 +74,8 @@ def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
     """A known release_id returns the first stored bytes (ratio filled in) and is charged once."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        first = await ledger.reserve(req("a", 0.25, value=1))
-        again = await ledger.reserve(req("a", 0.25, value=2))
+        first = await ledger.charge(req("a", 0.25, value=1))
+        again = await ledger.charge(req("a", 0.25, value=2))
         assert first.outcome is Outcome.GRANTED and again.outcome is Outcome.DUPLICATE
         assert again.payload == first.payload == b'{"release_id":"a","values":{"all":1},"budget":{"scope":"s","ratio_after":0.250000}}'
         status = await ledger.status("s")
@@ -89,7 +89,7 @@ def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
     """stored_payload returns the final stored bytes of a known release_id and None for an unknown one."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        first = await ledger.reserve(req("a", 0.25, value=1))
+        first = await ledger.charge(req("a", 0.25, value=1))
         assert await ledger.stored_payload("s", "a") == first.payload
         assert await ledger.stored_payload("s", "never-reserved") is None
         await ledger.close()
@@ -101,7 +101,7 @@ def test_charges_are_rounded_up_to_units(where: str) -> None:
     """0.1 (binary 0.1000000000000000055…) is charged 100000000001 units, never less."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        r = await ledger.reserve(req("a", 0.1))
+        r = await ledger.charge(req("a", 0.1))
         assert r.cost_units == 100_000_000_001
         assert (await ledger.status("s")).spent_units == 100_000_000_001
         await ledger.close()
@@ -113,12 +113,12 @@ def test_refusal_changes_nothing_but_its_record(where: str) -> None:
     """A refused reserve stores no release and no spend; the same id can be granted later."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        refused = await ledger.reserve(req("big", 0.9))  # pool is 0.8
+        refused = await ledger.charge(req("big", 0.9))  # pool is 0.8
         assert refused.outcome is Outcome.REFUSED and refused.payload == b""
         status = await ledger.status("s")
         assert (status.spent_units, status.granted, status.refused) == (0, 0, 1)
         assert await ledger.pending(0) == []
-        granted = await ledger.reserve(req("big", 0.5))
+        granted = await ledger.charge(req("big", 0.5))
         assert granted.outcome is Outcome.GRANTED
         kinds = [e.kind for e in await ledger.audit("s")]
         assert kinds.count(AuditKind.REFUSAL) == 1 and kinds.count(AuditKind.CHARGE) == 1
@@ -132,7 +132,7 @@ def test_pending_and_commit(where: str) -> None:
     async def body() -> None:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, one_scope_topology(), clock=clock)
-        r = await ledger.reserve(req("a", 0.1))
+        r = await ledger.charge(req("a", 0.1))
         clock.advance(60)
         pending = await ledger.pending(30)
         assert [(p.release_id, p.payload) for p in pending] == [("a", r.payload)]
@@ -153,15 +153,15 @@ def test_manual_breaker_refuses_everything_and_survives_rollover(where: str) -> 
         with pytest.raises(ConfigError, match="reason"):
             await ledger.open_breaker("s", " ", "alice")
         assert await ledger.open_breaker("s", "incident 42", "alice") is True
-        r = await ledger.reserve(req("a", 0.1, may_use_reserve=True))
+        r = await ledger.charge(req("a", 0.1, may_use_reserve=True))
         assert r.outcome is Outcome.REFUSED and r.state is State.OPEN and "incident 42" in r.reason
         q = await ledger.quote("m", P0 + DAY, P0 + 2 * DAY)
         assert q.refused_reason and q.state is State.OPEN
         clock.advance(DAY)
-        r2 = await ledger.reserve(req("b", 0.1, start=P0 + DAY))
+        r2 = await ledger.charge(req("b", 0.1, start=P0 + DAY))
         assert r2.outcome is Outcome.REFUSED
         assert await ledger.close_breaker("s", "resolved", "bob") is True
-        r3 = await ledger.reserve(req("b", 0.1, start=P0 + DAY))
+        r3 = await ledger.charge(req("b", 0.1, start=P0 + DAY))
         assert r3.outcome is Outcome.GRANTED and r3.state is State.NORMAL
         trail = [(e.kind, e.fields.get("actor"), e.fields.get("reason")) for e in await ledger.audit("s")]
         assert (AuditKind.BREAKER_OPEN, "alice", "incident 42") in trail
@@ -175,12 +175,12 @@ def test_automatic_open_closes_with_the_new_period(where: str) -> None:
     """A release that cannot fit the cap opens the breaker for the period; the next period starts closed."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        assert (await ledger.reserve(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.GRANTED
-        over = await ledger.reserve(req("b", 0.2, may_use_reserve=True))
+        assert (await ledger.charge(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.GRANTED
+        over = await ledger.charge(req("b", 0.2, may_use_reserve=True))
         assert over.outcome is Outcome.REFUSED and over.state is State.OPEN and "budget exhausted" in over.reason
-        small = await ledger.reserve(req("c", 0.01, may_use_reserve=True))
+        small = await ledger.charge(req("c", 0.01, may_use_reserve=True))
         assert small.outcome is Outcome.REFUSED and "breaker open (automatic)" in small.reason
-        nxt = await ledger.reserve(req("d", 0.1, start=P0 + DAY))
+        nxt = await ledger.charge(req("d", 0.1, start=P0 + DAY))
         assert nxt.outcome is Outcome.GRANTED and nxt.ratio_after == pytest.approx(0.1)
         closes = [e for e in await ledger.audit("s") if e.kind is AuditKind.BREAKER_CLOSE]
         assert len(closes) == 1 and "rollover" in closes[0].fields["reason"]
@@ -196,11 +196,11 @@ def test_operator_grant_opens_the_reserve_to_ordinary_metrics(where: str) -> Non
     """After the pool is spent, an audited operator grant lets ordinary releases draw that much reserve."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        assert (await ledger.reserve(req("a", 0.75))).outcome is Outcome.GRANTED
-        assert (await ledger.reserve(req("b", 0.0625))).outcome is Outcome.REFUSED
+        assert (await ledger.charge(req("a", 0.75))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("b", 0.0625))).outcome is Outcome.REFUSED
         await ledger.grant_reserve("s", 0.0625, "quarterly report", "carol")
-        assert (await ledger.reserve(req("b", 0.0625))).outcome is Outcome.GRANTED
-        assert (await ledger.reserve(req("c", 0.06))).outcome is Outcome.REFUSED
+        assert (await ledger.charge(req("b", 0.0625))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("c", 0.06))).outcome is Outcome.REFUSED
         grants = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
         assert grants[0].fields["actor"] == "carol"
         await ledger.close()
@@ -234,7 +234,7 @@ def test_warning_stretch_and_thinning(where: str) -> None:
             before = await ledger.quote("m", P0, P0 + 3600)
             cap = (await ledger.status(f"z{check}")).cap
             pid = period_id(DAY, P0)
-            await ledger.reserve(ReleaseRequest("big", f"z{check}", pid, "m", P0, P0 + 3600, cap * 0.6, b"{}"))
+            await ledger.charge(ReleaseRequest("big", f"z{check}", pid, "m", P0, P0 + 3600, cap * 0.6, b"{}"))
             q1 = await ledger.quote("m", P0 + 3600, P0 + 7200)
             q2 = await ledger.quote("m", P0 + 7200, P0 + 10800)
             assert q1.state is State.WARNING and before.state is State.NORMAL
@@ -254,7 +254,7 @@ def test_reconcile_matches_after_mixed_traffic(where: str) -> None:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, one_scope_topology(), clock=clock)
         for i in range(20):
-            await ledger.reserve(req(f"r{i}", 0.05 + i / 1000, start=P0 + (i % 2) * DAY))
+            await ledger.charge(req(f"r{i}", 0.05 + i / 1000, start=P0 + (i % 2) * DAY))
         report = await ledger.reconcile("s")
         assert report.ok and len(report.periods) == 2
         assert sum(p.audited_charges for p in report.periods) == sum(p.stored_granted for p in report.periods) > 0
@@ -274,7 +274,7 @@ def test_both_backends_give_identical_answers(fresh_redis: Any) -> None:
                                                  ("income", 0.33333, False), ("postcode", 0.7, False),
                                                  ("postcode", 0.5, True), ("member_tier", 0.6, True),
                                                  ("member_tier", 0.01, False)]):
-            r = await ledger.reserve(ReleaseRequest(f"id{i % 6}", "columns", pid, m, P0, P0 + DAY, cost,
+            r = await ledger.charge(ReleaseRequest(f"id{i % 6}", "columns", pid, m, P0, P0 + DAY, cost,
                                                     b'{"n":%d,"ratio_after":null}' % i, reserve))
             q = await ledger.quote("diagnosis", P0, P0 + DAY)
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units, q.cost_units, q.state))

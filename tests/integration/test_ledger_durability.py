@@ -34,7 +34,7 @@ def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> No
                 rid = f"c{c}-{i}"
                 i += 1
                 try:
-                    r = await ledger.reserve(_req(rid))
+                    r = await ledger.charge(_req(rid))
                 except LedgerUnavailable:
                     await asyncio.sleep(0.05)
                     continue
@@ -55,7 +55,7 @@ def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> No
 
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         for rid, payload in acked.items():
-            again = await ledger.reserve(_req(rid))
+            again = await ledger.charge(_req(rid))
             assert again.outcome is Outcome.DUPLICATE and again.payload == payload
         hist = await ledger.history("s")
         assert hist[0].spent_units >= len(acked) * 1_000_000
@@ -71,7 +71,7 @@ def test_redis_down_raises_ledger_unavailable_and_grants_nothing(fresh_redis: An
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         await asyncio.to_thread(fresh_redis.kill)
         try:
-            for call in (ledger.reserve(_req("down")), ledger.quote("m", P0, P0 + DAY), ledger.status("s"),
+            for call in (ledger.charge(_req("down")), ledger.quote("m", P0, P0 + DAY), ledger.status("s"),
                          ledger.commit("down", "s"), ledger.pending(0)):
                 with pytest.raises(LedgerUnavailable) as info:
                     await call

@@ -86,7 +86,7 @@ def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
-        assert (await first.reserve(req("a", 0.5))).outcome is Outcome.GRANTED  # opens the block at cap 1.0
+        assert (await first.charge(req("a", 0.5))).outcome is Outcome.GRANTED  # opens the block at cap 1.0
         ledgers = {"clock": clock, "first": first}
         bigger = await _reopen(where, ledgers, epsilon=2.0)
         configs = [e for e in await bigger.audit("s") if e.kind is AuditKind.CONFIG]
@@ -95,15 +95,15 @@ def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
         assert (status.cap, status.cap_units) == (1.0, 10**12)
         q = await bigger.quote("m", P0, P0 + DAY)
         assert q.cost_units <= 300_000_000_000  # pool 0.8 of the block's cap 1.0, minus 0.5 spent
-        over = await bigger.reserve(req("b", 0.4))  # fits the new pool (1.6), not the block's (0.8)
+        over = await bigger.charge(req("b", 0.4))  # fits the new pool (1.6), not the block's (0.8)
         assert over.outcome is Outcome.REFUSED and "pool exhausted" in over.reason
         await bigger.grant_reserve("s", 0.1, "report", "carol")  # the grant keeps the block's terms too
         [block] = await bigger.history("s")
         assert (block.cap_units, block.reserve_units) == (10**12, 200_000_000_000)
-        top = await bigger.reserve(req("c", 0.6, may_use_reserve=True))  # 0.5 + 0.6 > the block's cap 1.0
+        top = await bigger.charge(req("c", 0.6, may_use_reserve=True))  # 0.5 + 0.6 > the block's cap 1.0
         assert top.outcome is Outcome.REFUSED and "budget exhausted" in top.reason
         clock.advance(DAY)
-        nxt = await bigger.reserve(req("d", 1.5, start=P1))  # new period: cap 2.0, pool 1.6
+        nxt = await bigger.charge(req("d", 1.5, start=P1))  # new period: cap 2.0, pool 1.6
         assert nxt.outcome is Outcome.GRANTED and nxt.ratio_after == pytest.approx(0.75)
         assert (await bigger.status("s")).cap == 2.0
         await bigger.close()
@@ -119,7 +119,7 @@ def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
         ledgers = {"clock": clock, "first": first}
-        assert (await first.reserve(req("a", 0.25))).outcome is Outcome.GRANTED
+        assert (await first.charge(req("a", 0.25))).outcome is Outcome.GRANTED
         with pytest.raises(ConfigError) as err:
             await _reopen(where, ledgers, epsilon=0.5)
         msg = str(err.value)
@@ -127,7 +127,7 @@ def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
         assert "takes effect only from the next period" in msg and "use a new scope name" in msg
         assert f"until {period_id(DAY, P1)}T00:00:00Z" in msg
         assert (await first.status("s")).cap == 1.0
-        assert (await first.reserve(req("b", 0.25))).outcome is Outcome.GRANTED  # registered terms unchanged
+        assert (await first.charge(req("b", 0.25))).outcome is Outcome.GRANTED  # registered terms unchanged
         configs = [e for e in await first.audit("s") if e.kind is AuditKind.CONFIG]
         assert len(configs) == 1
         clock.advance(DAY)
@@ -158,7 +158,7 @@ def test_an_accounting_change_mid_period_is_refused(where: str) -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
         ledgers = {"clock": clock, "first": first}
-        await first.reserve(req("a", 0.1))
+        await first.charge(req("a", 0.1))
         with pytest.raises(ConfigError, match=r"accounting pure -> zcdp .*keep accounting pure"):
             await _reopen(where, ledgers, accounting=Accounting.ZCDP, delta=1e-6)
         clock.advance(DAY)
@@ -177,7 +177,7 @@ def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where:
         clock = ManualClock(T0)
         old = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
         new = await _reopen(where, {"clock": clock, "first": old}, epsilon=2.0)
-        refused = await old.reserve(req("a", 0.1))
+        refused = await old.charge(req("a", 0.1))
         assert refused.outcome is Outcome.REFUSED and refused.reason.startswith(
             "topology disagrees with the scope's registered terms (digest ")
         assert "restart it with the current topology" in refused.reason
@@ -186,7 +186,7 @@ def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where:
         assert (status.refused, status.spent_units, status.granted) == (1, 0, 0)
         [entry] = [e for e in await new.audit("s") if e.kind is AuditKind.REFUSAL]
         assert entry.fields["reason"] == refused.reason and entry.fields["release_id"] == "a"
-        assert (await new.reserve(req("a", 0.1))).outcome is Outcome.GRANTED
+        assert (await new.charge(req("a", 0.1))).outcome is Outcome.GRANTED
         await new.close()
         await old.close()
 
@@ -202,16 +202,16 @@ def test_selection_delta_is_charged_rounded_up_against_its_own_cap(where: str) -
         ledger = await open_ledger(where, load_topology_text(_SELECTING), clock=ManualClock(T0))
         status = await ledger.status("b")
         assert status.delta_cap == pytest.approx(1e-7) and status.delta_spent == 0.0
-        r1 = await ledger.reserve(req("a", 1e-4, scope="b", metric="pages", delta=4e-8))
-        r2 = await ledger.reserve(req("b", 1e-4, scope="b", metric="pages", delta=4e-8))
+        r1 = await ledger.charge(req("a", 1e-4, scope="b", metric="pages", delta=4e-8))
+        r2 = await ledger.charge(req("b", 1e-4, scope="b", metric="pages", delta=4e-8))
         assert (r1.outcome, r2.outcome) == (Outcome.GRANTED, Outcome.GRANTED)
         before = await ledger.status("b")
-        r3 = await ledger.reserve(req("c", 1e-4, scope="b", metric="pages", delta=4e-8))
+        r3 = await ledger.charge(req("c", 1e-4, scope="b", metric="pages", delta=4e-8))
         assert r3.outcome is Outcome.REFUSED and r3.reason.startswith("selection delta exhausted")
         after = await ledger.status("b")
         assert (after.spent_units, after.delta_spent, after.refused) == (before.spent_units, before.delta_spent, 1)
         assert after.delta_spent == pytest.approx(8e-8)
-        tiny = await ledger.reserve(req("d", 1e-4, scope="b", metric="pages", delta=1e-30))  # rounds up to 1 unit
+        tiny = await ledger.charge(req("d", 1e-4, scope="b", metric="pages", delta=1e-30))  # rounds up to 1 unit
         assert tiny.outcome is Outcome.GRANTED
         charges = [e.fields for e in await ledger.audit("b") if e.kind is AuditKind.CHARGE]
         assert [c["delta"] for c in charges] == ["40000000001", "40000000001", "1"]  # 4e-8 is 4.0000000000000001e-8
@@ -227,9 +227,9 @@ def test_no_selection_means_a_zero_delta_cap(where: str) -> None:
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         assert (await ledger.status("s")).delta_cap == 0.0
-        refused = await ledger.reserve(req("a", 0.1, delta=1e-9))
+        refused = await ledger.charge(req("a", 0.1, delta=1e-9))
         assert refused.outcome is Outcome.REFUSED and refused.reason.startswith("selection delta exhausted")
-        assert (await ledger.reserve(req("a", 0.1))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("a", 0.1))).outcome is Outcome.GRANTED
         await ledger.close()
 
     run(body())
@@ -251,9 +251,9 @@ def test_a_straddling_window_is_charged_to_both_periods_once(where: str) -> None
     """One reserve charges the main and the later period (spend, count, δ, audit), stores one release."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
-        r = await ledger.reserve(req("x", 0.1, **STRADDLE))
+        r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.GRANTED and r.ratio_after == pytest.approx(0.1)
-        again = await ledger.reserve(req("x", 0.1, **STRADDLE))
+        again = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert again.outcome is Outcome.DUPLICATE and again.payload == r.payload
         assert _spent(await ledger.history("s")) == {period_id(HOUR, H0): 100_000_000_001,
                                                      period_id(HOUR, H1): 100_000_000_001}
@@ -270,9 +270,9 @@ def test_main_period_exhausted_leaves_no_charge_on_the_later_period(where: str) 
     """The main period cannot take the straddling window: nothing is charged anywhere (no stranded charge)."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
-        fill = await ledger.reserve(req("fill", 0.95, start=H0, size=120, period_s=HOUR, may_use_reserve=True))
+        fill = await ledger.charge(req("fill", 0.95, start=H0, size=120, period_s=HOUR, may_use_reserve=True))
         assert fill.outcome is Outcome.GRANTED
-        r = await ledger.reserve(req("x", 0.1, **STRADDLE))
+        r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.REFUSED and "budget exhausted" in r.reason
         spent = _spent(await ledger.history("s"))
         assert spent == {period_id(HOUR, H0): 950_000_000_000}  # the later period has no block at all
@@ -288,15 +288,15 @@ def test_later_period_exhausted_charges_nothing_in_the_main_period(where: str) -
     later period and is counted there (its automatic breaker opens, the main period's does not)."""
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
-        fill = await ledger.reserve(req("fill", 0.95, start=H1, size=120, period_s=HOUR, may_use_reserve=True))
+        fill = await ledger.charge(req("fill", 0.95, start=H1, size=120, period_s=HOUR, may_use_reserve=True))
         assert fill.outcome is Outcome.GRANTED
-        r = await ledger.reserve(req("x", 0.1, **STRADDLE))
+        r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.REFUSED and r.reason.startswith("budget exhausted")
         assert f"in later period {period_id(HOUR, H1)}" in r.reason
         blocks = {h.period_id: h for h in await ledger.history("s")}
         assert list(blocks) == [period_id(HOUR, H1)]  # the main period was not even opened
         assert (blocks[period_id(HOUR, H1)].spent_units, blocks[period_id(HOUR, H1)].refused) == (950_000_000_000, 1)
-        main = await ledger.reserve(req("y", 0.1, start=H0, size=120, period_s=HOUR))
+        main = await ledger.charge(req("y", 0.1, start=H0, size=120, period_s=HOUR))
         assert main.outcome is Outcome.GRANTED  # the main period's breaker stayed closed
         await ledger.close()
 
@@ -308,9 +308,9 @@ def test_a_request_must_name_every_later_period_its_window_touches(where: str) -
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         with pytest.raises(InternalError, match="charged to every period it touches"):
-            await ledger.reserve(req("x", 0.1, start=H1 - 60, size=120, period_s=HOUR))
+            await ledger.charge(req("x", 0.1, start=H1 - 60, size=120, period_s=HOUR))
         with pytest.raises(InternalError, match="charged to every period it touches"):
-            await ledger.reserve(req("y", 0.1, start=H0, size=120, period_s=HOUR, extra=((period_id(HOUR, H1), H1),)))
+            await ledger.charge(req("y", 0.1, start=H0, size=120, period_s=HOUR, extra=((period_id(HOUR, H1), H1),)))
         assert await ledger.history("s") == []
         await ledger.close()
 
@@ -355,7 +355,7 @@ def test_both_backends_agree_on_terms_straddles_and_delta(fresh_redis: Any) -> N
                  ("w", cap * 0.05, H1, False, 1e-12), ("x", cap * 0.2, H1 - 60, False, 3e-10)]
         for rid, cost, start, may_use, delta in calls:
             extra = ((period_id(HOUR, H1), H1),) if start == H1 - 60 else ()
-            r = await ledger.reserve(ReleaseRequest(rid, "b", period_id(HOUR, start), "pages", start, start + 120,
+            r = await ledger.charge(ReleaseRequest(rid, "b", period_id(HOUR, start), "pages", start, start + 120,
                                                     cost, b'{"ratio_after":null}', may_use, delta=delta,
                                                     extra_periods=extra))
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units))

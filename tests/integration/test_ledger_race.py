@@ -32,7 +32,7 @@ async def main(url, prefix, clients):
         i = 0
         while True:
             rid = f"{prefix}-{c}-{i}"
-            r = await ledger.reserve(ReleaseRequest(rid, "s", period_id(86400, P0), "m", P0, P0 + 86400, 0.0003, b"{}"))
+            r = await ledger.charge(ReleaseRequest(rid, "s", period_id(86400, P0), "m", P0, P0 + 86400, 0.0003, b"{}"))
             if r.outcome is not Outcome.GRANTED:
                 return
             granted.append(r.cost_units)
@@ -53,7 +53,7 @@ async def _clients(url: str, n: int) -> list[int]:
     async def client(c: int) -> None:
         i = 0
         while True:
-            r = await ledger.reserve(ReleaseRequest(f"local-{c}-{i}", "s", period_id(DAY, P0), "m", P0, P0 + DAY,
+            r = await ledger.charge(ReleaseRequest(f"local-{c}-{i}", "s", period_id(DAY, P0), "m", P0, P0 + DAY,
                                                     COST, b"{}"))
             if r.outcome is not Outcome.GRANTED:
                 return
@@ -105,7 +105,7 @@ def test_same_release_id_1000_times_concurrently_is_charged_once(fresh_redis: An
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         pid = period_id(DAY, P0)
         results = await asyncio.gather(*(
-            ledger.reserve(ReleaseRequest("same", "s", pid, "m", P0, P0 + DAY, 0.01,
+            ledger.charge(ReleaseRequest("same", "s", pid, "m", P0, P0 + DAY, 0.01,
                                           b'{"noise":%d,"ratio_after":null}' % i))
             for i in range(1000)
         ))

@@ -31,7 +31,7 @@ def test_on_plan_grants_equal_the_static_plan() -> None:
             q = await ledger.quote(m, start, end)
             static = pool_units * (3 if m == "a" else 1) // 4 // (24 if m == "a" else 12)
             assert abs(q.cost_units - static) <= len(windows)  # flooring leaves ≤ 1 unit per release to the rest
-            r = await ledger.reserve(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
+            r = await ledger.charge(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
             assert r.outcome is Outcome.GRANTED
         hist = await ledger.history("s")
         assert pool_units - 36 <= hist[0].spent_units <= pool_units
@@ -45,7 +45,7 @@ def test_skipped_release_leaves_its_share_to_the_rest() -> None:
         topo = one_scope_topology(metrics=(("a", 1.0, 3600, 3600, False), ("b", 1.0, 3600, 3600, False)))
         ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
         first = await ledger.quote("b", P0, P0 + 3600)
-        await ledger.reserve(ReleaseRequest("b0", "s", first.period_id, "b", P0, P0 + 3600, first.cost, b""))
+        await ledger.charge(ReleaseRequest("b0", "s", first.period_id, "b", P0, P0 + 3600, first.cost, b""))
         later = await ledger.quote("b", P0 + 3600, P0 + 7200)  # a's first window was never released
         assert later.cost > first.cost
 
@@ -69,7 +69,7 @@ def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> Non
                 continue
             cost = q.cost / 2 if k % 7 == 0 else q.cost  # cheaper release every 7th
             later = tuple((period_id(DAY, p), p) for p in periods_touched(DAY, start, end)[1:])  # straddles midnight
-            r = await ledger.reserve(ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, cost,
+            r = await ledger.charge(ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, cost,
                                                     b"", extra_periods=later))
             assert r.outcome is Outcome.GRANTED
             largest = max(largest, r.cost_units)

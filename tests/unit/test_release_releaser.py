@@ -105,7 +105,7 @@ def test_known_release_id_republishes_identical_bytes(topo):
 
 
 def test_refused_release_publishes_nothing(topo):
-    """With the breaker open the release is suppressed with a reason and nothing is published."""
+    """With the breaker open the release is refused (refused_breaker) with a reason and nothing is published."""
 
     async def go():
         ledger = await open_ledger("memory", topo)
@@ -118,9 +118,9 @@ def test_refused_release_publishes_nothing(topo):
         return res, sink, rel, block, audit
 
     res, sink, rel, block, audit = _run(go())
-    assert res.outcome is ReleaseOutcome.SUPPRESSED and "breaker" in res.reason
+    assert res.outcome is ReleaseOutcome.REFUSED_BREAKER and "breaker" in res.reason
     assert sink.sent == [] and res.payload == b""
-    assert rel.counts.snapshot()["suppressed"] == 1
+    assert rel.counts.snapshot()["refused_breaker"] == 1
     assert (block.refused, block.spent_units) == (1, 0)  # the ledger counted the refusal, charged nothing
     assert any(e.kind.value == "refusal" for e in audit)
 
@@ -189,7 +189,7 @@ def test_refusal_in_the_later_period_publishes_nothing_and_charges_nothing_earli
         return res, sink, await ledger.history("b")
 
     res, sink, history = _run(go())
-    assert res.outcome is ReleaseOutcome.SUPPRESSED or res.outcome is ReleaseOutcome.DENIED
+    assert res.outcome is ReleaseOutcome.REFUSED_BREAKER
     assert sink.sent == []
     assert all(p.spent_units == 0 for p in history)
 
@@ -265,7 +265,7 @@ def _straddle_fill(topo, start: int, cost_share: float):
         cap = (await ledger.status("b")).cap
         req = ReleaseRequest(f"fill-{start}", "b", period_id(3600, start), "hist", start, start + 120,
                              cap * cost_share, b"{}", may_use_reserve=True)
-        assert (await ledger.reserve(req)).outcome.value == "granted"
+        assert (await ledger.charge(req)).outcome.value == "granted"
 
     return fill
 
@@ -290,7 +290,7 @@ def test_straddling_window_is_charged_all_or_nothing(exhausted):
         return res, sink, before, after, pending
 
     res, sink, before, after, pending = _run(go())
-    assert res.outcome in (ReleaseOutcome.SUPPRESSED, ReleaseOutcome.DENIED) and sink.sent == []
+    assert res.outcome is ReleaseOutcome.REFUSED_BUDGET and sink.sent == []
     assert "budget exhausted" in res.reason or "pool exhausted" in res.reason
     assert {pid: units for pid, units in after.items() if units} == before  # no period charged by the release
     assert [p.release_id for p in pending] == [f"fill-{_T0 if exhausted == 'main' else boundary}"]

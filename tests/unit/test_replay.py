@@ -125,7 +125,7 @@ def test_replaying_twice_on_one_ledger_returns_identical_bytes(topo):
 
 
 def test_refused_releases_publish_nothing(topo):
-    """With the scope's breaker open every window is suppressed with a reason and nothing is published."""
+    """With the scope's breaker open every window is refused (refused_breaker) with a reason and nothing is published."""
 
     async def go():
         ledger = await open_ledger("memory", topo)
@@ -134,7 +134,7 @@ def test_refused_releases_publish_nothing(topo):
 
     summary, published = asyncio.run(go())
     assert published == []
-    assert summary.releases.snapshot()["suppressed"] == 6
+    assert summary.releases.snapshot()["refused_breaker"] == 6
     assert all(r.reason for r in summary.results)
 
 

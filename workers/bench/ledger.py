@@ -106,7 +106,7 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
 
     async def reserve(w: int, i: int) -> object:
         rid = f"{run}-{w}-{i}"
-        return await ledger.reserve(
+        return await ledger.charge(
             ReleaseRequest(rid, "bench", pid, "bench", pstart, pstart + 60, 1e-9, _PAYLOAD % rid.encode(), actor="bench")
         )
 

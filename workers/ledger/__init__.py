@@ -2,7 +2,7 @@
 
     ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
     q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
-    r = await ledger.reserve(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
+    r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
     await ledger.commit(release_id, scope)                              # reserved -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
 
@@ -28,7 +28,7 @@ __all__ = [
     "open_ledger",
     "Ledger",
     "ReleaseRequest",
-    "Reservation",
+    "ChargeResult",
     "Outcome",
     "Quote",
     "State",
@@ -60,7 +60,7 @@ from dpstream.workers.ledger.types import (
     Quote,
     ReconcileReport,
     ReleaseRequest,
-    Reservation,
+    ChargeResult,
     ScopeStatus,
     State,
 )

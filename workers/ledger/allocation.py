@@ -44,7 +44,7 @@ class Snapshot:
 
 
 def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
-    """normal / warning / open, from the spend and the breaker (the same rule as reserve.lua)."""
+    """normal / warning / open, from the spend and the breaker (the same rule as charge.lua)."""
     if is_open:
         return State.OPEN
     return State.WARNING if spent_units >= warn_units else State.NORMAL

@@ -10,7 +10,7 @@ the block's terms once it exists, the registered config's only before.
 
 from __future__ import annotations
 
-__all__ = ["Ledger", "RawReserve", "RawRegister", "REGISTER_RETRY", "REGISTER_REFUSED", "DEFAULT_RETENTION_S"]
+__all__ = ["Ledger", "RawCharge", "RawRegister", "REGISTER_RETRY", "REGISTER_REFUSED", "DEFAULT_RETENTION_S"]
 
 import time
 from abc import ABC, abstractmethod
@@ -40,7 +40,7 @@ from dpstream.workers.ledger.types import (
     Quote,
     ReconcileReport,
     ReleaseRequest,
-    Reservation,
+    ChargeResult,
     ScopeStatus,
     State,
 )
@@ -58,7 +58,7 @@ REGISTER_REFUSED = 2
 
 
 @dataclass(frozen=True)
-class RawReserve:
+class RawCharge:
     """What the reserve step returns, before it is typed."""
 
     outcome: str
@@ -187,7 +187,7 @@ class Ledger(ABC):
         )
         return price(cfg, snap, metric, pid, pstart, int(window_start), int(window_end))
 
-    async def reserve(self, req: ReleaseRequest) -> Reservation:
+    async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing)."""
         cfg = self._configs.get(req.scope)
         if cfg is None:
@@ -203,8 +203,8 @@ class Ledger(ABC):
         delta_units = delta_to_units(req.delta)
         pstart = period_start_of(cfg.period_s, req.period_id)
         _check_extra_periods(req, cfg.period_s, pstart)
-        raw = await self._reserve(req, units, delta_units, pstart, cfg.digest, self._now_ms())
-        return Reservation(
+        raw = await self._charge(req, units, delta_units, pstart, cfg.digest, self._now_ms())
+        return ChargeResult(
             outcome=Outcome(raw.outcome),
             payload=raw.payload,
             reason=raw.reason,
@@ -391,9 +391,9 @@ class Ledger(ABC):
         """(config, breaker, period, charged-after counts) in one consistent read."""
 
     @abstractmethod
-    async def _reserve(
+    async def _charge(
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
-    ) -> RawReserve: ...
+    ) -> RawCharge: ...
 
     @abstractmethod
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 from dpstream.topology.errors import InternalError
 
-from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawReserve
+from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawCharge
 from dpstream.workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
-"""Audit fields every reserve entry carries; other empty fields are left out (as reserve.lua does)."""
+"""Audit fields every reserve entry carries; other empty fields are left out (as charge.lua does)."""
 
 
 @dataclass
@@ -44,7 +44,7 @@ def _incr(h: dict[str, str], name: str, by: int) -> int:
 
 @dataclass
 class _Period:
-    """One period a reserve touches, as reserve.lua's `load_period` reads it."""
+    """One period a reserve touches, as charge.lua's `load_period` reads it."""
 
     pid: str
     pstart: int
@@ -131,15 +131,15 @@ class MemoryLedger(Ledger):
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 
-    async def _reserve(
+    async def _charge(
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
-    ) -> RawReserve:
+    ) -> RawCharge:
         with self._lock:
-            return self._reserve_locked(req, cost_units, delta_units, period_start, digest, now_ms)
+            return self._charge_locked(req, cost_units, delta_units, period_start, digest, now_ms)
 
-    def _reserve_locked(
+    def _charge_locked(
         self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
-    ) -> RawReserve:
+    ) -> RawCharge:
         s = self._scope(req.scope)
         pid, rid = req.period_id, req.release_id
         if not s.config:
@@ -171,7 +171,7 @@ class MemoryLedger(Ledger):
 
         known = s.releases.get(rid)
         if known is not None:
-            return RawReserve("duplicate", known["payload"], "", main.spent, main.cap,  # type: ignore[arg-type]
+            return RawCharge("duplicate", known["payload"], "", main.spent, main.cap,  # type: ignore[arg-type]
                               state_of(main, main.spent, manual or auto_here), 0)
 
         def audit(p: _Period, kind: str, **fields: str) -> None:
@@ -196,7 +196,7 @@ class MemoryLedger(Ledger):
             audit(main, "breaker_close", reason=f"period rollover: automatic open of {old} ends", actor="ledger",
                   state=state_of(main, main.spent, manual))
 
-        def refuse(p: _Period, reason: str, open_now: bool) -> RawReserve:
+        def refuse(p: _Period, reason: str, open_now: bool) -> RawCharge:
             block = touch_period(p)
             _incr(block, "refused", 1)
             is_open = manual or br.get("auto_period") == p.pid or open_now
@@ -205,7 +205,7 @@ class MemoryLedger(Ledger):
             if open_now and not (manual or auto_touched is not None):
                 br.update(auto_period=p.pid, auto_start=str(p.pstart), auto_reason=reason, auto_at=str(now_ms))
                 audit(p, "breaker_open", reason=reason, actor="ledger", state="open")
-            return RawReserve("refused", b"", reason, p.spent, p.cap, state_of(p, p.spent, is_open), 0)
+            return RawCharge("refused", b"", reason, p.spent, p.cap, state_of(p, p.spent, is_open), 0)
 
         def where(p: _Period) -> str:
             return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
@@ -266,7 +266,7 @@ class MemoryLedger(Ledger):
             if after != was:
                 audit(p, "state", reason=f"{was} -> {after} at ratio {ratio_of(p, p.spent)}", actor="ledger",
                       state=after)
-        return RawReserve("granted", payload, "", main.spent, main.cap, state_of(main, main.spent, False), cost)
+        return RawCharge("granted", payload, "", main.spent, main.cap, state_of(main, main.spent, False), cost)
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from dpstream.topology.errors import InternalError
 
-from dpstream.workers.ledger.base import Ledger, RawRegister, RawReserve
+from dpstream.workers.ledger.base import Ledger, RawRegister, RawCharge
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
@@ -114,9 +114,9 @@ class RedisLedger(Ledger):
         out = await self._guard(pipe.execute())
         return int(out[1])
 
-    async def _reserve(
+    async def _charge(
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
-    ) -> RawReserve:
+    ) -> RawCharge:
         k = _keys(req.scope)
         keys = [
             k.config, k.breaker, k.period(req.period_id), k.release(req.release_id),
@@ -131,11 +131,11 @@ class RedisLedger(Ledger):
             keys += [k.period(pid), k.ends(pid, req.metric)]
             fields += [pid, str(int(pstart))]
         header = "\n".join(fields)
-        out = await self._guard(self._scripts["reserve"](keys=keys, args=[header, bytes(req.payload)]))
+        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload)]))
         outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
         reason = rest.decode() if outcome == b"refused" else ""
         payload = b"" if outcome == b"refused" else rest
-        return RawReserve(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
+        return RawCharge(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         k = ScopeKeys(scope)

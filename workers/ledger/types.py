@@ -7,7 +7,7 @@ __all__ = [
     "State",
     "AuditKind",
     "ReleaseRequest",
-    "Reservation",
+    "ChargeResult",
     "Quote",
     "PendingRelease",
     "BreakerInfo",
@@ -85,7 +85,7 @@ class ReleaseRequest:
 
 
 @dataclass(frozen=True)
-class Reservation:
+class ChargeResult:
     """The answer of `reserve`."""
 
     outcome: Outcome

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ReleaseOutcome", "ReleaseResult", "ReleaseCounts"]
+__all__ = ["ReleaseOutcome", "ReleaseResult", "ReleaseCounts", "refusal_outcome"]
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,22 +10,31 @@ from enum import Enum
 
 
 class ReleaseOutcome(Enum):
-    """What happened to one window's release."""
+    """What happened to one window's release (the `outcome` label of `dpstream_releases_total`)."""
 
     PUBLISHED = "published"
     """Charged now and published."""
     DUPLICATE = "duplicate"
     """Known release_id: the stored bytes were (re)published, nothing charged, fresh noise discarded."""
-    SUPPRESSED = "suppressed"
-    """Thinned by `on_warning`, or refused as quoted (budget exhausted, breaker open): the ledger's
-    atomic reserve refused it at its planned cost and recorded the refusal with its reason."""
-    DENIED = "denied"
-    """The atomic reserve refused (the budget ran out between quote and reserve)."""
+    REFUSED_BUDGET = "refused_budget"
+    """Not published for want of budget: the cap, the pool outside the reserve or the selection δ
+    cannot hold it, or `on_warning: thin` skips it; the ledger refused and audited it atomically."""
+    REFUSED_BREAKER = "refused_breaker"
+    """Not published: the scope's breaker is open (automatically at exhaustion, or by an operator)."""
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+    """The ledger could not be reached (fail closed): nothing published; the window is retried."""
+    FAILED = "failed"
+    """Any other error (publish, a bug): nothing published unless charged; the window is retried."""
+
+
+def refusal_outcome(reason: str) -> ReleaseOutcome:
+    """The outcome of a refused charge, from the ledger's reason (breaker refusals name the breaker)."""
+    return ReleaseOutcome.REFUSED_BREAKER if reason.startswith("breaker open") else ReleaseOutcome.REFUSED_BUDGET
 
 
 @dataclass(frozen=True)
 class ReleaseResult:
-    """One release attempt: outcome, id, reason (suppressed / denied) and the bytes published."""
+    """One release attempt: outcome, id, reason (refused ones) and the bytes published."""
 
     outcome: ReleaseOutcome
     release_id: str
@@ -39,14 +48,13 @@ class ReleaseResult:
 
 @dataclass
 class ReleaseCounts:
-    """Running totals by outcome, reasons of suppressed/denied ones, and failures (ledger/publish errors).
+    """Running totals by outcome (errors included), reasons of refused ones, and sweeper republishes.
 
     Mutable on purpose: updated per release, read on scrape.
     """
 
     by_outcome: Counter[ReleaseOutcome] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
-    failed: int = 0
     swept: int = 0
 
     def add(self, result: ReleaseResult) -> None:
@@ -55,9 +63,17 @@ class ReleaseCounts:
         if result.reason:
             self.reasons[result.reason] += 1
 
+    def error(self, outcome: ReleaseOutcome) -> None:
+        """Count one attempt that raised (`LEDGER_UNAVAILABLE` or `FAILED`)."""
+        self.by_outcome[outcome] += 1
+
+    @property
+    def failed(self) -> int:
+        """Attempts that raised, whatever the cause (they are retried)."""
+        return self.by_outcome[ReleaseOutcome.FAILED] + self.by_outcome[ReleaseOutcome.LEDGER_UNAVAILABLE]
+
     def snapshot(self) -> dict[str, int]:
-        """Flat copy: outcome → count (every outcome present), plus `failed` and `swept`."""
+        """Flat copy: outcome → count (every outcome present), plus `swept`."""
         out = {o.value: self.by_outcome.get(o, 0) for o in ReleaseOutcome}
-        out["failed"] = self.failed
         out["swept"] = self.swept
         return out

@@ -1,9 +1,11 @@
 """`Releaser`: the release protocol of DESIGN §4 for one merged window — exactly one noisy value.
 
-quote → (thinned / refused: suppressed, nothing published) → mechanism at the quoted cost →
-noise → record bytes → atomic `reserve` (a known release_id returns its stored bytes) → publish
-the *stored* bytes with key = release_id → `commit`. A crash after reserve leaves the release
-`reserved`; `sweep` republishes it with the same bytes. Ledger errors propagate (fail closed).
+known release_id → republish its stored bytes (duplicate) | quote → (thinned or refused:
+refused_budget / refused_breaker, recorded by the ledger, nothing published) → mechanism at the
+quoted cost → noise → record bytes → atomic `charge` (a known release_id returns its stored bytes)
+→ publish the *stored* bytes with key = release_id → `commit`. A crash after the charge leaves the
+release `reserved` in the ledger; `sweep` republishes it with the same bytes. Ledger errors
+propagate (fail closed), counted as ledger_unavailable; any other error as failed.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from dpstream.topology.model import Budget, Metric, Topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.selection import selection_delta_per_release
-from dpstream.workers.ledger.types import Outcome, ReleaseRequest, Reservation
+from dpstream.workers.ledger.errors import LedgerUnavailable
+from dpstream.workers.ledger.types import Outcome, ReleaseRequest, ChargeResult
 from dpstream.workers.ledger.units import ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release.ids import release_id as make_release_id
-from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
+from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.record import build_record, canonical_bytes, true_values_for
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
@@ -96,8 +99,11 @@ class Releaser:
         rid = self.release_id(m.name, start, end)
         try:
             result = await self._release(m, start, end, rid, true_values, publish)
-        except BaseException:
-            self.counts.failed += 1
+        except LedgerUnavailable:
+            self.counts.error(ReleaseOutcome.LEDGER_UNAVAILABLE)
+            raise
+        except Exception:
+            self.counts.error(ReleaseOutcome.FAILED)
             raise
         self.counts.add(result)
         return result
@@ -118,26 +124,25 @@ class Releaser:
             await self.ledger.commit(rid, budget.name)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
         async with self._pricing_lock(budget.name):
-            charged = await self._price_and_reserve(m, budget, start, end, rid, true_values)
+            charged = await self._price_and_charge(m, budget, start, end, rid, true_values)
         if isinstance(charged, ReleaseResult):
             return charged
-        reservation = charged
-        stored = reservation.payload
+        stored = charged.payload
         await publish(stored, rid.encode())
         await self.ledger.commit(rid, budget.name)
-        outcome = ReleaseOutcome.PUBLISHED if reservation.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
+        outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
 
     def _pricing_lock(self, scope: str) -> asyncio.Lock:
-        """Quote → reserve of one scope run one at a time, so concurrent releases are priced as if
+        """Quote → charge of one scope run one at a time, so concurrent releases are priced as if
         they ran in turn (a quote never misses a charge that is about to land before it)."""
         lock = self._locks.get(scope)
         if lock is None:
             lock = self._locks[scope] = asyncio.Lock()
         return lock
 
-    async def _price_and_reserve(
+    async def _price_and_charge(
         self,
         m: Metric,
         budget: Budget,
@@ -145,12 +150,12 @@ class Releaser:
         end: int,
         rid: str,
         true_values: dict[str, Any],
-    ) -> ReleaseResult | Reservation:
-        """Quote, draw the noise at the quoted cost and reserve: the reservation, or the final result
-        when nothing is to be published (thinned, refused)."""
+    ) -> ReleaseResult | ChargeResult:
+        """Quote, draw the noise at the quoted cost and charge: the ledger's charge result, or the
+        final result when nothing is to be published (thinned, refused)."""
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
-            return ReleaseResult(ReleaseOutcome.SUPPRESSED, rid, m.name, start, end, "thinned")
+            return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
         cost = quote.cost
         if quote.refused_reason is not None or cost <= 0:
             # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
@@ -188,11 +193,11 @@ class Releaser:
             extra_periods=tuple((period_id(budget.period_s, p), p)
                                 for p in periods_touched(budget.period_s, start, end)[1:]),
         )
-        reservation = await self.ledger.reserve(request)
-        if reservation.outcome is Outcome.REFUSED:
-            outcome = ReleaseOutcome.SUPPRESSED if cost != quote.cost else ReleaseOutcome.DENIED
-            return ReleaseResult(outcome, rid, m.name, start, end, reservation.reason or quote.refused_reason or "refused")
-        return reservation
+        charge = await self.ledger.charge(request)
+        if charge.outcome is Outcome.REFUSED:
+            reason = charge.reason or quote.refused_reason or "refused"
+            return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)
+        return charge
 
 
 async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:

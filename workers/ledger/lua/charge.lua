@@ -1,4 +1,4 @@
--- reserve.lua: charge one release of a budget scope atomically, or return its stored payload.
+-- charge.lua: charge one release of a budget scope atomically, or return its stored payload.
 --
 -- KEYS[1] config   hash    dpstream:{S}:config     cap, reserve, warn (units), accounting, delta_cap, digest
 -- KEYS[2] breaker  hash    dpstream:{S}:breaker    manual / auto_period open flags
@@ -33,35 +33,35 @@ local MAX = 9007199254740991
 local h = {}
 for field in string.gmatch(ARGV[1], '[^\n]+') do h[#h + 1] = field end
 if #h < 13 or (#h - 13) % 2 ~= 0 then
-  return redis.error_reply('dpstream: reserve: header needs 13 fields and 2 per later period, got ' .. #h)
+  return redis.error_reply('dpstream: charge: header needs 13 fields and 2 per later period, got ' .. #h)
 end
 local n_extra = (#h - 13) / 2
 if #KEYS ~= 8 + 2 * n_extra then
-  return redis.error_reply('dpstream: reserve: ' .. #KEYS .. ' keys for ' .. n_extra .. ' later periods')
+  return redis.error_reply('dpstream: charge: ' .. #KEYS .. ' keys for ' .. n_extra .. ' later periods')
 end
 local rid, pid, pstart, metric, wstart, wend = h[1], h[2], h[3], h[4], h[5], h[6]
 local cost_s, may_use, now, retention, actor = h[7], h[8], h[9], h[10], h[11]
 local digest, delta_s = h[12], h[13]
 local cost = tonumber(cost_s)
 if not cost or cost <= 0 or cost ~= math.floor(cost) or cost > MAX then
-  return redis.error_reply('dpstream: reserve: bad cost_units ' .. tostring(cost_s))
+  return redis.error_reply('dpstream: charge: bad cost_units ' .. tostring(cost_s))
 end
 local delta = tonumber(delta_s)
 if not delta or delta < 0 or delta ~= math.floor(delta) or delta > MAX then
-  return redis.error_reply('dpstream: reserve: bad delta_units ' .. tostring(delta_s))
+  return redis.error_reply('dpstream: charge: bad delta_units ' .. tostring(delta_s))
 end
 if not tonumber(pstart) or not tonumber(wend) or not tonumber(retention) then
-  return redis.error_reply('dpstream: reserve: bad period_start, window_end or retention')
+  return redis.error_reply('dpstream: charge: bad period_start, window_end or retention')
 end
 for k = 1, n_extra do
   if not tonumber(h[13 + 2 * k]) then
-    return redis.error_reply('dpstream: reserve: bad start of later period ' .. tostring(h[12 + 2 * k]))
+    return redis.error_reply('dpstream: charge: bad start of later period ' .. tostring(h[12 + 2 * k]))
   end
 end
 
 local cfg = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap', 'digest')
 if not cfg[1] then
-  return redis.error_reply('dpstream: reserve: scope not registered (' .. KEYS[1] .. ')')
+  return redis.error_reply('dpstream: charge: scope not registered (' .. KEYS[1] .. ')')
 end
 
 -- every period the window touches: the main one first, then the later ones in time order
