@@ -262,7 +262,7 @@ def _read(bootstrap: str, topic: str) -> list[Any]:
 
 def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from dpstream.topology.loader import load_topology
-    from dpstream.workers.localstack.kafka_admin import create_topics
+    from dpstream.workers.runtime.admin import create_topics
     from dpstream.workers.runtime.settings import RuntimeSettings
     from dpstream.workers.runtime.topics import topic_names
 

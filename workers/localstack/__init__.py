@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dpstream.workers.localstack.errors import ServiceStartError
 from dpstream.workers.localstack.kafka import KafkaHandle, start_kafka
-from dpstream.workers.localstack.kafka_admin import create_topics, create_topics_async
 from dpstream.workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import Ports, free_port
 from dpstream.workers.localstack.redis import RedisHandle, start_redis
 from dpstream.workers.localstack.stack import Service, ServiceStatus, Stack, StackConfig
+from dpstream.workers.runtime.admin import create_topics, create_topics_async
 
 __all__ = [
     "AlertmanagerHandle",

@@ -16,10 +16,10 @@ from dpstream.topology.errors import ConfigError
 from dpstream.workers.localstack import sysdeps
 from dpstream.workers.localstack.errors import ServiceStartError
 from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
-from dpstream.workers.localstack.kafka_admin import broker_ready
 from dpstream.workers.localstack.kafka_libs import ensure_libs
 from dpstream.workers.localstack.paths import default_home, render_template, repo_deploy_dir
 from dpstream.workers.localstack.ports import HOST, port_open
+from dpstream.workers.runtime.admin import broker_ready
 
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -103,7 +103,7 @@ class KafkaHandle(ServiceHandle):
 
     def create_topics(self, names: list[str], partitions: int | None = None) -> list[str]:
         """Create missing topics on this broker (idempotent); returns those created now."""
-        from dpstream.workers.localstack.kafka_admin import create_topics
+        from dpstream.workers.runtime.admin import create_topics
 
         return create_topics(self.bootstrap, names, partitions or self.partitions)
 

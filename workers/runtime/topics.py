@@ -16,6 +16,7 @@ __all__ = [
 from dataclasses import dataclass
 
 from dpstream.topology.model import Source, Topology
+from dpstream.workers.runtime.admin import create_topics
 
 
 def repartition_topic(source: Source) -> str:
@@ -68,8 +69,6 @@ def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
 
 def ensure_topics(bootstrap: str, topology: Topology, partitions: int = 4) -> list[str]:
     """Create the topology's missing topics (existing ones are left alone); returns those created."""
-    from dpstream.workers.localstack.kafka_admin import create_topics
-
     return create_topics(bootstrap, topic_names(topology).all, partitions, configs=topic_configs(topology))
 
 

@@ -1,20 +1,27 @@
-"""Small admin calls against a broker through aiokafka: is it up, and create topics (idempotent)."""
+"""Kafka topic administration through aiokafka: is the broker up, and create topics (idempotent).
+
+The worker creates its topology's topics at start (`runtime.topics.ensure_topics`); the local
+stack, the test fixtures and the benchmarks use the same calls. This module is part of the
+runtime, so it needs only a reachable broker, never a checkout of the repository.
+"""
 
 from __future__ import annotations
 
-__all__ = ["broker_ready", "create_topics", "create_topics_async"]
+__all__ = ["TopicAdminError", "broker_ready", "create_topics", "create_topics_async"]
 
 import asyncio
 import concurrent.futures
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from dpstream.topology.errors import ConfigError
-
-from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.topology.errors import ConfigError, DpstreamError
 
 _T = TypeVar("_T")
 _TOPIC_ALREADY_EXISTS = 36
+
+
+class TopicAdminError(DpstreamError):
+    """The broker did not create or describe topics (unreachable, or partitions without a leader in time)."""
 
 
 def _run(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -56,7 +63,9 @@ async def create_topics_async(
 ) -> list[str]:
     """Create the topics that do not exist yet (replication 1) and wait until every partition has a leader.
 
-    Returns the names created now; existing topics are left as they are.
+    `configs` maps a topic name to its topic configs at creation, e.g. source topics get
+    `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival, DESIGN §3). Returns the
+    names created now; existing topics are left as they are (their configs are not changed).
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaError, for_code
@@ -84,7 +93,7 @@ async def create_topics_async(
         await _wait_leaders(admin, wanted, timeout_s)
         return created
     except KafkaError as exc:
-        raise ServiceStartError(f"Kafka at {bootstrap}: topic creation failed: {exc!r}") from exc
+        raise TopicAdminError(f"Kafka at {bootstrap}: topic creation failed: {exc!r}") from exc
     finally:
         await admin.close()
 
@@ -103,7 +112,7 @@ async def _wait_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
         if ok >= set(names):
             return
         if loop.time() >= deadline:
-            raise ServiceStartError(f"topics {sorted(set(names) - ok)} have no partition leader after {timeout_s:.0f} s")
+            raise TopicAdminError(f"topics {sorted(set(names) - ok)} have no partition leader after {timeout_s:.0f} s")
         await asyncio.sleep(0.1)
 
 
