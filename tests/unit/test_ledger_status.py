@@ -6,8 +6,8 @@ import asyncio
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.periods import period_id
-from dpstream.workers.commands.budget import status_json
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.reporting import status_json
 from dpstream.workers.ledger.samples import ManualClock
 
 _YAML = """

@@ -1,19 +1,7 @@
 """`dpstream budget status|history|audit|reconcile|grant`: where each budget scope stands, from the ledger.
 
-`budget status --json` prints one object (the README quotes this shape):
-
-    {"scopes": [{
-        "scope": "web-daily", "accounting": "zcdp", "state": "normal",     # normal | warning | open
-        "period": {"id": "2026-11-30", "start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z",
-                   "seconds_left": 38400},
-        "cap": 0.024356, "spent": 0.0071, "ratio": 0.2915,                 # in the scope's currency (ρ or ε)
-        "epsilon_equiv": 0.49, "delta": 1e-06, "warn_at": 0.8,             # ε of the spend at δ (zCDP), or ε itself
-        "releases": {"granted": 812, "refused": 0},
-        "reserve_left": 0.004871, "pool_left": 0.012414,
-        "projected": {"spend": 0.0112, "ratio": 0.46},                     # at the current rate, at period end
-        "breaker": null,                                                   # or {"manual", "reason", "actor", "at"}
-        "units": {"cap": 24356000000, "spent": 7100000000}                 # exact integers (1e-12)
-    }]}
+`budget status --json` prints one object, `{"scopes": [...]}`, each scope in the shape that
+`dpstream.workers.ledger.reporting.status_json` documents (the README quotes it).
 
 The ledger is found by `--redis URL`, else the topology's `redis.url` (`--topology FILE`), else
 `$DPSTREAM_REDIS`, else redis://localhost:6379/0. Reading never changes the ledger.
@@ -21,7 +9,7 @@ The ledger is found by `--redis URL`, else the topology's `redis.url` (`--topolo
 
 from __future__ import annotations
 
-__all__ = ["register", "open_cli_ledger", "iso", "status_json"]
+__all__ = ["register", "add_ledger_args", "default_actor", "open_cli_ledger"]
 
 import argparse
 import asyncio
@@ -36,14 +24,10 @@ from dpstream.topology.durations import parse_duration
 from dpstream.topology.errors import ConfigError
 
 from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
+from dpstream.workers.ledger.reporting import iso, status_json
 from dpstream.workers.ledger.units import units_to_float
 
 _DEFAULT_REDIS = "redis://localhost:6379/0"
-
-
-def iso(ts: float) -> str:
-    """UTC ISO-8601 with a Z, to the second."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def add_ledger_args(parser: argparse.ArgumentParser) -> None:
@@ -88,32 +72,6 @@ async def _scopes(ledger: Ledger, args: argparse.Namespace, topo_scopes: list[st
     if not scopes:
         raise ConfigError("no budget scope is registered in this ledger: start a worker with the topology first")
     return scopes
-
-
-def status_json(s: ScopeStatus) -> dict[str, Any]:
-    """One scope's status as the documented JSON object."""
-    return {
-        "scope": s.scope,
-        "accounting": s.accounting,
-        "state": s.state.value,
-        "period": {"id": s.period_id, "start": iso(s.period_start), "end": iso(s.period_end),
-                   "seconds_left": s.seconds_to_period_end},
-        "cap": s.cap,
-        "spent": s.spent,
-        "ratio": s.ratio,
-        "epsilon_equiv": s.epsilon_equiv,
-        "delta": s.delta,
-        "delta_spent": s.delta_spent, "delta_cap": s.delta_cap,  # partition-selection δ of the period
-        "warn_at": s.warn_at,
-        "releases": {"granted": s.granted, "refused": s.refused},
-        "reserve_left": s.reserve_left,
-        "pool_left": s.pool_left,
-        "projected": {"spend": s.projected_spend, "ratio": s.projected_ratio},
-        "breaker": None if s.breaker is None else {
-            "manual": s.breaker.manual, "reason": s.breaker.reason, "actor": s.breaker.actor,
-            "at": iso(s.breaker.at_ms / 1000)},
-        "units": {"cap": s.cap_units, "spent": s.spent_units},
-    }
 
 
 def _status_text(s: ScopeStatus) -> str:

@@ -112,8 +112,8 @@ async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, relea
 
     from aiokafka import AIOKafkaConsumer
 
-    from dpstream.workers.commands.budget import status_json
     from dpstream.workers.ledger import open_ledger
+    from dpstream.workers.ledger.reporting import status_json
 
     logging.getLogger("aiokafka").setLevel(logging.ERROR)  # leader moves on fresh topics are retried, not news
     tally = ReleaseTally()
