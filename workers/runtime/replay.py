@@ -24,7 +24,7 @@ from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Topology
 from dpstream.topology.periods import period_start
 from dpstream.workers.ledger import Ledger
-from dpstream.workers.pipeline import BatchOutput, PartialMerger, PartitionPipeline
+from dpstream.workers.pipeline import BatchOutput, MergedWindow, PartialMerger, PartitionPipeline
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import EventParser, decode_json
 from dpstream.workers.release import Publish, ReleaseCounts, Releaser, ReleaseResult
@@ -108,12 +108,13 @@ async def replay_lines(
     offsets = [0] * partitions
     dead_letters = 0
 
+    merged_windows: list[MergedWindow] = []
+
     async def handle(out: BatchOutput) -> None:
         nonlocal dead_letters
         dead_letters += len(out.dead_letters)
         for partial in out.partials:
-            for merged in mergers[partial.metric].add(partial):
-                summary.results.append(await releaser.release_merged(merged, publish))
+            merged_windows.extend(mergers[partial.metric].add(partial))
 
     batches: list[list[ReplayRecord]] = [[] for _ in range(partitions)]
     pending = 0
@@ -135,8 +136,13 @@ async def replay_lines(
     for pipe in pipes:
         await handle(pipe.flush())
     for merger in mergers.values():
-        for merged in merger.drain():
-            summary.results.append(await releaser.release_merged(merged, publish))
+        merged_windows.extend(merger.drain())
+    # Release in the order a live worker would: by close time, then metric. Releasing one metric's
+    # whole range before the next would price every release as if the others' were still to come.
+    order = {m.name: i for i, m in enumerate(metrics)}
+    merged_windows.sort(key=lambda w: (w.end, order[w.metric], w.start))
+    for merged in merged_windows:
+        summary.results.append(await releaser.release_merged(merged, publish))
     for pipe in pipes:
         c = pipe.refresh_counts()
         e = summary.events
