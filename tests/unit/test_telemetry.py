@@ -1,0 +1,407 @@
+"""Telemetry arithmetic and rendering without servers: planned ratio, spent total, the budget reader on the
+in-process ledger, the worker collector on stand-in counters, the ledger timing proxy, the histograms."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.periods import period_id
+from dpstream.topology.plan import build_plan
+from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.events import REASONS
+from dpstream.workers.release.outcomes import ReleaseOutcome
+from dpstream.workers.telemetry.budget import (
+    BudgetCollector,
+    BudgetReader,
+    LedgerSource,
+    SpentTotals,
+    planned_ratio,
+    planned_spend_rate,
+    planned_spent,
+    windows_ended,
+)
+from dpstream.workers.telemetry.histogram import LabelledHistogram
+from dpstream.workers.telemetry.ledger_proxy import LEDGER_OPS, LedgerTimings, TimedLedger
+from dpstream.workers.telemetry.worker import WorkerCollector, fold_event_counts, noise_stddev
+
+DAY = 86_400
+HOUR = 3_600
+P0 = (1_796_000_000 // DAY) * DAY  # a UTC day boundary (2026-11-29)
+
+_YAML = """
+version: 1
+sources:
+  s: {{topic: t, privacy_unit: user_id, timestamp: ts, allowed_lateness: 30s}}
+budgets:
+  b: {{epsilon: 1.0, delta: 1.0e-6, accounting: {accounting}, period: 1d, reserve: 0.2, warn_at: 0.8}}
+metrics:
+  hourly:
+    source: s
+    budget: b
+    weight: 1
+    window: {{tumbling: 1h}}
+    aggregate: count
+    contribution: {{max_per_key: 1}}
+    mechanism: {mechanism}
+  daily:
+    source: s
+    budget: b
+    weight: 3
+    window: {{tumbling: 1d}}
+    aggregate: count
+    contribution: {{max_per_key: 1}}
+    mechanism: {mechanism}
+  sliding:
+    source: s
+    budget: b
+    weight: 2
+    window: {{hopping: 2h, every: 1h}}
+    aggregate: count
+    contribution: {{max_per_key: 1}}
+    mechanism: {mechanism}
+sinks: {{releases: r, dead_letter: d}}
+"""
+
+
+def _topology(accounting: str = "zcdp"):
+    mechanism = "gaussian" if accounting == "zcdp" else "laplace"
+    return load_topology_text(_YAML.format(accounting=accounting, mechanism=mechanism))
+
+
+# ---- plan arithmetic --------------------------------------------------------------------------------
+
+
+def test_windows_ended_tumbling_hopping_and_the_period_edges() -> None:
+    end = P0 + DAY
+    assert windows_ended(P0, end, HOUR, HOUR, P0) == 0
+    assert windows_ended(P0, end, HOUR, HOUR, P0 + HOUR - 0.001) == 0
+    assert windows_ended(P0, end, HOUR, HOUR, P0 + HOUR) == 1  # [P0, P0+1h) has just ended
+    assert windows_ended(P0, end, HOUR, HOUR, P0 + 12.5 * HOUR) == 12
+    assert windows_ended(P0, end, HOUR, HOUR, end) == 24
+    assert windows_ended(P0, end, HOUR, HOUR, end + 5 * DAY) == 24  # only this period's windows
+    assert windows_ended(P0, end, DAY, DAY, end - 1) == 0 and windows_ended(P0, end, DAY, DAY, end) == 1
+    # hopping 2h every 1h: 24 windows start in the period; the last one ends an hour into the next period
+    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + HOUR) == 0
+    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + 2 * HOUR) == 1
+    assert windows_ended(P0, end, 2 * HOUR, HOUR, end) == 23
+    assert windows_ended(P0, end, 2 * HOUR, HOUR, end + HOUR) == 24
+    # the window starting an hour before the period belongs to the previous period, not this one
+    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + HOUR + 1) == 0
+    assert windows_ended(P0, end, HOUR, HOUR, P0 - HOUR) == 0
+
+
+def test_planned_ratio_spreads_the_pool_by_weight_over_each_metrics_releases() -> None:
+    """weights 1 : 3 : 2 over a pool of 0.8 cap: hourly 24, daily 1, sliding 24 releases a day."""
+    scope = build_plan(_topology()).scope("b")
+    end = P0 + DAY
+    assert planned_ratio(scope, P0, end, P0) == 0.0
+    # 12.5 h in: hourly has 12 of 24 ended, daily 0 of 1, sliding 11 of 24
+    want = 0.8 * (1 / 6 * 12 / 24 + 3 / 6 * 0 + 2 / 6 * 11 / 24)
+    assert math.isclose(planned_ratio(scope, P0, end, P0 + 12.5 * HOUR), want, rel_tol=1e-9)
+    assert math.isclose(planned_spent(scope, P0, end, P0 + 12.5 * HOUR), want * scope.cap, rel_tol=1e-9)
+    # at the period's end everything but the sliding window that straddles into the next day has ended
+    at_end = 0.8 * (1 / 6 + 3 / 6 + 2 / 6 * 23 / 24)
+    assert math.isclose(planned_ratio(scope, P0, end, end), at_end, rel_tol=1e-9)
+    # an hour later the plan has spent the whole pool: 1 - reserve of the cap
+    assert math.isclose(planned_ratio(scope, P0, end, end + HOUR), 0.8, rel_tol=1e-9)
+    # monotone in time
+    ratios = [planned_ratio(scope, P0, end, P0 + t) for t in range(0, DAY + 2 * HOUR, 600)]
+    assert ratios == sorted(ratios)
+
+
+@pytest.mark.parametrize("accounting", ["zcdp", "pure"])
+def test_planned_spend_rate_is_the_pool_over_the_period(accounting: str) -> None:
+    scope = build_plan(_topology(accounting)).scope("b")
+    assert math.isclose(planned_spend_rate(scope), scope.cap * 0.8 / DAY, rel_tol=1e-12)
+    assert math.isclose(planned_spend_rate(scope) * DAY, scope.planned_total, rel_tol=1e-9)
+
+
+def test_spent_total_sums_blocks_and_never_goes_down() -> None:
+    block = lambda pid, units: SimpleNamespace(period_id=pid, spent_units=units)  # noqa: E731
+    totals = SpentTotals()
+    totals.update("b", [block("d3", 5), block("d2", 100), block("d1", 1000)])  # a full read
+    assert totals.units("b") == 1105
+    totals.update("b", [block("d3", 7)])  # a recent-blocks read: older blocks still count
+    assert totals.units("b") == 1107
+    totals.update("b", [block("d4", 1), block("d3", 6)])  # a new period; a stale smaller read is ignored
+    assert totals.units("b") == 1108
+    assert totals.units("other") == 0
+
+
+# ---- the budget reader on the in-process ledger -----------------------------------------------------
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _request(rid: str, metric: str, start: int, end: int, cost: float) -> ReleaseRequest:
+    return ReleaseRequest(rid, "b", period_id(DAY, start), metric, start, end, cost, b"{}")
+
+
+def test_budget_reader_matches_status_and_sums_history_across_periods() -> None:
+    topology = _topology()
+    clock = _Clock(P0 + 5 * HOUR)
+
+    async def body():
+        ledger = await open_ledger("memory", topology, clock=clock)
+        assert (await ledger.charge(_request("r1", "hourly", P0, P0 + HOUR, 1e-4))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(_request("r2", "hourly", P0 + HOUR, P0 + 2 * HOUR, 2e-4))).outcome \
+            is Outcome.GRANTED
+        reader = BudgetReader(topology, clock=clock)
+        first = (await reader.read(ledger))[0]
+        status1 = await ledger.status("b")
+        clock.t = P0 + DAY + 3 * HOUR  # next day
+        assert (await ledger.charge(_request("r3", "hourly", P0 + DAY, P0 + DAY + HOUR, 5e-5))).outcome \
+            is Outcome.GRANTED
+        second = (await reader.read(ledger))[0]
+        status2 = await ledger.status("b")
+        history = await ledger.history("b", 100)
+        return first, status1, second, status2, history
+
+    first, status1, second, status2, history = asyncio.run(body())
+    assert first.ratio == status1.ratio and first.spent == status1.spent and first.cap == status1.cap
+    assert first.currency == "rho" and first.state == "normal" and not first.breaker_open
+    assert first.warn_ratio == 0.8 and math.isclose(first.reserve_ratio, 0.2, rel_tol=1e-9)
+    assert first.period_end - first.period_start == DAY and first.period_start == P0
+    assert first.spent_total == first.spent  # one period so far (charges are rounded up to a 1e-12 unit)
+    assert math.isclose(first.spent_total, 3e-4, abs_tol=1e-11)
+    plan = build_plan(_topology()).scope("b")
+    assert first.planned_ratio == planned_ratio(plan, P0, P0 + DAY, P0 + 5 * HOUR)
+    assert second.ratio == status2.ratio and second.period_start == P0 + DAY
+    assert len(history) == 2
+    assert second.spent_total == sum(b.spent_units for b in history) / 10**12
+    assert second.spent_total > first.spent_total
+
+
+def test_budget_collector_renders_every_budget_family_and_ledger_up() -> None:
+    topology = _topology("pure")
+    clock = _Clock(P0 + 5 * HOUR)
+
+    async def body() -> bytes:
+        ledger = await open_ledger("memory", topology, clock=clock)
+        await ledger.charge(_request("r1", "hourly", P0, P0 + HOUR, 0.01))
+        collector = BudgetCollector(LedgerSource("memory", shared=lambda: ledger), BudgetReader(topology, clock=clock))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        assert await collector.refresh()
+        return generate_latest(registry)
+
+    text = asyncio.run(body()).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("dpstream_ledger_up", ())] == 1.0
+    assert samples[("dpstream_budget_cap", (("currency", "epsilon"), ("scope", "b")))] == 1.0
+    spent = samples[("dpstream_budget_spent", (("currency", "epsilon"), ("scope", "b")))]
+    assert math.isclose(spent, 0.01, abs_tol=1e-11)  # charges round up to a 1e-12 unit
+    assert samples[("dpstream_budget_spent_ratio", (("scope", "b"),))] == spent  # cap 1
+    assert samples[("dpstream_budget_spent_total", (("currency", "epsilon"), ("scope", "b")))] == spent
+    assert samples[("dpstream_budget_epsilon_spent", (("scope", "b"),))] == spent
+    assert samples[("dpstream_budget_period_seconds", (("scope", "b"),))] == DAY
+    assert samples[("dpstream_budget_period_end_timestamp_seconds", (("scope", "b"),))] == P0 + DAY
+    assert math.isclose(samples[("dpstream_budget_planned_spend_rate", (("currency", "epsilon"), ("scope", "b")))],
+                        0.8 / DAY)
+    assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "normal")))] == 1.0
+    assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "warning")))] == 0.0
+    assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "open")))] == 0.0
+    assert samples[("dpstream_breaker_open", (("scope", "b"),))] == 0.0
+    for name in ("dpstream_budget_warn_ratio", "dpstream_budget_planned_ratio", "dpstream_budget_reserve_ratio"):
+        assert (name, (("scope", "b"),)) in samples
+    assert "# TYPE dpstream_budget_spent_total counter" in text
+
+
+def test_budget_collector_reports_a_failing_ledger_as_down_and_serves_no_stale_gauge() -> None:
+    class Broken:
+        async def scopes(self):  # noqa: ANN202
+            raise LedgerUnavailable("down")
+
+        async def status(self, scope):  # noqa: ANN001, ANN202
+            raise LedgerUnavailable("down")
+
+    topology = _topology()
+    healthy = {"ledger": None}
+
+    async def body() -> list[str]:
+        ledger = await open_ledger("memory", topology, clock=_Clock(P0 + HOUR))
+        healthy["ledger"] = ledger
+        collector = BudgetCollector(LedgerSource("memory", shared=lambda: healthy["ledger"]), BudgetReader(topology))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        out = []
+        assert await collector.refresh()
+        out.append(generate_latest(registry).decode())
+        healthy["ledger"] = Broken()
+        assert not await collector.refresh()
+        out.append(generate_latest(registry).decode())
+        return out
+
+    up, down = asyncio.run(body())
+    assert "dpstream_ledger_up 1.0" in up and "dpstream_budget_spent_ratio{" in up
+    assert "dpstream_ledger_up 0.0" in down and "dpstream_budget_" not in down
+
+
+# ---- the worker collector ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    outcomes: Counter = field(default_factory=Counter)
+    retries: Counter = field(default_factory=Counter)
+    last_payload: dict = field(default_factory=dict)
+
+
+class _ReleaseSide:
+    def __init__(self, topology) -> None:  # noqa: ANN001
+        self.stats = _Stats()
+        self.latency = LabelledHistogram("metric", topology.metrics, (0.1, 1.0))
+        self.ledger_timings = LedgerTimings()
+        self.releaser = SimpleNamespace(counts=SimpleNamespace(swept=2))
+        self.windows: dict[str, list[int]] = {}
+
+    def open_windows(self) -> dict[str, list[int]]:
+        return self.windows
+
+
+class _Ingest:
+    def __init__(self) -> None:
+        self.revoked_counts: dict[str, EventCounts] = {}
+        self.live: list = []
+
+    def pipelines(self) -> list:
+        return self.live
+
+
+def _samples(collector) -> dict:  # noqa: ANN001
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_worker_collector_release_side() -> None:
+    topology = _topology()
+    side = _ReleaseSide(topology)
+    now = P0 + 10 * HOUR
+    side.stats.outcomes[("hourly", "published")] += 3
+    side.stats.outcomes[("hourly", "ledger_unavailable")] += 1
+    side.stats.retries["hourly"] += 1
+    side.stats.last_payload["hourly"] = json.dumps({"noise": {"scale": 2.0, "stddev": 2.5}}).encode()
+    side.latency.observe("hourly", 0.05)
+    side.latency.observe("hourly", 0.5)
+    side.windows = {"hourly": [P0 + 9 * HOUR, P0 + 8 * HOUR], "daily": []}
+    got = _samples(WorkerCollector(topology, releases=side, clock=lambda: now))
+    for m in topology.metrics:
+        for o in ReleaseOutcome:
+            assert (("dpstream_releases_total", (("metric", m), ("outcome", o.value)))) in got
+    assert got[("dpstream_releases_total", (("metric", "hourly"), ("outcome", "published")))] == 3
+    assert got[("dpstream_releases_total", (("metric", "hourly"), ("outcome", "ledger_unavailable")))] == 1
+    assert got[("dpstream_release_retries_total", (("metric", "hourly"),))] == 1
+    assert got[("dpstream_release_noise_stddev", (("metric", "hourly"),))] == 2.5
+    assert ("dpstream_release_noise_stddev", (("metric", "daily"),)) not in got  # nothing released yet
+    assert got[("dpstream_release_lag_seconds", (("metric", "hourly"),))] == 2 * HOUR - 30  # oldest, lateness 30 s
+    assert got[("dpstream_release_lag_seconds", (("metric", "daily"),))] == 0
+    assert got[("dpstream_windows_pending", (("metric", "hourly"),))] == 2
+    assert got[("dpstream_release_latency_seconds_bucket", (("le", "0.1"), ("metric", "hourly")))] == 1
+    assert got[("dpstream_release_latency_seconds_bucket", (("le", "+Inf"), ("metric", "hourly")))] == 2
+    assert got[("dpstream_release_latency_seconds_count", (("metric", "daily"),))] == 0
+    assert got[("dpstream_releases_swept_total", ())] == 2
+    for op in LEDGER_OPS:
+        assert got[("dpstream_ledger_errors_total", (("op", op),))] == 0
+        assert got[("dpstream_ledger_request_duration_seconds_count", (("op", op),))] == 0
+    info = [dict(k[1]) for k, v in got.items() if k[0] == "dpstream_build_info" and v == 1]
+    assert len(info) == 1 and info[0]["topology_version"] == topology.topology_version and info[0]["version"]
+    assert not any(k[0].startswith("dpstream_events") for k in got)  # a release-only process
+
+
+def test_worker_collector_events_stay_monotone_across_a_revoke() -> None:
+    topology = _topology()
+    ingest = _Ingest()
+    p0 = SimpleNamespace(source=SimpleNamespace(name="s"), counts=EventCounts(accepted=10, late=2,
+                                                                                invalid=Counter({"not_json": 3})))
+    p0.refresh_counts = lambda: p0.counts
+    p1 = SimpleNamespace(source=SimpleNamespace(name="s"), counts=EventCounts(accepted=5, capped=4, clamped=1))
+    p1.refresh_counts = lambda: p1.counts
+    ingest.live = [p0, p1]
+    collector = WorkerCollector(topology, ingest=ingest)
+    before = _samples(collector)
+    assert before[("dpstream_events_total", (("outcome", "accepted"), ("source", "s")))] == 15
+    assert before[("dpstream_events_total", (("outcome", "invalid"), ("source", "s")))] == 3
+    assert before[("dpstream_events_total", (("outcome", "capped"), ("source", "s")))] == 4
+    for reason in REASONS:
+        assert ("dpstream_dead_letters_total", (("reason", reason), ("source", "s"))) in before
+    # p0 is revoked: its totals fold into the source's base (what IngestService.drop_partitions does)
+    fold_event_counts(ingest.revoked_counts.setdefault("s", EventCounts()), p0.refresh_counts())
+    ingest.live = [p1]
+    after = _samples(collector)
+    for key, value in before.items():
+        if key[0] in ("dpstream_events_total", "dpstream_dead_letters_total"):
+            assert after[key] == value, key
+    assert not any(k[0].startswith("dpstream_releases") for k in after)  # an ingest-only process
+
+
+def test_noise_stddev_plain_mean_and_top_k() -> None:
+    assert noise_stddev(b'{"noise": {"scale": 1.0, "stddev": 1.41}}') == 1.41
+    assert noise_stddev(b'{"noise": {"sum": {"scale": 4, "stddev": 5.5}, "count": {"stddev": 1.0}}}') == 5.5
+    assert noise_stddev(b'{"noise": {"scale": 3.0, "stddev": null}}') is None
+    assert noise_stddev(b"not json") is None
+
+
+# ---- the ledger timing proxy and histograms ---------------------------------------------------------
+
+
+def test_timed_ledger_times_the_five_calls_counts_errors_and_passes_the_rest() -> None:
+    class Fake:
+        backend = "fake"
+
+        async def quote(self, *a):  # noqa: ANN002, ANN202
+            return "q"
+
+        async def charge(self, req):  # noqa: ANN001, ANN202
+            raise LedgerUnavailable("down")
+
+        async def status(self, scope):  # noqa: ANN001, ANN202
+            return scope
+
+    timings = LedgerTimings()
+    timed = TimedLedger(Fake(), timings)
+
+    async def body() -> None:
+        assert await timed.quote("m", 0, 1) == "q"
+        with pytest.raises(LedgerUnavailable):
+            await timed.charge(object())
+        assert await timed.status("b") == "b"  # not timed
+
+    asyncio.run(body())
+    assert timed.backend == "fake"
+    assert timings.durations.count("quote") == 1 and timings.durations.count("charge") == 1
+    assert timings.errors["charge"] == 1 and timings.errors["quote"] == 0
+    assert sum(timings.durations.count(op) for op in LEDGER_OPS) == 2
+
+
+def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
+    h = LabelledHistogram("op", ["a"], (0.1, 1.0))
+    for v in (0.1, 0.5, 1.0, 7.0, float("nan")):
+        h.observe("a", v)
+    fam = h.family("x_seconds", "doc")
+    got = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
+    assert got[("x_seconds_bucket", "0.1")] == 1
+    assert got[("x_seconds_bucket", "1.0")] == 3
+    assert got[("x_seconds_bucket", "+Inf")] == 4
+    assert got[("x_seconds_count", None)] == 4 and math.isclose(got[("x_seconds_sum", None)], 8.6)

@@ -1,0 +1,398 @@
+"""Budget gauges read from the ledger at scrape time (DESIGN §7), for every worker and the exporter.
+
+A scrape first awaits the ledger (`BudgetCollector.refresh`, under a timeout, on the caller's event
+loop), then renders what it read (`collect`, synchronous, no I/O): the page handler never blocks the
+loop on Redis, and the figures of one scrape come from one pass over the ledger.
+
+Per `scope` (the topology's budget scopes that are registered in the ledger):
+
+    dpstream_budget_cap{scope,currency}                this period's cap (ρ* or ε), from its block
+    dpstream_budget_spent{scope,currency}              spent this period
+    dpstream_budget_spent_ratio{scope}                 spent / cap: `dpstream budget status --json`'s ratio
+    dpstream_budget_warn_ratio{scope}                  the scope's warn_at
+    dpstream_budget_planned_ratio{scope}               what the static plan has spent by now, / cap
+    dpstream_budget_spent_total{scope,currency}        counter: spend summed over every period block
+    dpstream_budget_planned_spend_rate{scope,currency} pool / period seconds: currency per second on plan
+    dpstream_budget_epsilon_spent{scope}               ε-equivalent of this period's spend
+    dpstream_budget_period_end_timestamp_seconds{scope}
+    dpstream_budget_period_seconds{scope}
+    dpstream_budget_reserve_ratio{scope}               reserve / cap of this period
+    dpstream_budget_projected_ratio{scope}             spend at the current rate, at period end, / cap
+    dpstream_budget_state{scope,state}                 1 for the current of normal|warning|open
+    dpstream_breaker_open{scope}
+    dpstream_ledger_up                                 1 if the ledger answered this scrape
+
+`currency` is `rho` for zCDP scopes and `epsilon` for pure ones. Everything here is a budget figure
+of the ledger or of the topology's plan: no event, key, unit or aggregate reaches this module.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CURRENCY",
+    "BudgetCollector",
+    "BudgetReader",
+    "LedgerSource",
+    "ScopeFigures",
+    "SpentTotals",
+    "planned_ratio",
+    "planned_spend_rate",
+    "planned_spent",
+    "windows_ended",
+]
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import Topology
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+
+_log = logging.getLogger(__name__)
+
+CURRENCY = {"zcdp": "rho", "pure": "epsilon"}
+"""The `currency` label of a scope's accounting."""
+
+STATES = ("normal", "warning", "open")
+"""Values of the `state` label of `dpstream_budget_state` (the ledger's `State`)."""
+
+RECENT_BLOCKS = 3
+"""Period blocks re-read at every scrape for `spent_total` (the current one and the two before it:
+a late window or a straddling charge still lands there)."""
+
+FULL_REFRESH_S = 300.0
+"""Every block is re-read this often (and at the first scrape); older blocks rarely change."""
+
+ALL_BLOCKS = 1_000_000
+"""`history` limit that reads every block."""
+
+READ_TIMEOUT_S = 5.0
+"""A scrape gives up on the ledger after this long and reports `dpstream_ledger_up 0`."""
+
+
+# ---- plan arithmetic (pure) -------------------------------------------------------------------
+
+
+def windows_ended(period_start: int, period_end: int, size_s: int, every_s: int, now: float) -> int:
+    """How many of one metric's windows belonging to the period [period_start, period_end) have
+    ended by `now`. A window belongs to the period its start lies in (the period it is charged to);
+    starts are multiples of `every_s` (the public schedule's grid); window [s, s + size_s) has ended
+    when s + size_s <= now."""
+    if every_s <= 0 or size_s <= 0 or period_end <= period_start:
+        return 0
+    first = -(-period_start // every_s) * every_s
+    last_in_period = ((period_end - 1) // every_s) * every_s
+    last_ended = math.floor((now - size_s) / every_s) * every_s
+    last = min(last_in_period, last_ended)
+    return 0 if last < first else int((last - first) // every_s) + 1
+
+
+def planned_spent(scope_plan: Any, period_start: int, period_end: int, now: float) -> float:
+    """What the static plan (`topology.plan.scope_plan`) has spent by `now` in the period: each
+    metric's per-release cost (the pool spread by weight over its releases per period) times its
+    windows of the period that have ended. Reaches the pool when the period's last window ends."""
+    return math.fsum(
+        m.per_release_cost * windows_ended(period_start, period_end, m.window_size_s, m.window_every_s, now)
+        for m in scope_plan.metrics
+    )
+
+
+def planned_ratio(scope_plan: Any, period_start: int, period_end: int, now: float) -> float:
+    """`planned_spent` over the plan's cap: 0 at the period start, 1 − reserve at its end."""
+    cap = float(scope_plan.cap)
+    return planned_spent(scope_plan, period_start, period_end, now) / cap if cap > 0 else 0.0
+
+
+def planned_spend_rate(scope_plan: Any) -> float:
+    """Currency per second the plan spends: the pool over the period's length (the burn-rate
+    denominator: rate(dpstream_budget_spent_total) / this = 1 on plan)."""
+    period_s = float(scope_plan.period_s)
+    return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
+
+
+class SpentTotals:
+    """`dpstream_budget_spent_total`: a scope's spend summed over its period blocks, in units.
+
+    Each block's spend only grows (the ledger never refunds), so the largest spend seen per block is
+    kept: a scrape that re-reads only the newest blocks still counts every older one, and the total
+    never goes down (a counter, safe for `rate()`)."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, dict[str, int]] = {}
+
+    def update(self, scope: str, blocks: Iterable[Any]) -> None:
+        """Merge `PeriodSummary`-like blocks (period_id, spent_units) of one scope."""
+        seen = self._blocks.setdefault(scope, {})
+        for block in blocks:
+            units = int(block.spent_units)
+            if units > seen.get(block.period_id, -1):
+                seen[block.period_id] = units
+
+    def units(self, scope: str) -> int:
+        """Total spent units of `scope` over every block seen."""
+        return sum(self._blocks.get(scope, {}).values())
+
+
+# ---- what one scrape reads --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScopeFigures:
+    """One scope's budget figures at one scrape."""
+
+    scope: str
+    currency: str
+    cap: float
+    spent: float
+    ratio: float
+    warn_ratio: float
+    epsilon_spent: float
+    period_start: int
+    period_end: int
+    state: str
+    breaker_open: bool
+    projected_ratio: float
+    spent_total: float
+    reserve_ratio: float | None
+    planned_ratio: float | None
+    planned_spend_rate: float | None
+
+
+class LedgerSource:
+    """A ledger opened lazily without registering anything (read-only use), reopened after a failure.
+
+    `where` is a redis:// URL. `shared` (optional) returns a ledger another part of the process
+    already holds; it is used for the in-process `memory` backend, which cannot be opened twice."""
+
+    def __init__(
+        self,
+        where: str,
+        *,
+        allow_volatile: bool = False,
+        shared: Callable[[], Any] | None = None,
+        max_connections: int = 4,
+    ) -> None:
+        self.where = where
+        self._allow_volatile = allow_volatile
+        self._shared = shared
+        self._max_connections = max_connections
+        self._ledger: Any = None
+
+    async def get(self) -> Any:
+        """The ledger (opened now if needed); raises what `open_ledger` raises."""
+        if self._ledger is not None:
+            return self._ledger
+        if self.where == "memory":
+            ledger = self._shared() if self._shared is not None else None
+            if ledger is None:
+                raise ConfigError("the in-process ledger is not open in this process")
+            return ledger
+        from dpstream.workers.ledger import open_ledger
+
+        self._ledger = await open_ledger(
+            self.where, None, allow_volatile=self._allow_volatile, actor="telemetry",
+            max_connections=self._max_connections,
+        )
+        return self._ledger
+
+    async def reset(self) -> None:
+        """Drop the connection after a failure; the next `get` opens a new one."""
+        ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            try:
+                await ledger.close()
+            except Exception:  # noqa: BLE001 - it is being discarded because it failed
+                pass
+
+    async def close(self) -> None:
+        """Close the ledger this source opened (not a shared one)."""
+        await self.reset()
+
+
+class BudgetReader:
+    """Reads the figures of the topology's scopes from a ledger (one pass per scrape)."""
+
+    def __init__(self, topology: Topology | None, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._scopes: list[str] = list(topology.budgets) if topology is not None else []
+        self._plans: dict[str, Any] = {}
+        if topology is not None:
+            from dpstream.topology.plan import build_plan
+
+            self._plans = {s.name: s for s in build_plan(topology).scopes}
+        self._totals = SpentTotals()
+        self._full_at: dict[str, float] = {}
+
+    async def scopes(self, ledger: Any) -> list[str]:
+        """The topology's scopes; without a topology, every scope registered in the ledger."""
+        return self._scopes or list(await ledger.scopes())
+
+    async def read(self, ledger: Any) -> list[ScopeFigures]:
+        """Every scope's figures; a scope not registered in the ledger yet is left out. Ledger
+        errors propagate (the scrape reports the ledger down)."""
+        out = []
+        for scope in await self.scopes(ledger):
+            try:
+                out.append(await self._read_scope(ledger, scope))
+            except ConfigError:
+                continue  # not registered yet: no worker of this topology has started
+        return out
+
+    async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
+        status = await ledger.status(scope)
+        mono = time.monotonic()
+        full = mono - self._full_at.get(scope, -math.inf) >= FULL_REFRESH_S
+        blocks = await ledger.history(scope, ALL_BLOCKS if full else RECENT_BLOCKS)
+        if full:
+            self._full_at[scope] = mono
+        self._totals.update(scope, blocks)
+        # the current block (if opened) holds the period's terms; before its first charge the
+        # period will open with the registered ones, which the plan of the same topology shares
+        current = next((b for b in blocks if b.period_id == status.period_id), None)
+        plan = self._plans.get(scope)
+        reserve_ratio: float | None = None
+        if current is not None and current.cap_units > 0:
+            reserve_ratio = current.reserve_units / current.cap_units
+        elif plan is not None:
+            reserve_ratio = float(plan.reserve_fraction)
+        now = self._clock()
+        state = status.state.value if hasattr(status.state, "value") else str(status.state)
+        return ScopeFigures(
+            scope=scope,
+            currency=CURRENCY.get(status.accounting, status.accounting),
+            cap=float(status.cap),
+            spent=float(status.spent),
+            ratio=float(status.ratio),
+            warn_ratio=float(status.warn_at),
+            epsilon_spent=float(status.epsilon_equiv),
+            period_start=int(status.period_start),
+            period_end=int(status.period_end),
+            state=state,
+            breaker_open=status.breaker is not None,
+            projected_ratio=float(status.projected_ratio),
+            spent_total=self._totals.units(scope) / UNITS_PER_CURRENCY,
+            reserve_ratio=reserve_ratio,
+            planned_ratio=(planned_ratio(plan, status.period_start, status.period_end, now)
+                           if plan is not None else None),
+            planned_spend_rate=planned_spend_rate(plan) if plan is not None else None,
+        )
+
+
+class BudgetCollector(Collector):
+    """The budget families of one process: `refresh()` (async) reads the ledger, `collect()` renders.
+
+    Register it in the process's CollectorRegistry; call `refresh()` before `generate_latest` (the
+    `/metrics` handlers do, holding `lock` across both so concurrent scrapes do not interleave)."""
+
+    def __init__(
+        self,
+        source: LedgerSource,
+        reader: BudgetReader,
+        *,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.source = source
+        self.reader = reader
+        self.timeout_s = timeout_s
+        self.lock = asyncio.Lock()
+        self.ledger_up = False
+        self.figures: list[ScopeFigures] = []
+        self._last_error: str | None = None
+
+    async def refresh(self) -> bool:
+        """Read the ledger now; True when it answered. On failure the figures are dropped (no stale
+        gauge is served) and `dpstream_ledger_up` is 0."""
+        try:
+            self.figures = await asyncio.wait_for(self._read(), self.timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to read is "the ledger is down" here
+            self.figures = []
+            self.ledger_up = False
+            await self.source.reset()
+            kind = type(exc).__name__
+            if kind != self._last_error:  # once per kind of failure, never a value or a URL
+                _log.warning("telemetry: budget ledger unreadable (%s); dpstream_ledger_up 0", kind)
+                self._last_error = kind
+            return False
+        if self._last_error is not None:
+            _log.warning("telemetry: budget ledger readable again")
+            self._last_error = None
+        self.ledger_up = True
+        return True
+
+    async def _read(self) -> list[ScopeFigures]:
+        ledger = await self.source.get()
+        return await self.reader.read(ledger)
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("dpstream_ledger_up", "1 if the budget ledger answered this scrape, else 0.",
+                                value=1.0 if self.ledger_up else 0.0)
+        if self.figures:
+            yield from budget_families(self.figures)
+
+
+def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
+    """The budget metric families of `figures` (scopes in the order given)."""
+
+    def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=labels)
+
+    cap = gauge("dpstream_budget_cap", "Cap of the scope's current period in its currency (rho for zCDP, "
+                "epsilon for pure).", ["scope", "currency"])
+    spent = gauge("dpstream_budget_spent", "Spent in the scope's current period, in its currency.",
+                  ["scope", "currency"])
+    ratio = gauge("dpstream_budget_spent_ratio", "Spent / cap of the current period (as `dpstream budget "
+                  "status --json` ratio).", ["scope"])
+    warn = gauge("dpstream_budget_warn_ratio", "The scope's warn_at: spent_ratio at or above it is the "
+                 "warning state (the reserve is being drawn).", ["scope"])
+    planned = gauge("dpstream_budget_planned_ratio", "What the static plan has spent by now in the current "
+                    "period (releases whose windows ended), over the cap.", ["scope"])
+    total = CounterMetricFamily("dpstream_budget_spent_total", "Spend summed over every period block of "
+                                "the scope, in its currency (for rate()).", labels=["scope", "currency"])
+    rate = gauge("dpstream_budget_planned_spend_rate", "Currency per second the plan spends: pool / period "
+                 "seconds.", ["scope", "currency"])
+    eps = gauge("dpstream_budget_epsilon_spent", "Epsilon-equivalent of the current period's spend "
+                "(zCDP converted at the scope's delta; pure: the spend itself).", ["scope"])
+    end = gauge("dpstream_budget_period_end_timestamp_seconds", "End of the scope's current period, Unix "
+                "seconds (UTC boundary).", ["scope"])
+    length = gauge("dpstream_budget_period_seconds", "Length of the scope's budget period in seconds.",
+                   ["scope"])
+    reserve = gauge("dpstream_budget_reserve_ratio", "Reserve / cap of the current period (never planned).",
+                    ["scope"])
+    projected = gauge("dpstream_budget_projected_ratio", "Spend at the current period's average rate, "
+                      "extrapolated to its end, over the cap.", ["scope"])
+    state = gauge("dpstream_budget_state", "1 for the scope's current state (normal, warning, open), 0 for "
+                  "the others.", ["scope", "state"])
+    breaker = gauge("dpstream_breaker_open", "1 while the scope's breaker is open (nothing is released).",
+                    ["scope"])
+    for f in figures:
+        cap.add_metric([f.scope, f.currency], f.cap)
+        spent.add_metric([f.scope, f.currency], f.spent)
+        ratio.add_metric([f.scope], f.ratio)
+        warn.add_metric([f.scope], f.warn_ratio)
+        if f.planned_ratio is not None:
+            planned.add_metric([f.scope], f.planned_ratio)
+        total.add_metric([f.scope, f.currency], f.spent_total)
+        if f.planned_spend_rate is not None:
+            rate.add_metric([f.scope, f.currency], f.planned_spend_rate)
+        eps.add_metric([f.scope], f.epsilon_spent)
+        end.add_metric([f.scope], float(f.period_end))
+        length.add_metric([f.scope], float(f.period_end - f.period_start))
+        if f.reserve_ratio is not None:
+            reserve.add_metric([f.scope], f.reserve_ratio)
+        projected.add_metric([f.scope], f.projected_ratio)
+        for s in STATES:
+            state.add_metric([f.scope, s], 1.0 if f.state == s else 0.0)
+        breaker.add_metric([f.scope], 1.0 if f.breaker_open else 0.0)
+    for fam in (cap, spent, ratio, warn, planned, total, rate, eps, end, length, reserve, projected, state, breaker):
+        if fam.samples:
+            yield fam

@@ -1,0 +1,235 @@
+"""The worker's own metrics, read from its in-process counters at scrape time (DESIGN §7).
+
+Release side (roles `all` and `release`), per `metric` of the topology:
+
+    dpstream_releases_total{metric,outcome}       published|duplicate|refused_budget|refused_breaker|
+                                                  ledger_unavailable|failed, every one present
+    dpstream_release_retries_total{metric}        failed release attempts the dispatcher retries later
+    dpstream_release_latency_seconds{metric}      histogram: close (last partial appended) → published
+    dpstream_release_noise_stddev{metric}         noise σ of the last release published here, in value
+                                                  units (a mean: its sum component's σ; absent for top-k
+                                                  and before the first release)
+    dpstream_release_lag_seconds{metric}          now − C(w) of the oldest window closed but not released
+                                                  (pending in the merger or releasing), C(w) = end +
+                                                  allowed_lateness; 0 when none
+    dpstream_windows_pending{metric}              windows closed but not released (merger + releasing)
+    dpstream_releases_swept_total                 reserved releases the sweeper republished
+    dpstream_ledger_request_duration_seconds{op}  histogram of the releaser's ledger calls
+    dpstream_ledger_errors_total{op}              those calls that raised
+
+Ingest side (roles `all` and `ingest`), per `source`:
+
+    dpstream_events_total{source,outcome}         accepted|invalid|late|capped|clamped (`late` events are
+                                                  also `accepted`: valid, but too late for a window)
+    dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
+
+And `dpstream_build_info{version,topology_version}` 1.
+
+Labels are topology names (metric, source), fixed vocabularies (outcome, reason, op) and versions:
+never a unit, a key, an event field or an aggregate. The release side's windows are read only for
+their public schedule times; the noise σ comes from the published record's `noise` field, which is
+public (the releases topic is).
+"""
+
+from __future__ import annotations
+
+__all__ = ["WorkerCollector", "build_version", "fold_event_counts", "noise_stddev", "EVENT_OUTCOMES"]
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dpstream.topology.model import Topology
+from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.events import REASONS
+from dpstream.workers.release.outcomes import ReleaseOutcome
+
+EVENT_OUTCOMES = ("accepted", "invalid", "late", "capped", "clamped")
+"""Values of the `outcome` label of `dpstream_events_total`."""
+
+
+def build_version() -> str:
+    """The installed dpstream version ("unknown" when not installed as a distribution)."""
+    try:
+        from importlib.metadata import version
+
+        return version("dpstream")
+    except Exception:  # noqa: BLE001 - metadata missing in an uninstalled checkout
+        return "unknown"
+
+
+def _copy(counter: Mapping[str, int]) -> dict[str, int]:
+    """A copy of a Counter another thread may grow (the ingest thread adds dead-letter reasons)."""
+    for _ in range(10):
+        try:
+            return dict(counter)
+        except RuntimeError:  # changed size during iteration: try again
+            continue
+    return {}
+
+
+def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
+    """Add `counts` into `into` (a revoked partition's totals into its source's base) and return it."""
+    into.accepted += counts.accepted
+    into.late += counts.late
+    into.capped += counts.capped
+    into.clamped += counts.clamped
+    into.skipped += counts.skipped
+    for reason, n in _copy(counts.invalid).items():
+        into.invalid[reason] += n
+    return into
+
+
+def noise_stddev(payload: bytes) -> float | None:
+    """σ of a release record's noise (DESIGN §6 `noise {scale, stddev}`), in value units; for a mean
+    (`noise {sum, count}`) the sum component's σ. None when the record has none (top-k)."""
+    try:
+        noise = json.loads(payload).get("noise")
+    except (ValueError, AttributeError, TypeError):
+        return None
+    if isinstance(noise, dict) and "stddev" not in noise and isinstance(noise.get("sum"), dict):
+        noise = noise["sum"]
+    value = noise.get("stddev") if isinstance(noise, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class WorkerCollector(Collector):
+    """Release-side and ingest-side families of one worker process (whichever halves it runs)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        ingest: Any = None,
+        releases: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.topology = topology
+        self.ingest = ingest
+        self.releases = releases
+        self._clock = clock
+        self._version = build_version()
+        self._noise: dict[str, tuple[bytes, float | None]] = {}
+        self._lateness = {name: float(topology.sources[m.source].allowed_lateness_s)
+                          for name, m in topology.metrics.items()}
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("dpstream_build_info", "dpstream version and the topology version this "
+                                 "process runs (always 1).", labels=["version", "topology_version"])
+        info.add_metric([self._version, self.topology.topology_version], 1.0)
+        yield info
+        if self.releases is not None:
+            yield from self._release_families()
+        if self.ingest is not None:
+            yield from self._event_families()
+
+    # ---- release side -------------------------------------------------------------------------
+
+    def _release_families(self) -> Iterator[Metric]:
+        side = self.releases
+        metrics = list(self.topology.metrics)
+        stats = side.stats
+        outcomes = _copy(stats.outcomes)
+        total = CounterMetricFamily("dpstream_releases_total", "Release attempts by outcome (published, "
+                                    "duplicate, refused_budget, refused_breaker, ledger_unavailable, failed).",
+                                    labels=["metric", "outcome"])
+        for m in metrics:
+            for o in ReleaseOutcome:
+                total.add_metric([m, o.value], float(outcomes.get((m, o.value), 0)))
+        yield total
+
+        retries = CounterMetricFamily("dpstream_release_retries_total", "Failed release attempts, each "
+                                      "dispatched again after a backoff (the stored bytes if charged).",
+                                      labels=["metric"])
+        failed = _copy(stats.retries)
+        for m in metrics:
+            retries.add_metric([m], float(failed.get(m, 0)))
+        yield retries
+
+        yield side.latency.family("dpstream_release_latency_seconds",
+                                  "Window close (its last partial appended) to release published, seconds.")
+
+        stddev = GaugeMetricFamily("dpstream_release_noise_stddev", "Noise standard deviation of the last "
+                                   "release published by this process, in value units (a mean: its sum's).",
+                                   labels=["metric"])
+        for m, payload in list(stats.last_payload.items()):
+            value = self._stddev(m, payload)
+            if value is not None:
+                stddev.add_metric([m], value)
+        yield stddev
+
+        now = self._clock()
+        open_windows = side.open_windows()
+        lag = GaugeMetricFamily("dpstream_release_lag_seconds", "Age of the oldest window closed but not "
+                                "released (now − (end + allowed_lateness)); 0 when none.", labels=["metric"])
+        pending = GaugeMetricFamily("dpstream_windows_pending", "Windows closed but not yet released "
+                                    "(waiting for partials or being released).", labels=["metric"])
+        for m in metrics:
+            ends = open_windows.get(m, [])
+            age = max(0.0, now - (min(ends) + self._lateness.get(m, 0.0))) if ends else 0.0
+            lag.add_metric([m], age)
+            pending.add_metric([m], float(len(ends)))
+        yield lag
+        yield pending
+
+        releaser = side.releaser
+        swept = CounterMetricFamily("dpstream_releases_swept", "Reserved releases the sweeper republished "
+                                    "with their stored bytes.")
+        swept.add_metric([], float(releaser.counts.swept if releaser is not None else 0))
+        yield swept
+
+        timings = side.ledger_timings
+        yield timings.durations.family("dpstream_ledger_request_duration_seconds",
+                                       "Duration of the release side's ledger calls, seconds, by op.")
+        errors = CounterMetricFamily("dpstream_ledger_errors_total", "Release-side ledger calls that raised, "
+                                     "by op.", labels=["op"])
+        for op, n in sorted(_copy(timings.errors).items()):
+            errors.add_metric([op], float(n))
+        yield errors
+
+    def _stddev(self, metric: str, payload: bytes) -> float | None:
+        cached = self._noise.get(metric)
+        if cached is not None and cached[0] is payload:
+            return cached[1]
+        value = noise_stddev(payload)
+        self._noise[metric] = (payload, value)
+        return value
+
+    # ---- ingest side --------------------------------------------------------------------------
+
+    def _event_families(self) -> Iterator[Metric]:
+        totals = self.event_totals()
+        events = CounterMetricFamily("dpstream_events_total", "Events read by this worker's ingest, by "
+                                     "outcome (late events are also accepted; capped and clamped count "
+                                     "contributions dropped by L0/L-inf caps and values clamped to bounds).",
+                                     labels=["source", "outcome"])
+        dead = CounterMetricFamily("dpstream_dead_letters_total", "Events sent to the dead-letter topic, by "
+                                   "reason.", labels=["source", "reason"])
+        for source in self.topology.sources:
+            c = totals.get(source) or EventCounts()
+            invalid = _copy(c.invalid)
+            figures = {"accepted": c.accepted, "invalid": sum(invalid.values()), "late": c.late,
+                       "capped": c.capped, "clamped": c.clamped}
+            for outcome in EVENT_OUTCOMES:
+                events.add_metric([source, outcome], float(figures[outcome]))
+            for reason in REASONS:  # the fixed vocabulary; nothing else is ever a reason
+                dead.add_metric([source, reason], float(invalid.get(reason, 0)))
+        yield events
+        yield dead
+
+    def event_totals(self) -> dict[str, EventCounts]:
+        """Per source: the partitions revoked from this worker (their totals at revoke) plus the
+        partitions it owns now: monotone across rebalances."""
+        out: dict[str, EventCounts] = {}
+        for source, base in list(self.ingest.revoked_counts.items()):
+            fold_event_counts(out.setdefault(source, EventCounts()), base)
+        for pipeline in self.ingest.pipelines():
+            fold_event_counts(out.setdefault(pipeline.source.name, EventCounts()), pipeline.refresh_counts())
+        return out
