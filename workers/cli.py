@@ -21,6 +21,7 @@ COMMANDS = (
     "plan",
     "schema",
     "worker",
+    "exporter",
     "replay",
     "produce",
     "demo",

@@ -1,0 +1,64 @@
+"""`dpstream exporter --topology FILE`: serve the budget gauges of a ledger on /metrics, read at scrape time.
+
+The exporter reads the ledger only (it registers nothing): budget gauges exist while every worker is
+down, and a budget shows once however many workers run. With the ledger unreachable it still answers,
+with `dpstream_ledger_up 0`. Like a worker's web port, it is curator-side and binds 127.0.0.1 unless
+`--bind` says otherwise.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+import argparse
+
+DEFAULT_PORT = 9464
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `exporter` sub-command."""
+    parser = subparsers.add_parser(
+        "exporter",
+        help="serve budget gauges from the ledger on /metrics (exists while workers are down)",
+        description="Reads the ledger at every scrape (read-only) for the topology's budget scopes.",
+    )
+    parser.add_argument("--topology", required=True, metavar="FILE", help="topology YAML: its scopes and plan")
+    parser.add_argument("--redis", default=None, metavar="URL", help="ledger Redis (default: the topology's)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address to listen on (default 127.0.0.1); metrics are curator-side: bind wider only on a "
+        "network that only the curator reaches",
+    )
+    parser.add_argument("--allow-volatile", action="store_true",
+                        help="read a Redis without AOF fsync always (loud); otherwise it counts as unavailable")
+    parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import sys
+
+    from dpstream.topology.errors import ConfigError
+    from dpstream.topology.loader import load_topology
+    from dpstream.workers.telemetry.exporter import exporter_telemetry, serve
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port}: out of range; give 1-65535")
+    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    topology = load_topology(args.topology)
+    url = args.redis or topology.redis.url
+    if url == "memory":
+        raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
+    telemetry = exporter_telemetry(topology, url, allow_volatile=args.allow_volatile)
+    print(f"dpstream exporter: serving http://{args.bind}:{args.port}/metrics "
+          f"({len(topology.budgets)} budget scope(s))", file=sys.stderr, flush=True)
+    try:
+        asyncio.run(serve(telemetry, args.bind, args.port))
+    except OSError as exc:
+        raise ConfigError(f"--bind {args.bind} --port {args.port}: cannot listen ({exc.strerror or exc})") from None
+    return 0
