@@ -9,6 +9,11 @@ Every formula here matches the privacy map of the OpenDP measurement dpstream sa
   pure ε = 2kΔ∞ / scale; in a zCDP scope ρ = k·(2Δ∞/scale)²/8 = ε²/(8k);
 - the cap ρ* of a zCDP scope is the largest ρ whose (ε, δ) by Canonne–Kamath–Steinke 2020
   (the conversion OpenDP's `make_zCDP_to_approxDP` uses) fits the scope's (ε, δ).
+
+The two numerical conversions (`epsilon_from_rho`, solved by golden-section search, and
+`rho_cap`, a bisection over it) are pure functions of their float arguments, memoised by exact
+value: a release is priced at one of a handful of costs per period, so every release after the
+first at a cost is a dictionary look-up. `fn.__wrapped__` is the uncached function.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = [
 ]
 
 import math
+from functools import lru_cache
 
 _LOG_ALPHA_MIN_LOG = -20.0  # search log(α − 1) over [-20, 40]: exact down to ρ ≈ 1e-30
 _LOG_ALPHA_MAX = 40.0
@@ -41,11 +47,12 @@ def _cks_epsilon(rho: float, delta: float, alpha: float) -> float:
     )
 
 
+@lru_cache(maxsize=4096)
 def epsilon_from_rho(rho: float, delta: float) -> float:
     """Smallest ε such that ρ-zCDP implies (ε, δ)-DP, by the CKS20 conversion.
 
     The bound is convex in log(α − 1); golden-section search over that variable is exact to
-    well below 1e-12 relative.
+    well below 1e-12 relative. Memoised by the exact (rho, delta) (pure; errors are not cached).
     """
     if rho < 0 or not 0 < delta < 1:
         raise ValueError(f"need rho >= 0 and 0 < delta < 1, got rho={rho}, delta={delta}")
@@ -69,8 +76,12 @@ def epsilon_from_rho(rho: float, delta: float) -> float:
     return max(0.0, min(fc, fd))
 
 
+@lru_cache(maxsize=256)
 def rho_cap(epsilon: float, delta: float) -> float:
     """Largest ρ whose CKS20 (ε, δ) conversion is at most (epsilon, delta): the scope cap ρ*.
+
+    Memoised by the exact (epsilon, delta); its 200 bisection steps use the uncached conversion
+    so that a cap computation does not flush the release costs out of `epsilon_from_rho`'s cache.
 
     >>> round(rho_cap(1.0, 1e-6), 6)
     0.024356
@@ -80,11 +91,14 @@ def rho_cap(epsilon: float, delta: float) -> float:
     lo, hi = 0.0, epsilon  # ε(ρ) ≥ ρ, so ρ* < ε
     for _ in range(200):
         mid = (lo + hi) / 2.0
-        if epsilon_from_rho(mid, delta) <= epsilon:
+        if _epsilon_from_rho_uncached(mid, delta) <= epsilon:
             lo = mid
         else:
             hi = mid
     return lo
+
+
+_epsilon_from_rho_uncached = epsilon_from_rho.__wrapped__
 
 
 def gaussian_rho(l2_sensitivity: float, sigma: float) -> float:
