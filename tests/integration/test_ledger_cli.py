@@ -13,7 +13,7 @@ from dpstream.topology.periods import period_id, period_start
 from dpstream.workers.cli import main
 from dpstream.workers.ledger import ReleaseRequest, open_ledger
 from dpstream.workers.ledger.keys import ScopeKeys
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 
 
 def _charge(url: str, n: int) -> None:

@@ -13,7 +13,7 @@ from dpstream.topology.loader import load_topology
 from dpstream.topology.model import Accounting, WarningPolicy
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
-from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 
 DAY = 86_400
 T0 = 1_796_000_000  # 2026-11-30T... (inside one UTC day)

@@ -10,7 +10,7 @@ import pytest
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY

@@ -15,7 +15,7 @@ from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Accounting
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 
 DAY = 86_400
 HOUR = 3600

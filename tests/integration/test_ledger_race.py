@@ -10,7 +10,7 @@ from typing import Any
 
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY
@@ -21,7 +21,7 @@ _PROCESS = r"""
 import asyncio, json, sys
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 
 async def main(url, prefix, clients):
     ledger = await open_ledger(url, one_scope_topology(epsilon=1.0, reserve=0.0, warn_at=0.9))

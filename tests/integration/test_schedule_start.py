@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 from dpstream.workers.runtime.schedule import resolve_schedule_start
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric, Window
 from dpstream.workers.noise import build_release_mechanism
-from dpstream.workers.noise.stats import chi2_sf
+from dpstream.workers.audit.stats import chi2_sf
 
 KEYS = ("a", "b", "c", "d", "e")
 SCORES = {"a": 6, "b": 5, "c": 3, "d": 3, "e": 0}

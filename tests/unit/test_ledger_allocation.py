@@ -9,7 +9,7 @@ from typing import Any
 from dpstream.topology.loader import load_topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.samples import ManualClock, one_scope_topology
+from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY

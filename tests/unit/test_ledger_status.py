@@ -8,7 +8,7 @@ from dpstream.topology.loader import load_topology_text
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.ledger.reporting import status_json
-from dpstream.workers.ledger.samples import ManualClock
+from dpstream.workers.ledger.testing import ManualClock
 
 _YAML = """
 version: 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpstream.workers.noise.stats import betainc, chi2_sf, clopper_pearson
+from dpstream.workers.audit.stats import betainc, chi2_sf, clopper_pearson
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

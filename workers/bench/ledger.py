@@ -25,7 +25,7 @@ from dpstream.topology.periods import period_id, period_start
 
 from dpstream.workers.ledger import ReleaseRequest, open_ledger
 from dpstream.workers.ledger.redis_backend import connect
-from dpstream.workers.ledger.samples import one_scope_topology
+from dpstream.workers.ledger.testing import one_scope_topology
 
 _PAYLOAD = (
     b'{"release_id":"%s","metric":"bench","window":{"start":0,"end":60},"values":{"all":1234.5},'

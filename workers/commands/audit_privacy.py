@@ -8,7 +8,7 @@ import argparse
 import json
 
 from dpstream.topology.errors import ConfigError
-from dpstream.workers.noise.audit import STRICT_ALPHA, AuditResult, audit, broken_cases, standard_cases
+from dpstream.workers.audit.empirical import STRICT_ALPHA, AuditResult, audit, broken_cases, standard_cases
 
 DEFAULT_TRIALS = 20_000
 

@@ -1,4 +1,7 @@
-"""Small in-code topologies and a settable clock, for the ledger's tests, benchmark and demos."""
+"""Test helpers for the ledger: small in-code topologies and a settable clock (tests, the ledger bench).
+
+Named like `numpy.testing`: nothing in the runtime imports it.
+"""
 
 from __future__ import annotations
 
