@@ -1,0 +1,155 @@
+"""`dpstream bench release`: CPU per release on the in-process path against a bare OpenDP sample.
+
+One zCDP scope (ε = 1 per day, δ = 1e-6, default reserve) and a one-minute count metric with
+discrete Gaussian noise, released window after window through `Releaser.release` on the
+in-process ledger (quote → noise → record → charge → commit; the publish is a no-op, so it is
+excluded). Twice in one run: one ungrouped key, and 1,000 declared keys. The baseline is a bare
+OpenDP call of the same distribution: `make_gaussian` on an i64 vector at the release's scale,
+invoked once per release on as many keys. Figures are `time.process_time` per release (CPU, so
+other load on the machine inflates them less than wall time would). Needs only the package.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register", "run", "measure"]
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import opendp.prelude as dp
+
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.model import Topology
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.release import ReleaseOutcome, Releaser
+
+_T0 = 1_796_083_200
+"""A UTC midnight: the first window of the run starts a budget period."""
+
+_YAML = """\
+version: 1
+sources:
+  s: {{topic: bench.events, privacy_unit: user_id, timestamp: ts}}
+budgets:
+  daily: {{epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}}
+metrics:
+  per_minute:
+    source: s
+    budget: daily
+    weight: 1
+    window: {{tumbling: 1m}}
+    aggregate: count
+{grouping}    contribution: {{max_keys: 1, max_per_key: 1}}
+    mechanism: gaussian
+sinks: {{releases: bench.releases, dead_letter: bench.dead}}
+"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One width: CPU µs per release (dpstream) and per bare OpenDP sample of the same shape."""
+
+    keys: int
+    releases: int
+    release_us: float
+    baseline_us: float
+    ratio: float
+    """release_us / baseline_us."""
+    overhead_us: float
+    """release_us − baseline_us: what pricing, the record and the ledger add to the noise."""
+    scale: float
+    """The discrete Gaussian σ parameter the releases used (integer units)."""
+
+
+def _topology(keys: int) -> Topology:
+    grouping = ""
+    if keys > 1:
+        names = ", ".join(f"k{i}" for i in range(keys))
+        grouping = f"    group_by: page\n    keys: [{names}]\n"
+    return load_topology_text(_YAML.format(grouping=grouping))
+
+
+async def _no_publish(value: bytes, key: bytes) -> None:
+    """The publish is excluded from the figure: nothing is sent anywhere."""
+
+
+async def _release_cpu(keys: int, releases: int, warmup: int) -> tuple[float, float]:
+    """(CPU s per release, the scale used) over `releases` consecutive windows after `warmup`."""
+    topology = _topology(keys)
+    metric = next(iter(topology.metrics.values()))
+    ledger = await open_ledger("memory", topology, actor="bench")
+    releaser = Releaser(topology, ledger)
+    names = [""] if keys == 1 else [f"k{i}" for i in range(keys)]
+    values = {k: (i * 7919) % 97 for i, k in enumerate(names)}
+    scale = 0.0
+    try:
+        for i in range(warmup):
+            res = await releaser.release(metric, (_T0 + 60 * i, _T0 + 60 * i + 60), values, _no_publish)
+            scale = float(json.loads(res.payload)["noise"]["scale"])
+        start = _T0 + 60 * warmup
+        t0 = time.process_time()
+        for i in range(releases):
+            await releaser.release(metric, (start + 60 * i, start + 60 * i + 60), values, _no_publish)
+        cpu = (time.process_time() - t0) / releases
+    finally:
+        await ledger.close()
+    if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + releases:
+        raise RuntimeError(f"bench release: expected every release published, got {releaser.counts.snapshot()}")
+    return cpu, scale
+
+
+def _baseline_cpu(keys: int, scale: float, releases: int) -> float:
+    """CPU s of one bare OpenDP discrete Gaussian call on `keys` integers at `scale`."""
+    dp.enable_features("contrib")
+    meas = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T=float), scale=scale)
+    values = [(i * 7919) % 97 for i in range(keys)]
+    meas(values)
+    t0 = time.process_time()
+    for _ in range(releases):
+        meas(values)
+    return (time.process_time() - t0) / releases
+
+
+def measure(releases: int, wide_releases: int, wide_keys: int = 1000) -> list[Row]:
+    """The two rows (1 key, `wide_keys` keys), each against its bare-OpenDP baseline."""
+    rows = []
+    for keys, n in ((1, releases), (wide_keys, wide_releases)):
+        cpu, scale = asyncio.run(_release_cpu(keys, n, warmup=3))
+        base = _baseline_cpu(keys, scale, n)
+        rows.append(Row(keys, n, cpu * 1e6, base * 1e6, cpu / base, (cpu - base) * 1e6, scale))
+    return rows
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench release`."""
+    parser = subparsers.add_parser("release", help="CPU per release (1 and 1000 keys) vs a bare OpenDP sample")
+    parser.add_argument("--releases", type=int, default=2000, help="timed 1-key releases (default 2000)")
+    parser.add_argument("--wide-releases", type=int, default=40, help="timed 1000-key releases (default 40)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print per-release CPU, the baseline and their ratio (or JSON)."""
+    if args.releases < 1 or args.wide_releases < 1:
+        from dpstream.topology.errors import ConfigError
+
+        raise ConfigError("--releases/--wide-releases: need at least 1")
+    rows = measure(args.releases, args.wide_releases)
+    doc: dict[str, Any] = {"clock": "process_time", "rows": [asdict(r) for r in rows]}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print("release bench: CPU per release on the in-process path (memory ledger, publish excluded)")
+    print(f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>11} {'bare OpenDP µs':>15} | {'ratio':>6} "
+          f"{'overhead µs':>12}")
+    for r in rows:
+        print(f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {r.release_us:>11.1f} {r.baseline_us:>15.1f} | "
+              f"{r.ratio:>6.2f} {r.overhead_us:>12.1f}")
+    print("ratio = release / bare OpenDP make_gaussian call on the same keys at the same σ; "
+          "overhead = release − bare (pricing, record, ledger)")
+    return 0
