@@ -32,16 +32,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
+TIERS = ("unit", "integration", "e2e", "statistical")
+"""Every test carries exactly one tier marker (`slow` comes on top): `pytest -m unit` is the quick loop."""
+
+_TIER_OF_DIR = {"unit": "unit", "integration": "integration", "e2e": "e2e", "statistical": "statistical",
+                "privacy": "statistical"}
+"""The tier of a test that does not name one, by its directory (privacy tests are statistical claims)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip slow tests unless `--runslow`; mark everything under tests/integration as `integration`."""
+    """Skip slow tests unless `--runslow`; give every test without a tier marker its directory's tier."""
     runslow = config.getoption("--runslow")
     skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
-    integration_dir = Path(__file__).parent / "integration"
+    root = Path(__file__).parent
     for item in items:
         if "slow" in item.keywords and not runslow:
             item.add_marker(skip_slow)
-        if integration_dir in item.path.parents:
-            item.add_marker(pytest.mark.integration)
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        folder = item.path.relative_to(root).parts[0]
+        tier = _TIER_OF_DIR.get(folder)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: no tier; mark it with one of {', '.join(TIERS)}")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @dataclass

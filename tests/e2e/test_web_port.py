@@ -63,6 +63,7 @@ async def _serve(app: faust.App, paths: list[str]) -> dict[str, tuple[int, str]]
 # ---- unit level: no broker --------------------------------------------------------------------------
 
 
+@pytest.mark.unit  # pure: no broker; kept beside the e2e test of the same port
 def test_worker_settings_default_to_loopback() -> None:
     """RuntimeSettings and the CLI default bind the port to 127.0.0.1."""
     from dpstream.workers.cli import build_parser
@@ -74,6 +75,7 @@ def test_worker_settings_default_to_loopback() -> None:
     assert args.web_bind == "10.0.0.5"
 
 
+@pytest.mark.unit  # pure: no broker; kept beside the e2e test of the same port
 def test_web_settings_turn_every_builtin_view_off_and_bind() -> None:
     web = web_settings(_settings(web_port=7001, web_bind="10.1.2.3"))
     assert web["web_enabled"] is True and web["web_port"] == 7001 and web["web_bind"] == "10.1.2.3"
@@ -81,6 +83,7 @@ def test_web_settings_turn_every_builtin_view_off_and_bind() -> None:
     assert web_settings(_settings())["web_enabled"] is False  # no --web-port, no server
 
 
+@pytest.mark.unit  # pure: no broker; kept beside the e2e test of the same port
 def test_environment_cannot_reopen_views_or_widen_the_bind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Faust lets WEB_BIND / APP_WEB_*_ENABLED override keyword settings; the worker's app pins its own."""
     for flag in VIEW_FLAGS:
@@ -96,6 +99,7 @@ def test_environment_cannot_reopen_views_or_widen_the_bind(monkeypatch: pytest.M
     assert app.conf.web_enabled is True and app.conf.web_port == 7002 and app.conf.web_bind == "127.0.0.1"
 
 
+@pytest.mark.unit  # pure: no broker; kept beside the e2e test of the same port
 def test_app_routes_no_builtin_view_but_serves_added_pages() -> None:
     """With a merger table defined, every built-in path is 404; a page the app adds is served."""
     control = faust.App("dpstream-web-unit-control", broker="kafka://127.0.0.1:1", store="memory://")
