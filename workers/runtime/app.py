@@ -1,7 +1,9 @@
 """Build the Faust app of one worker: the batch ingest service, the repartition hop, the release side.
 
 Thin wiring: the topology says what to release, the settings where Kafka and Redis are; the core
-(workers.pipeline / workers.release, reached through `workers.runtime.core`) does the work.
+(workers.pipeline / workers.release, reached through `workers.runtime.core`) does the work. With a
+web port the app serves its own two pages, `/metrics` (workers.telemetry: budget gauges read from
+the ledger at scrape time, plus this role's release or event counters) and `/health`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Runtime:
     ingest: IngestService | None
     releases: ReleaseSide | None
     repartition: RepartitionService | None
+    telemetry: Any = None
+    """The `/metrics` registry (workers.telemetry.web.Telemetry) when the app has a web port."""
 
 
 class _Lifecycle(Service):
@@ -136,7 +140,13 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
         repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
         if repartition is not None:
             app.service(repartition)
-    return Runtime(app, ingest, releases, repartition)
+    telemetry = None
+    if settings.web_port is not None:
+        from dpstream.workers.telemetry.web import install_worker_pages, worker_telemetry
+
+        telemetry = worker_telemetry(topology, settings.redis_url, role.value, ingest=ingest, releases=releases)
+        install_worker_pages(app, telemetry)
+    return Runtime(app, ingest, releases, repartition, telemetry)
 
 
 def run_worker(runtime: Runtime, loglevel: str = "WARNING") -> int:

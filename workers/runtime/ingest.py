@@ -36,11 +36,13 @@ from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
 from dpstream.topology.model import Topology
+from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.partition import PartitionPipeline
 from dpstream.workers.runtime.core import ProcessorOutput, to_output
 from dpstream.workers.runtime.schedule import resolve_schedule_start
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import ingest_topic, partition_count
+from dpstream.workers.telemetry.worker import fold_event_counts
 
 _log = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class IngestService(Service):
         self._hop_of = {ingest_topic(s): s.topic for s in topology.sources.values() if ingest_topic(s) != s.topic}
         """by-unit topic → the source topic the repartition hop copies into it."""
         self._cores: dict[TopicPartition, PartitionPipeline] = {}
+        self.revoked_counts: dict[str, EventCounts] = {}
+        """source → event counts of the partitions revoked from this worker (metrics stay monotone)."""
         self._committed: dict[TopicPartition, tuple[int, str]] = {}
         """Last (offset, metadata) committed per owned partition (an unchanged pair is not re-sent)."""
         self._counts: dict[str, int] = {}
@@ -168,8 +172,15 @@ class IngestService(Service):
         async with self._lock:
             for tp in revoked:
                 self._committed.pop(tp, None)
-                if self._cores.pop(tp, None) is not None:
+                core = self._cores.pop(tp, None)
+                if core is not None:
                     self.stats.revoked += 1
+                    fold_event_counts(self.revoked_counts.setdefault(core.source.name, EventCounts()),
+                                      core.refresh_counts())
+
+    def pipelines(self) -> list[PartitionPipeline]:
+        """The pipelines of the partitions this worker owns now (their `refresh_counts()` feed /metrics)."""
+        return list(self._cores.values())
 
     async def _consume_forever(self) -> None:
         assert self._consumer is not None

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,10 @@ from dpstream.workers.pipeline.merger import MergedWindow, PartitionCountChanged
 from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.release import Releaser, ReleaseResult, sweep
 from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
+from dpstream.workers.release.outcomes import ReleaseOutcome
 from dpstream.workers.runtime.settings import RuntimeSettings
+from dpstream.workers.telemetry.histogram import LATENCY_BUCKETS, LabelledHistogram
+from dpstream.workers.telemetry.ledger_proxy import LedgerTimings, TimedLedger
 
 _log = logging.getLogger(__name__)
 
@@ -60,6 +64,12 @@ class ReleaseStats:
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
     last: list[ReleaseResult] = field(default_factory=list)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(metric, outcome value) → attempts (errors as ledger_unavailable / failed), for /metrics."""
+    retries: Counter[str] = field(default_factory=Counter)
+    """metric → failed attempts, each dispatched again after a backoff."""
+    last_payload: dict[str, bytes] = field(default_factory=dict)
+    """metric → the last record published here (its `noise` σ is exported; the record is public)."""
 
 
 class ReleaseSide:
@@ -72,6 +82,15 @@ class ReleaseSide:
         self.stats = ReleaseStats()
         self._partitions = partitions  # metric → number of source partitions that report partials
         self._ledger: Any = None
+        self._timed_ledger: Any = None
+        """The ledger as the releaser and sweeper see it: timed per call (workers.telemetry)."""
+        self.ledger_timings = LedgerTimings()
+        self.latency = LabelledHistogram("metric", topology.metrics, LATENCY_BUCKETS)
+        """close → publish seconds per metric (`dpstream_release_latency_seconds`)."""
+        self._metric_tp: dict[str, Any] = {}
+        """metric → the partials-topic partition its partials came in on (who owns its state)."""
+        self._settled: set[tuple[str, int]] = set()
+        """(metric, start) released but not yet dropped from the metric's `releasing` windows."""
         self._releaser: Releaser | None = None
         self._producer: AIOKafkaProducer | None = None
         self._closed_at: dict[tuple[str, int], float] = {}
@@ -95,7 +114,8 @@ class ReleaseSide:
         )
         await self._producer.start()
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
-        self._releaser = Releaser(self.topology, self._ledger)
+        self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
+        self._releaser = Releaser(self.topology, self._timed_ledger)
         await self._warm_up()
         self._ready.set()
 
@@ -134,6 +154,7 @@ class ReleaseSide:
             if metric not in self.topology.metrics:
                 continue
             state = self._state(metric)
+            self._metric_tp[metric] = event.message.tp
             value: bytes = event.value
             if not value.startswith(b"{"):  # not a partial (e.g. an older release's tick message)
                 continue
@@ -155,6 +176,7 @@ class ReleaseSide:
                 state.releasing[merged.start] = merged
             for start in self._dispatcher.take_finished(metric):
                 state.releasing.pop(start, None)
+                self._settled.discard((metric, start))
             for start in sorted(state.releasing):  # new ones, and failed ones whose backoff passed
                 self._dispatcher.dispatch(state.releasing[start])
             doc = state.to_state()
@@ -183,10 +205,16 @@ class ReleaseSide:
         if error is not None or result is None:
             # counted; the window stays in the metric's state and is dispatched again after a backoff
             self.stats.failed += 1
+            self.stats.retries[merged.metric] += 1
+            self.stats.outcomes[(merged.metric, _error_outcome(error))] += 1
             _log.error("release of %s [%d, %d) failed (attempt %d, retried later): %s", merged.metric, merged.start,
                        merged.end, self._dispatcher.failures(merged.metric, merged.start), type(error).__name__)
             return
         self.stats.released += 1
+        self.stats.outcomes[(merged.metric, result.outcome.value)] += 1
+        self._settled.add((merged.metric, merged.start))
+        if result.payload:
+            self.stats.last_payload[merged.metric] = result.payload
         closed = self._closed_at.pop((merged.metric, merged.start), None)
         _log.info("release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value,
                   result.reason)
@@ -195,6 +223,21 @@ class ReleaseSide:
         if result.payload and closed:
             self.stats.latencies.append(max(0.0, time.time() - closed))
             del self.stats.latencies[:-KEEP_LATENCIES]
+            self.latency.observe(merged.metric, self.stats.latencies[-1])
+
+    def open_windows(self) -> dict[str, list[int]]:
+        """metric → ends of its windows closed but not released (pending in the merger or releasing),
+        for the metrics whose state this process owns now (for release lag; schedule times only)."""
+        owned = self.app.assignor.assigned_actives()
+        out: dict[str, list[int]] = {}
+        for metric, (_doc, state) in list(self._states.items()):
+            if self._metric_tp.get(metric) not in owned:
+                continue  # another owner has it now: this copy is stale
+            size = self.topology.metrics[metric].window.size_s
+            ends = [start + size for start in state.merger.pending_windows()]
+            ends += [w.end for s, w in list(state.releasing.items()) if (metric, s) not in self._settled]
+            out[metric] = ends
+        return out
 
     async def _publish_release(self, value: bytes, key: bytes) -> None:
         if os.environ.get(FAULT_ENV) == "kill_before_publish":
@@ -210,6 +253,13 @@ class ReleaseSide:
         if self._ledger is None or self._releaser is None:
             return
         try:
-            await sweep(self._ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
+            await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
         except Exception as exc:  # noqa: BLE001 - the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
+
+
+def _error_outcome(error: BaseException | None) -> str:
+    """The outcome label of a release attempt that raised (as `Releaser.counts` counts it)."""
+    from dpstream.workers.ledger.errors import LedgerUnavailable
+
+    return (ReleaseOutcome.LEDGER_UNAVAILABLE if isinstance(error, LedgerUnavailable) else ReleaseOutcome.FAILED).value

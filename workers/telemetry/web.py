@@ -85,8 +85,8 @@ def install_worker_pages(app: Any, telemetry: Telemetry) -> None:
     async def health(view: Any, request: Any) -> Any:
         return view.json(telemetry.health())
 
-    class _TelemetryLifecycle(Service):
+    class TelemetryLifecycle(Service):
         async def on_stop(self) -> None:
             await telemetry.close()
 
-    app.service(_TelemetryLifecycle(loop=None))
+    app.service(TelemetryLifecycle(loop=None))
