@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
