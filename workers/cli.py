@@ -1,8 +1,13 @@
-"""The `dpstream` command line: a thin dispatcher over `workers.commands.*`.
+"""The `dpstream` command line: a thin dispatcher over `dpstream.workers.commands.*`.
 
 Each subcommand lives in its own module with a `register(subparsers)` function that adds its
 parser and sets `func(args) -> int`. User mistakes (`ConfigError`) print one line and exit 2;
 nothing a user can fix ever shows a traceback.
+
+Every name in `COMMANDS` must have its module: a missing one is a bug and fails every command
+with one line, it never silently drops the command. `demo` and `bench` run tools that need a
+checkout of the repository (`dpstream.workers.demo`, `.bench` and `.localstack` are not in the
+wheel); installed from a wheel, they stay listed and fail with one line that says so.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import importlib
 import importlib.util
 import sys
 
-from dpstream.topology.errors import ConfigError, DpstreamError
+from dpstream.topology.errors import ConfigError, DpstreamError, InternalError
 
 COMMANDS = (
     "validate",
@@ -28,30 +33,74 @@ COMMANDS = (
     "budget",
     "breaker",
     "audit_privacy",
-    "verify",
     "bench",
 )
+"""Modules under dpstream.workers.commands, in `dpstream --help` order (`audit_privacy` is `audit-privacy`)."""
+
+NEEDS_CHECKOUT = {
+    "demo": ("dpstream.workers.demo",
+             "it runs the local stack from deploy/local/ (Kafka jars via deploy/local/pom.xml, config templates)"),
+    "bench": ("dpstream.workers.bench", "the benchmarks (and the local stack `bench pipeline` starts) are not in the wheel"),
+}
+"""Commands whose tools are left out of the wheel: the package each needs, and why."""
+
+
+def needs_checkout_message(command: str) -> str:
+    """The one line a checkout-only command prints when dpstream is installed from a wheel."""
+    return (
+        f"dpstream {command} needs a checkout of the repository: {NEEDS_CHECKOUT[command][1]}; "
+        "clone it and run `pip install -e .` there"
+    )
+
+
+def _register_needs_checkout(subparsers: argparse._SubParsersAction, command: str) -> None:
+    """A stand-in for a checkout-only command: listed in --help, fails with one line whatever its arguments
+    (`main` lets it take any, `--help` included)."""
+    parser = subparsers.add_parser(command, help="(needs a checkout of the repository)", add_help=False)
+
+    def fail(args: argparse.Namespace) -> int:
+        print(needs_checkout_message(command), file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=fail, needs_checkout=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every subcommand module that is present."""
+    """The full parser; raises InternalError when a module of `COMMANDS` is missing."""
     parser = argparse.ArgumentParser(
         prog="dpstream",
         description="Differentially private metrics from Kafka streams, with an atomic privacy-budget ledger.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module_name = f"dpstream.workers.commands.{name}"
-        if importlib.util.find_spec(module_name) is None:
+        tool = NEEDS_CHECKOUT.get(name)
+        if tool is not None and importlib.util.find_spec(tool[0]) is None:
+            _register_needs_checkout(subparsers, name)
             continue
-        importlib.import_module(module_name).register(subparsers)
+        module_name = f"dpstream.workers.commands.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise  # a missing dependency: its own message says which
+            raise InternalError(
+                f"command module {module_name} is missing (this is a bug: COMMANDS names it; reinstall dpstream "
+                "or report it)"
+            ) from None
+        module.register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dpstream` console script; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()
+    except InternalError as exc:
+        print(f"dpstream: InternalError: {exc}", file=sys.stderr)
+        return 1
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "needs_checkout", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
