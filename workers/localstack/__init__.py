@@ -1,6 +1,13 @@
 """The real local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) as child processes on 127.0.0.1.
 
-Used by `python -m workers.localstack up|status|down`, `deploy/local/stack`, the test fixtures and `dpstream demo`.
+Used by `python -m dpstream.workers.localstack up|status|down`, `deploy/local/stack`, the test
+fixtures, `dpstream demo` and `dpstream bench`.
+
+A tool that needs a checkout of the repository: Kafka's jars are fetched by deploy/local/pom.xml
+and every config comes from deploy/local/templates (`paths.repo_deploy_dir`). This package is not
+in the wheel (pyproject's `packages` leaves it out); from an editable install (`pip install -e .`)
+it imports as usual. It may import the runtime (topic administration is `runtime.admin`), never the
+reverse (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations

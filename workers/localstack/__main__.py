@@ -1,4 +1,4 @@
-"""`python -m workers.localstack up|status|down`: the local stack from the command line (also `deploy/local/stack`)."""
+"""`python -m dpstream.workers.localstack up|status|down`: the local stack from the command line (also `deploy/local/stack`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _DEFAULTS = Ports()
 def build_parser() -> argparse.ArgumentParser:
     """Parser of the stack command: an action, optional service names, home and ports."""
     parser = argparse.ArgumentParser(
-        prog="python -m workers.localstack",
+        prog="python -m dpstream.workers.localstack",
         description="Run dpstream's local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) on 127.0.0.1.",
     )
     parser.add_argument("action", choices=("up", "status", "down"))
