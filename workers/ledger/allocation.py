@@ -3,6 +3,10 @@
 `topology.allocation.adaptive_release_cost` is evaluated on exact fractions (pool left in units
 / 1e12, weights as written), so on plan the grants equal the static plan to the unit and the
 last release of a period takes exactly what is left.
+
+Speed: that rule is L × c_m / Σ_j c_j·n_j with c_j = w_j / N_j exact rationals, so with every c_j
+written over one common denominator (k_j = c_j × lcm, integers, once per scope config) the grant
+in units is the integer floor(L_units × k_m / Σ_j k_j·n_j): the same number, without Fractions.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from dpstream.topology.allocation import (
     MetricDemand,
@@ -54,6 +59,64 @@ def _units(amount: Fraction | float) -> int:
     return max(0, math.floor(Fraction(amount) * UNITS_PER_CURRENCY))
 
 
+_grantable = lru_cache(maxsize=4096)(grantable_float)
+"""`grantable_float`, memoised: on plan a period's releases are granted the same few unit counts."""
+
+_SHAPES: dict[int, tuple[ScopeConfig, dict[str, int] | None]] = {}
+"""Per scope config (by identity, holding it so the id stays its own): each metric's k_j, or None
+when some metric has no release per period or a name is repeated (then the Fraction rule runs,
+exactly as before, errors included)."""
+
+
+def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
+    """k_j = (w_j / N_j) × lcm of their denominators, per metric name, for one scope config."""
+    entry = _SHAPES.get(id(cfg))
+    if entry is not None and entry[0] is cfg:
+        return entry[1]
+    ks: dict[str, int] | None = None
+    names = [p.name for p in cfg.metrics]
+    if all(p.per_period > 0 for p in cfg.metrics) and len(set(names)) == len(names):
+        rates = [(p.name, Fraction(p.weight) / p.per_period) for p in cfg.metrics]
+        lcm = math.lcm(*(r.denominator for _, r in rates)) if rates else 1
+        ks = {name: r.numerator * (lcm // r.denominator) for name, r in rates}
+    if len(_SHAPES) >= 256:
+        _SHAPES.clear()
+    _SHAPES[id(cfg)] = (cfg, ks)
+    return ks
+
+
+def _adaptive_units(
+    cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
+) -> int:
+    """`_units(adaptive_release_cost(pool_left / 1e12, metric, demands))`, in integers where it can."""
+    ks = _shape(cfg)
+    if ks is not None and pool_left <= 0:
+        return 0
+    if ks is not None:
+        total = 0
+        for p in cfg.metrics:
+            left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
+            if p.name == metric and left < 1:  # already charged: reserve will answer DUPLICATE
+                left = 1
+            if left > 0:
+                total += ks[p.name] * left
+        if total > 0:
+            return max(0, min(pool_left, pool_left * ks[metric] // total))
+    return _units(adaptive_release_cost(Fraction(pool_left, UNITS_PER_CURRENCY), metric,  # type: ignore[arg-type]
+                                        _demands(cfg, snap, metric, period_start, window_end)))
+
+
+def _demands(cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int) -> dict[str, MetricDemand]:
+    plan = cfg.metric(metric)
+    demands: dict[str, MetricDemand] = {}
+    for p in cfg.metrics:
+        left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
+        demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]
+    if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
+        demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]
+    return demands
+
+
 def price(
     cfg: ScopeConfig,
     snap: Snapshot,
@@ -69,23 +132,18 @@ def price(
 
     def quote(units: int, **kw: object) -> Quote:
         return Quote(
-            metric, cfg.name, period_id, grantable_float(units), units, state,
+            metric, cfg.name, period_id, _grantable(units), units, state,
             may_use_reserve=plan.may_use_reserve, **kw,  # type: ignore[arg-type]
         )
 
     if snap.breaker is not None:
         kind = "manual" if snap.breaker.manual else "automatic"
         return quote(0, refused_reason=f"breaker open ({kind}): {snap.breaker.reason}")
-    demands: dict[str, MetricDemand] = {}
-    for p in cfg.metrics:
-        left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
-        demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]
-    if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
-        demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]
     pool_cap = min(snap.cap_units, snap.cap_units - snap.reserve_units + snap.grant_units)
     pool_left = max(0, pool_cap - snap.spent_units)
-    units = _units(adaptive_release_cost(Fraction(pool_left, UNITS_PER_CURRENCY), metric, demands))  # type: ignore[arg-type]
+    units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left)
     if plan.may_use_reserve:
+        demands = _demands(cfg, snap, metric, period_start, window_end)
         pool = Fraction(snap.cap_units - snap.reserve_units, UNITS_PER_CURRENCY)
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]
         units = min(snap.cap_units - snap.spent_units, max(units, static))

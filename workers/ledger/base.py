@@ -6,6 +6,10 @@ in-process port); pricing, periods, status, history and reconciliation live here
 A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap) are copied into its
 block when it opens and hold for the whole period: pricing, status and every reserve check read
 the block's terms once it exists, the registered config's only before.
+
+The per-release calls (`quote`, `charge`, `commit`, `stored_payload`) memoise what is a pure
+function of values that repeat from release to release (period names, unit conversions of a
+cost, scope-name checks that passed); what they answer is unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from functools import lru_cache
 
 from dpstream.topology.accounting import epsilon_from_rho
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.topology.periods import period_id as _period_id
+from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
 
@@ -45,6 +49,25 @@ from dpstream.workers.ledger.types import (
     State,
 )
 from dpstream.workers.ledger.units import cost_to_units, delta_to_units, delta_units_to_float, units_to_float
+
+_period_id = lru_cache(maxsize=4096)(_period_id_uncached)
+"""`topology.periods.period_id`, memoised: every release of a period names the same period."""
+_cost_units = lru_cache(maxsize=4096)(cost_to_units)
+"""`cost_to_units`, memoised by exact cost (a period's releases are priced at a few costs)."""
+_delta_units = lru_cache(maxsize=1024)(delta_to_units)
+_VALID_SCOPES: set[str] = set()
+"""Scope names that passed `check_scope_name` (a pure check: a name that passed always passes)."""
+
+
+def _check_scope(scope: str) -> None:
+    if scope not in _VALID_SCOPES:
+        check_scope_name(scope)
+        if len(_VALID_SCOPES) < 4096:
+            _VALID_SCOPES.add(scope)
+
+
+_OUTCOMES = {o.value: o for o in Outcome}
+_STATES = {st.value: st for st in State}
 
 DEFAULT_RETENTION_S = 35 * 86_400
 """How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""
@@ -119,6 +142,7 @@ class Ledger(ABC):
     ) -> None:
         self._configs = dict(configs)
         self._metric_scope = {p.name: cfg for cfg in self._configs.values() for p in cfg.metrics}
+        self._scope_metrics = {name: [p.name for p in cfg.metrics] for name, cfg in self._configs.items()}
         self._clock = clock
         self._retention_s = int(retention_s)
 
@@ -171,7 +195,7 @@ class Ledger(ABC):
         pstart = _period_start(cfg.period_s, window_start)
         pid = _period_id(cfg.period_s, pstart)
         stored, breaker, period, counts = await self._snapshot(
-            cfg.name, pid, [p.name for p in cfg.metrics], int(window_end)
+            cfg.name, pid, self._scope_metrics[cfg.name], int(window_end)
         )
         if not stored:
             raise InternalError(f"scope {cfg.name!r} is not registered: open_ledger registers it")
@@ -199,23 +223,23 @@ class Ledger(ABC):
             value = getattr(req, name)
             if not value or "\n" in value:
                 raise InternalError(f"release {name} must be non-empty and on one line, got {value!r}")
-        units = cost_to_units(req.cost)
-        delta_units = delta_to_units(req.delta)
+        units = _cost_units(req.cost) if type(req.cost) is float else cost_to_units(req.cost)
+        delta_units = _delta_units(req.delta) if type(req.delta) is float else delta_to_units(req.delta)
         pstart = period_start_of(cfg.period_s, req.period_id)
         _check_extra_periods(req, cfg.period_s, pstart)
         raw = await self._charge(req, units, delta_units, pstart, cfg.digest, self._now_ms())
         return ChargeResult(
-            outcome=Outcome(raw.outcome),
+            outcome=_OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             payload=raw.payload,
             reason=raw.reason,
             ratio_after=raw.spent_units / raw.cap_units,
-            state=State(raw.state),
+            state=_STATES.get(raw.state) or State(raw.state),
             cost_units=raw.cost_units,
         )
 
     async def commit(self, release_id: str, scope: str) -> bool:
         """Mark a reserved release published; False when it was already published or is unknown."""
-        check_scope_name(scope)
+        _check_scope(scope)
         return await self._commit(scope, release_id, self._now_ms()) == 1
 
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
@@ -224,7 +248,7 @@ class Ledger(ABC):
         Lets a retry of a known window republish its stored bytes even when a fresh quote would
         refuse (budget spent since, breaker open): the charge was made, the value is fixed.
         """
-        check_scope_name(scope)
+        _check_scope(scope)
         return await self._stored_payload(scope, release_id)
 
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
@@ -369,7 +393,7 @@ class Ledger(ABC):
         _need_reason(reason, actor)
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
-        pid = _period_id(period_s, self._clock())
+        pid = _period_id_uncached(period_s, self._clock())
         return await self._breaker(scope, action, reason, actor, pid, self._now_ms())
 
     # ---- backend primitives ---------------------------------------------------------------------
@@ -435,6 +459,9 @@ class Ledger(ABC):
 def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
     """A window is charged to every period it touches: `extra_periods` must name exactly the
     periods after `req.period_id` that [window_start, window_end) overlaps."""
+    ws, we = req.window_start, req.window_end
+    if not req.extra_periods and type(ws) is int and type(we) is int and ws < we <= pstart + period_s:
+        return  # the common case: a non-empty window that ends inside its own period touches no later one
     touched = _periods_touched(period_s, req.window_start, req.window_end)
     expected = tuple((_period_id(period_s, p), p) for p in touched if p > pstart)
     given = tuple((str(pid), int(start)) for pid, start in req.extra_periods)

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ["MemoryLedger"]
 
 import threading
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,8 +33,27 @@ class _Scope:
     period_index: dict[str, int] = field(default_factory=dict)
     releases: dict[str, dict[str, object]] = field(default_factory=dict)
     ends: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    ends_sorted: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    """The scores of each `ends` zset in order, so ZCOUNT end +inf is a bisection, not a scan."""
     audit: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     pending: dict[str, int] = field(default_factory=dict)
+
+
+def _zadd(s: _Scope, key: tuple[str, str], member: str, score: int) -> None:
+    """ZADD key score member: a member's score is replaced, never counted twice."""
+    members = s.ends.setdefault(key, {})
+    scores = s.ends_sorted.setdefault(key, [])
+    old = members.get(member)
+    if old is not None:
+        del scores[bisect_left(scores, old)]
+    members[member] = score
+    insort(scores, score)
+
+
+def _zcount_from(s: _Scope, key: tuple[str, str], low: int) -> int:
+    """ZCOUNT key low +inf."""
+    scores = s.ends_sorted.get(key)
+    return 0 if not scores else len(scores) - bisect_left(scores, low)
 
 
 def _incr(h: dict[str, str], name: str, by: int) -> int:
@@ -44,7 +64,8 @@ def _incr(h: dict[str, str], name: str, by: int) -> int:
 
 @dataclass
 class _Period:
-    """One period a reserve touches, as charge.lua's `load_period` reads it."""
+    """One period a reserve touches, as charge.lua's `load_period` reads it (the terms as stored
+    strings, and as numbers, converted once as the script's `tonumber` does)."""
 
     pid: str
     pstart: int
@@ -56,22 +77,14 @@ class _Period:
     spent: int
     grant: int
     dspent: int
+    cap: int = field(init=False)
+    reserve: int = field(init=False)
+    warn: int = field(init=False)
+    dcap: int = field(init=False)
 
-    @property
-    def cap(self) -> int:
-        return int(self.cap_s)
-
-    @property
-    def reserve(self) -> int:
-        return int(self.reserve_s)
-
-    @property
-    def warn(self) -> int:
-        return int(self.warn_s)
-
-    @property
-    def dcap(self) -> int:
-        return int(self.dcap_s)
+    def __post_init__(self) -> None:
+        self.cap, self.reserve = int(self.cap_s), int(self.reserve_s)
+        self.warn, self.dcap = int(self.warn_s), int(self.dcap_s)
 
 
 class MemoryLedger(Ledger):
@@ -87,7 +100,10 @@ class MemoryLedger(Ledger):
         self._last_id = (0, -1)
 
     def _scope(self, scope: str) -> _Scope:
-        return self._store.setdefault(scope, _Scope())
+        s = self._store.get(scope)
+        if s is None:
+            s = self._store[scope] = _Scope()
+        return s
 
     def _xadd(self, s: _Scope, now_ms: int, fields: dict[str, str]) -> None:
         ms, seq = self._last_id
@@ -250,7 +266,7 @@ class MemoryLedger(Ledger):
             p.spent = _incr(block, "spent", cost)
             p.dspent = _incr(block, "delta_spent", delta)
             _incr(block, "granted", 1)
-            s.ends.setdefault((p.pid, req.metric), {})[rid] = int(req.window_end)
+            _zadd(s, (p.pid, req.metric), rid, int(req.window_end))
         ratio = ratio_of(main, main.spent)
         payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
         s.releases[rid] = {
@@ -326,7 +342,7 @@ class MemoryLedger(Ledger):
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
         with self._lock:
             s = self._scope(scope)
-            counts = {m: sum(1 for end in s.ends.get((pid, m), {}).values() if end >= window_end) for m in metrics}
+            counts = {m: _zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
