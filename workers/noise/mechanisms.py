@@ -17,7 +17,7 @@ from __future__ import annotations
 __all__ = ["ReleaseMechanism", "build_release_mechanism", "TOP_K_SELECTION_SHARE"]
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -33,6 +33,7 @@ from dpstream.workers.noise.release import NoisyRelease, apply_postprocess
 
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
+_I64 = 2**63
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,20 @@ class _Codec:
         if self.grid is not None:
             exact = value if isinstance(value, Fraction) else Fraction(float(value))  # Fraction: an exact sum
             return self.grid.encode(exact / Fraction(self.divisor))
+        if type(value) is int and -_I64 <= value < _I64:  # a plain count (the common case) is itself
+            return value
         if isinstance(value, bool) or not float(value).is_integer():
             raise InternalError(f"count aggregate {type(value).__name__} is not an integer")
         return int(value)
 
     def decode(self, units: int) -> float:
         return self.grid.decode(units) if self.grid is not None else float(units)
+
+    def decode_keys(self, keys: Iterable[str], units: Iterable[int]) -> dict[str, float]:
+        """{key: decode(units)} over paired keys and units."""
+        if self.grid is None:
+            return dict(zip(keys, map(float, units)))
+        return dict(zip(keys, map(self.grid.decode, units)))
 
 
 def _exact(value: Any) -> float | Fraction:
@@ -150,8 +159,9 @@ class _ValueRelease(ReleaseMechanism):
             raw = {k: codec.decode(u) for k, u in sorted(noisy_units.items())}
         else:
             assert self._keys is not None
-            units = self._noise.draw([codec.encode(true_values.get(k, 0)) for k in self._keys])
-            raw = {k: codec.decode(u) for k, u in zip(self._keys, units)}
+            encode, get = codec.encode, true_values.get
+            units = self._noise.draw([encode(get(k, 0)) for k in self._keys])
+            raw = codec.decode_keys(self._keys, units)
         values, flags = apply_postprocess(raw, self.metric.postprocess)
         return NoisyRelease(
             values=values,

@@ -12,6 +12,7 @@ __all__ = ["RATIO_PLACEHOLDER", "build_record", "canonical_bytes", "cost_fields"
 
 import json
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 from dpstream.topology.accounting import epsilon_from_rho
@@ -26,14 +27,34 @@ _PROTECTED = frozenset(
 )
 
 
+_FAST_ISO_UNTIL = 253_402_300_800
+"""0001-01-01 .. 9999-12-31 is what datetime formats; the fast path covers 1970 .. 9999 (POSIX
+time has no leap seconds, so a day is 86,400 s and only the date part needs the calendar)."""
+
+
+@lru_cache(maxsize=1024)
+def _iso_day(day: int) -> str:
+    return datetime.fromtimestamp(day * 86_400, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
 def iso_utc(ts: float) -> str:
     """`2026-11-30T13:20:00Z` (seconds precision, UTC)."""
-    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = int(ts)
+    if 0 <= t < _FAST_ISO_UNTIL:
+        day, rest = divmod(t, 86_400)
+        hour, rest = divmod(rest, 3_600)
+        minute, second = divmod(rest, 60)
+        return f"{_iso_day(day)}T{hour:02d}:{minute:02d}:{second:02d}Z"
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+"""One encoder with the canonical options, built once (what `json.dumps` would build per call)."""
 
 
 def canonical_bytes(record: dict[str, Any]) -> bytes:
     """Sorted keys, no spaces, no NaN: one record has one byte form."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+    return _ENCODER.encode(record).encode()
 
 
 def cost_fields(budget: Budget, cost: float) -> dict[str, float]:

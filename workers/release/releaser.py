@@ -6,6 +6,11 @@ quoted cost → noise → record bytes → atomic `charge` (a known release_id r
 → publish the *stored* bytes with key = release_id → `commit`. A crash after the charge leaves the
 release `reserved` in the ledger; `sweep` republishes it with the same bytes. Ledger errors
 propagate (fail closed), counted as ledger_unavailable; any other error as failed.
+
+Per release the releaser reuses what only depends on the topology and the cost: the mechanism
+of each (metric, cost) it was quoted (the factory's own cache would hash the whole metric, its
+declared keys included, on every release), each metric's selection δ, and the later periods of
+a window that cannot reach past its own period (none).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dpstream.topology.model import Budget, Metric, Topology
-from dpstream.topology.periods import period_id, periods_touched
+from dpstream.topology.periods import period_id, period_start, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.selection import selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
@@ -63,18 +68,36 @@ class Releaser:
         self._clock = clock
         self.counts = ReleaseCounts()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._mechanisms: dict[tuple[str, float], Any] = {}
+        self._selection_deltas: dict[str, float] = {}
 
     def prepare(self, metric: Metric, cost: float | None = None) -> None:
         """Build (and cache) the mechanism of `metric` at `cost` (default: the planned cost), so the
         first release does not pay OpenDP's first-use cost; nothing is sampled."""
         budget = self.topology.budgets[metric.budget]
         price = cost if cost is not None and cost > 0 else self._planned_cost[metric.name]
-        self._factory(metric, budget.accounting, price, delta=self._selection_delta(metric, budget))
+        mechanism = self._factory(metric, budget.accounting, price, delta=self._selection_delta(metric, budget))
+        if len(self._mechanisms) < 1024:
+            self._mechanisms[(metric.name, price)] = mechanism
 
     def _selection_delta(self, metric: Metric, budget: Budget) -> float:
         """The partition-selection δ of one release of `metric`, as calibrated and as charged: the
         topology's share rounded down to the ledger's δ unit, so a period's releases fit its cap."""
-        return ledger_delta(selection_delta_per_release(metric, budget, self._metrics))
+        delta = self._selection_deltas.get(metric.name)
+        if delta is None:
+            delta = self._selection_deltas[metric.name] = ledger_delta(
+                selection_delta_per_release(metric, budget, self._metrics))
+        return delta
+
+    def _mechanism(self, m: Metric, budget: Budget, cost: float, selection_delta: float) -> Any:
+        """The factory's mechanism for `m` at `cost`, kept per (metric, cost) for this topology."""
+        key = (m.name, cost)
+        mechanism = self._mechanisms.get(key)
+        if mechanism is None:
+            if len(self._mechanisms) >= 1024:
+                self._mechanisms.clear()
+            mechanism = self._mechanisms[key] = self._factory(m, budget.accounting, cost, delta=selection_delta)
+        return mechanism
 
     def release_id(self, metric: str, window_start: int, window_end: int) -> str:
         """The deterministic id of this topology's release of (metric, window)."""
@@ -162,7 +185,7 @@ class Releaser:
             # release atomically and records it (refused count, audit entry with its reason).
             cost = self._planned_cost[m.name]
         selection_delta = self._selection_delta(m, budget)
-        mechanism = self._factory(m, budget.accounting, cost, delta=selection_delta)
+        mechanism = self._mechanism(m, budget, cost, selection_delta)
         noisy = mechanism.release(true_values)
         record = build_record(
             release_id=rid,
@@ -190,14 +213,20 @@ class Releaser:
             delta=selection_delta,
             # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
             # touches, in the same atomic call as its main charge (all or nothing)
-            extra_periods=tuple((period_id(budget.period_s, p), p)
-                                for p in periods_touched(budget.period_s, start, end)[1:]),
+            extra_periods=_later_periods(budget.period_s, start, end),
         )
         charge = await self.ledger.charge(request)
         if charge.outcome is Outcome.REFUSED:
             reason = charge.reason or quote.refused_reason or "refused"
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)
         return charge
+
+
+def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int], ...]:
+    """(period_id, start) of every period after the first that [start, end) touches."""
+    if type(start) is int and type(end) is int and start < end <= period_start(period_s, start) + period_s:
+        return ()  # ends inside the period it starts in
+    return tuple((period_id(period_s, p), p) for p in periods_touched(period_s, start, end)[1:])
 
 
 async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
