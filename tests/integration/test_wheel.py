@@ -1,7 +1,8 @@
 """The wheel, installed into a clean venv outside the checkout: `dpstream.*` only, data files shipped, tools left out.
 
 One module fixture builds the wheel from a copy of the sources (pip, like a user's `pip wheel`; the
-copy keeps a stale `build/` of the checkout out of it) and installs it, without dependencies, into a
+copy keeps the checkout's dpstream.egg-info, whose SOURCES.txt setuptools reads, and leaves out a
+stale `build/`, whose old files setuptools would ship) and installs it, without dependencies, into a
 venv made without pip's site packages. The dependencies come from this interpreter's site-packages
 through a plain path entry in a .pth file added after the install: such an entry puts the directory
 on sys.path but runs none of its .pth files, so the checkout's editable finder never loads and only
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("localstack", "demo", "bench")
 """Packages under workers/ that need a checkout (deploy/local) and stay out of the wheel."""
 
-_SOURCES = ("pyproject.toml", "README.md", "workers", "topology")
+_SOURCES = ("pyproject.toml", "README.md", "workers", "topology", "dpstream.egg-info")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     src.mkdir()
     for name in _SOURCES:
         path = ROOT / name
+        if not path.exists():  # the egg-info exists only after an install from the checkout
+            continue
         if path.is_dir():
             shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
