@@ -5,8 +5,9 @@ discrete Gaussian noise, released window after window through `Releaser.release`
 in-process ledger (quote → noise → record → charge → commit; the publish is a no-op, so it is
 excluded). Twice in one run: one ungrouped key, and 1,000 declared keys. The baseline is a bare
 OpenDP call of the same distribution: `make_gaussian` on an i64 vector at the release's scale,
-invoked once per release on as many keys. Figures are `time.process_time` per release (CPU, so
-other load on the machine inflates them less than wall time would). Needs only the package.
+invoked on as many keys right after each release (interleaved, so that other load on the
+machine weighs on both alike). Figures are `time.process_time` per release (CPU, so that load
+inflates them less than wall time would). Needs only the package.
 """
 
 from __future__ import annotations
@@ -77,51 +78,48 @@ async def _no_publish(value: bytes, key: bytes) -> None:
     """The publish is excluded from the figure: nothing is sent anywhere."""
 
 
-async def _release_cpu(keys: int, releases: int, warmup: int) -> tuple[float, float]:
-    """(CPU s per release, the scale used) over `releases` consecutive windows after `warmup`."""
+def _bare(keys: int, scale: float) -> tuple[Any, list[int]]:
+    """The baseline: OpenDP's discrete Gaussian on an i64 vector at `scale`, and `keys` values for it."""
+    dp.enable_features("contrib")
+    meas = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T=float), scale=scale)
+    return meas, [(i * 7919) % 97 for i in range(keys)]
+
+
+async def _measure_width(keys: int, releases: int, warmup: int) -> Row:
+    """`releases` consecutive windows after `warmup`, each followed by one bare OpenDP call of the
+    same shape, so that load on the machine weighs on both alike."""
     topology = _topology(keys)
     metric = next(iter(topology.metrics.values()))
     ledger = await open_ledger("memory", topology, actor="bench")
     releaser = Releaser(topology, ledger)
     names = [""] if keys == 1 else [f"k{i}" for i in range(keys)]
     values = {k: (i * 7919) % 97 for i, k in enumerate(names)}
-    scale = 0.0
     try:
         for i in range(warmup):
             res = await releaser.release(metric, (_T0 + 60 * i, _T0 + 60 * i + 60), values, _no_publish)
-            scale = float(json.loads(res.payload)["noise"]["scale"])
+        scale = float(json.loads(res.payload)["noise"]["scale"])
+        meas, bare_values = _bare(keys, scale)
+        meas(bare_values)
+        ours = theirs = 0.0
         start = _T0 + 60 * warmup
-        t0 = time.process_time()
         for i in range(releases):
+            t0 = time.process_time()
             await releaser.release(metric, (start + 60 * i, start + 60 * i + 60), values, _no_publish)
-        cpu = (time.process_time() - t0) / releases
+            t1 = time.process_time()
+            meas(bare_values)
+            t2 = time.process_time()
+            ours, theirs = ours + (t1 - t0), theirs + (t2 - t1)
     finally:
         await ledger.close()
     if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + releases:
         raise RuntimeError(f"bench release: expected every release published, got {releaser.counts.snapshot()}")
-    return cpu, scale
-
-
-def _baseline_cpu(keys: int, scale: float, releases: int) -> float:
-    """CPU s of one bare OpenDP discrete Gaussian call on `keys` integers at `scale`."""
-    dp.enable_features("contrib")
-    meas = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T=float), scale=scale)
-    values = [(i * 7919) % 97 for i in range(keys)]
-    meas(values)
-    t0 = time.process_time()
-    for _ in range(releases):
-        meas(values)
-    return (time.process_time() - t0) / releases
+    us, base = ours / releases * 1e6, theirs / releases * 1e6
+    return Row(keys, releases, us, base, us / base, us - base, scale)
 
 
 def measure(releases: int, wide_releases: int, wide_keys: int = 1000) -> list[Row]:
     """The two rows (1 key, `wide_keys` keys), each against its bare-OpenDP baseline."""
-    rows = []
-    for keys, n in ((1, releases), (wide_keys, wide_releases)):
-        cpu, scale = asyncio.run(_release_cpu(keys, n, warmup=3))
-        base = _baseline_cpu(keys, scale, n)
-        rows.append(Row(keys, n, cpu * 1e6, base * 1e6, cpu / base, (cpu - base) * 1e6, scale))
-    return rows
+    return [asyncio.run(_measure_width(keys, n, warmup=3)) for keys, n in ((1, releases), (wide_keys, wide_releases))]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -106,7 +106,9 @@ def _adaptive_units(
                                         _demands(cfg, snap, metric, period_start, window_end)))
 
 
-def _demands(cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int) -> dict[str, MetricDemand]:
+def _demands(
+    cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int
+) -> dict[str, MetricDemand]:
     plan = cfg.metric(metric)
     demands: dict[str, MetricDemand] = {}
     for p in cfg.metrics:

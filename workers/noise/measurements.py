@@ -153,7 +153,7 @@ class IntegerNoise:
         if min(values) < _I64_MIN or max(values) > _I64_MAX:
             raise InternalError("integer noise input outside i64")
         noise = self.pool.take(len(values))
-        return [min(max(v + z, _I64_MIN), _I64_MAX) for v, z in zip(values, noise)]
+        return [min(max(v + z, _I64_MIN), _I64_MAX) for v, z in zip(values, noise, strict=True)]
 
 
 @lru_cache(maxsize=256)

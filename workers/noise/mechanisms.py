@@ -63,8 +63,8 @@ class _Codec:
     def decode_keys(self, keys: Iterable[str], units: Iterable[int]) -> dict[str, float]:
         """{key: decode(units)} over paired keys and units."""
         if self.grid is None:
-            return dict(zip(keys, map(float, units)))
-        return dict(zip(keys, map(self.grid.decode, units)))
+            return dict(zip(keys, map(float, units), strict=True))
+        return dict(zip(keys, map(self.grid.decode, units), strict=True))
 
 
 def _exact(value: Any) -> float | Fraction:
