@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dpstream.workers.cli import main
-from dpstream.workers.noise.audit import Claim, audit, broken_cases, standard_cases
+from dpstream.workers.audit.empirical import Claim, audit, broken_cases, standard_cases
 
 CI_TRIALS = 10_000
 POWER_TRIALS = 20_000
