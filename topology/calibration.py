@@ -59,12 +59,14 @@ def continuous_ci_half_width(mechanism: Mechanism, scale: float, level: float) -
     if mechanism is Mechanism.LAPLACE:
         return scale * math.log(1.0 / (1.0 - level))
     if mechanism is Mechanism.GAUSSIAN:
-        z = Z95 if level == 0.95 else _normal_quantile((1.0 + level) / 2.0)
+        z = Z95 if level == 0.95 else normal_quantile((1.0 + level) / 2.0)
         return z * scale
     return 0.0
 
 
-def _normal_quantile(p: float) -> float:
+def normal_quantile(p: float) -> float:
+    """The smallest float z with Φ(z) ≥ p: the standard normal quantile, rounded up, so an interval
+    built from it covers at least the stated level (bisection on erfc, exact to the last float)."""
     lo, hi = -40.0, 40.0
     for _ in range(200):
         mid = (lo + hi) / 2.0
@@ -72,7 +74,7 @@ def _normal_quantile(p: float) -> float:
             lo = mid
         else:
             hi = mid
-    return lo
+    return hi
 
 
 def _component(sens: Sensitivity, mechanism: Mechanism, accounting: Accounting, cost: float, k: int) -> NoiseComponent:

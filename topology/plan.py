@@ -1,4 +1,4 @@
-"""The budget plan: what every release of a topology costs and how noisy it is (issue #2, DESIGN §5).
+"""The budget plan: what every release of a topology costs and how noisy it is (DESIGN §5).
 
 `build_plan(topology)` divides each scope's pool, cap × (1 − reserve), over its metrics by weight
 and over each metric's releases in one period (`topology.allocation.static_release_cost`), then

@@ -1,4 +1,4 @@
-"""End-to-end: `dpstream worker` subprocesses on the real Kafka + Redis fixtures (issue #5 item 6)."""
+"""End-to-end: `dpstream worker` subprocesses on the real Kafka + Redis fixtures."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def test_reference_sigma_for_1440_counts_a_day():
 
 
 def test_laplace_in_pure_scope_has_b_sensitivity_over_epsilon():
-    """Pure scope: a Laplace part granted ε gets b = Δ₁/ε (seed 000: ε 0.4 → b 2.5)."""
+    """Pure scope: a Laplace part granted ε gets b = Δ₁/ε (worked example: ε 0.4 → b 2.5)."""
     (c,) = calibrate(_metric(mechanism=Mechanism.LAPLACE), Accounting.PURE, 0.4)
     assert c.scale == pytest.approx(2.5) and c.epsilon == pytest.approx(0.4)
     assert c.stddev == pytest.approx(2.5 * math.sqrt(2))
@@ -93,3 +93,21 @@ def test_top_k_over_data_keys_splits_cost_between_selection_and_ranking():
     z_selection, z_top = calibrate(m, Accounting.ZCDP, 1e-3)
     assert z_selection.mechanism is Mechanism.GAUSSIAN
     assert acc.gaussian_rho(math.sqrt(2), z_selection.scale) + acc.top_k_rho(5, 1.0, z_top.scale) == pytest.approx(1e-3)
+
+
+def test_normal_quantile_is_the_smallest_float_covering_p() -> None:
+    """One quantile for calibration and the discrete CI: Φ(z) ≥ p at z and < p one float below,
+    and it agrees with the stdlib's inverse CDF (rounded up, so a CI covers at least its level)."""
+    import math
+    from statistics import NormalDist
+
+    from dpstream.topology.calibration import normal_quantile
+
+    phi = NormalDist().cdf
+    for p in (0.5, 0.8, 0.9, 0.95, 0.975, 0.99, 0.999, 1 - 1e-9):
+        z = normal_quantile(p)
+        assert 0.5 * math.erfc(-z / math.sqrt(2.0)) >= p
+        below = math.nextafter(z, -math.inf)
+        assert 0.5 * math.erfc(-below / math.sqrt(2.0)) < p
+        assert abs(z - NormalDist().inv_cdf(p)) < 1e-8  # near p = 1, Φ itself is resolved to ~1e-16
+        assert phi(z) >= p - 1e-15

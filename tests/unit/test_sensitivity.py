@@ -52,12 +52,12 @@ def test_sum_uses_largest_clamped_magnitude():
 
 
 def test_seed_example_sum_sensitivity_is_c():
-    """Seed 000's Q2: one contribution in [0, 100] gives Δ = 100."""
+    """The worked example's bounded sum: one contribution in [0, 100] gives Δ = 100."""
     assert _only(_metric(Aggregate.SUM, per_key=1, bounds=Bounds(0.0, 100.0))).l1 == 100.0
 
 
 def test_mean_with_public_denominator_is_the_sum_over_n():
-    """A mean over a public n is a scaled sum: Δ = max_per_key × magnitude / n (seed 000's Q3: 0.01)."""
+    """A mean over a public n is a scaled sum: Δ = max_per_key × magnitude / n (the worked example's mean: 0.01)."""
     s = _only(_metric(Aggregate.MEAN, per_key=1, bounds=Bounds(0.0, 100.0), denominator=10_000))
     assert s.l1 == pytest.approx(0.01) and s.component == "value"
 

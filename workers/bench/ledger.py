@@ -3,7 +3,7 @@
 Both phases use one client built by `workers.ledger.redis_backend.connect` (same pool, timeouts)
 with N concurrent asyncio tasks, `--seconds` per operation, measured in two alternating halves. Without `--redis` a throwaway durable
 Redis (AOF, appendfsync always) is started in a temporary directory and stopped afterwards.
-Acceptance (issue #4): reserve/INCRBY throughput ratio ≥ 0.5 at 16 clients.
+Target: charge/INCRBY throughput ratio ≥ 0.5 at 16 clients (the atomic script costs at most twice a bare INCRBY).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class Service(Enum):
     KAFKA = "kafka"
     """Event source, partials and releases topics."""
     ALERTMANAGER = "alertmanager"
-    """Receives the budget alerts (issue #6)."""
+    """Receives the budget alerts (the webhook receivers of the monitored stack)."""
     PROMETHEUS = "prometheus"
     """Scrapes the workers' /metrics."""
 

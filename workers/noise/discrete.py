@@ -22,6 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from dpstream.topology.calibration import normal_quantile
+
 LEVEL = 0.95
 """Confidence level of every published interval."""
 
@@ -89,19 +91,8 @@ def gaussian_coverage(sigma: float, h: int) -> float:
 def gaussian_ci_half_width(sigma: float, level: float = LEVEL) -> int:
     """Smallest integer h with P(|X| ≤ h) ≥ level for the discrete Gaussian."""
     if sigma > _EXACT_SIGMA_MAX:
-        guess = max(0, math.ceil(_normal_quantile((1.0 + level) / 2.0) * sigma - 0.5))
+        guess = max(0, math.ceil(normal_quantile((1.0 + level) / 2.0) * sigma - 0.5))
         return _settle(lambda h: gaussian_coverage(sigma, h), guess, level)
     _, p = _gaussian_pmf(sigma)
     cdf = np.cumsum(p)
     return int(np.searchsorted(cdf, level, side="left"))
-
-
-def _normal_quantile(p: float) -> float:
-    lo, hi = -40.0, 40.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < p:
-            lo = mid
-        else:
-            hi = mid
-    return hi
