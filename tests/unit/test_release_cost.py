@@ -322,6 +322,18 @@ def test_pool_hands_out_every_sample_exactly_once(sizes: list[int]) -> None:
     assert pool.available == fake.next - 1 - len(taken)
 
 
+def test_a_forked_pool_never_reuses_its_parents_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a fork (another pid) the samples drawn ahead by the parent are dropped, not handed out again."""
+    fake = _Counter()
+    pool = NoisePool(fake)
+    pool.take(1)
+    pool.take(1)  # draws 1 + 1 extra: one sample left over
+    assert pool.available == 1
+    real_pid = meas_mod.os.getpid()
+    monkeypatch.setattr(meas_mod.os, "getpid", lambda: real_pid + 1)
+    assert pool.take(1) == [4]  # sample 3, drawn ahead before the fork, is never handed out in the child
+
+
 def test_pooled_draw_saturates_to_i64_and_refuses_inputs_outside_it() -> None:
     """x + z is saturated to the i64 range as OpenDP's integer noise is; an input outside i64 is refused."""
     fake = _Counter()
@@ -329,6 +341,8 @@ def test_pooled_draw_saturates_to_i64_and_refuses_inputs_outside_it() -> None:
     assert noise.draw([2**63 - 2, 0, -(2**63)]) == [2**63 - 1, 2, -(2**63) + 3]
     with pytest.raises(InternalError, match="i64"):
         noise.draw([2**63])
+    with pytest.raises(InternalError, match="integers"):
+        noise.draw([1.0])  # type: ignore[list-item]
     assert noise.draw([]) == []
 
 

@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 import math
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,9 +94,11 @@ class NoisePool:
     """Integer noise of one OpenDP measurement, drawn ahead in batches and handed out once each.
 
     `take(n)` returns n fresh samples of the measurement applied to zeros; no sample is ever
-    returned twice. A refill draws what is missing plus as many again as were drawn before (up
-    to `_POOL_BATCH_MAX` extra), so a measurement used once draws exactly what it needs and a
-    steady stream of releases makes one OpenDP call per few hundred samples. Thread-safe.
+    returned twice, not even by two processes: a forked child drops what its parent had drawn
+    ahead. A refill draws what is missing plus as many again as were drawn before (up to
+    `_POOL_BATCH_MAX` extra), so a measurement used once draws exactly what it needs and a steady
+    stream of releases makes one OpenDP call per few hundred samples. Thread-safe. The samples
+    held are secret like any true aggregate (curator-side process memory).
     """
 
     def __init__(self, meas: Any) -> None:
@@ -104,10 +107,13 @@ class NoisePool:
         self._buf: list[int] = []
         self._pos = 0
         self._drawn = 0
+        self._pid = os.getpid()
 
     def take(self, n: int) -> list[int]:
         """n noise samples, each used for nothing else."""
         with self._lock:
+            if self._pid != os.getpid():  # a forked copy: the parent may use these samples too
+                self._buf, self._pos, self._pid = [], 0, os.getpid()
             have = len(self._buf) - self._pos
             if have < n:
                 extra = min(_POOL_BATCH_MAX, self._drawn)
@@ -150,6 +156,8 @@ class IntegerNoise:
         """Add independent noise to each coordinate: OpenDP's integer noise, saturated to i64."""
         if self.pool is None or not values:
             return list(self.meas(list(values)))
+        if not all(type(v) is int for v in values):
+            raise InternalError("integer noise input is not a list of integers")
         if min(values) < _I64_MIN or max(values) > _I64_MAX:
             raise InternalError("integer noise input outside i64")
         noise = self.pool.take(len(values))
