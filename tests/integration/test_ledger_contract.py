@@ -137,8 +137,8 @@ def test_pending_and_commit(where: str) -> None:
         pending = await ledger.pending(30)
         assert [(p.release_id, p.payload) for p in pending] == [("a", r.payload)]
         assert await ledger.pending(120) == []
-        assert await ledger.commit("a", "s") is True
-        assert await ledger.commit("a", "s") is False
+        assert await ledger.commit("s", "a") is True
+        assert await ledger.commit("s", "a") is False
         assert await ledger.pending(0) == []
         await ledger.close()
 

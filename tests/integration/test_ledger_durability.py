@@ -72,7 +72,7 @@ def test_redis_down_raises_ledger_unavailable_and_grants_nothing(fresh_redis: An
         await asyncio.to_thread(fresh_redis.kill)
         try:
             for call in (ledger.charge(_req("down")), ledger.quote("m", P0, P0 + DAY), ledger.status("s"),
-                         ledger.commit("down", "s"), ledger.pending(0)):
+                         ledger.commit("s", "down"), ledger.pending(0)):
                 with pytest.raises(LedgerUnavailable) as info:
                     await call
                 assert info.value.__cause__ is not None

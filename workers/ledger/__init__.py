@@ -3,7 +3,7 @@
     ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
     q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
     r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
-    await ledger.commit(release_id, scope)                              # reserved -> published
+    await ledger.commit(scope, release_id)                              # reserved -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
 
 One interface, two backends (Redis for production, in-process for `replay` and tests), one

@@ -237,7 +237,7 @@ class Ledger(ABC):
             cost_units=raw.cost_units,
         )
 
-    async def commit(self, release_id: str, scope: str) -> bool:
+    async def commit(self, scope: str, release_id: str) -> bool:
         """Mark a reserved release published; False when it was already published or is unknown."""
         _check_scope(scope)
         return await self._commit(scope, release_id, self._now_ms()) == 1

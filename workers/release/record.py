@@ -17,10 +17,12 @@ from typing import Any
 
 from dpstream.topology.accounting import epsilon_from_rho
 from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Source
+from dpstream.workers.ledger.types import RATIO_TOKEN
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
-RATIO_PLACEHOLDER = b'"ratio_after":null'
-"""Exactly what canonical bytes contain for `budget.ratio_after` before the ledger fills it."""
+RATIO_PLACEHOLDER = RATIO_TOKEN
+"""The ledger's placeholder (`ledger.types.RATIO_TOKEN`, one constant): exactly what canonical bytes
+contain for `budget.ratio_after` before the ledger's charge fills it."""
 
 _PROTECTED = frozenset(
     {"release_id", "topology_version", "metric", "window", "privacy_unit", "event_level", "cost", "budget"}

@@ -144,7 +144,7 @@ class Releaser:
         known = await self.ledger.stored_payload(budget.name, rid)
         if known is not None:  # a retry, a replay or another worker: same bytes, no fresh noise
             await publish(known, rid.encode())
-            await self.ledger.commit(rid, budget.name)
+            await self.ledger.commit(budget.name, rid)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
         async with self._pricing_lock(budget.name):
             charged = await self._price_and_charge(m, budget, start, end, rid, true_values)
@@ -152,7 +152,7 @@ class Releaser:
             return charged
         stored = charged.payload
         await publish(stored, rid.encode())
-        await self.ledger.commit(rid, budget.name)
+        await self.ledger.commit(budget.name, rid)
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
@@ -234,7 +234,7 @@ async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: Rele
     done = 0
     for pending in await ledger.pending(older_than_s):
         await publish(pending.payload, pending.release_id.encode())
-        await ledger.commit(pending.release_id, pending.scope)
+        await ledger.commit(pending.scope, pending.release_id)
         done += 1
     if counts is not None:
         counts.swept += done
