@@ -7,7 +7,7 @@ disagrees with the registered one is refused.
 
 from __future__ import annotations
 
-__all__ = ["MetricPlan", "ScopeConfig", "scope_configs"]
+__all__ = ["MetricShare", "ScopeConfig", "scope_configs"]
 
 import hashlib
 import json
@@ -24,8 +24,9 @@ from dpstream.workers.ledger.units import cap_to_units, delta_cap_to_units, shar
 
 
 @dataclass(frozen=True)
-class MetricPlan:
-    """What allocation needs of one metric: weight (exact), window, releases per period."""
+class MetricShare:
+    """What the ledger's allocation needs of one metric: weight (exact), window, releases per period
+    (the plan's full per-metric figures are `topology.plan.MetricPlan`)."""
 
     name: str
     weight: Fraction
@@ -49,7 +50,7 @@ class ScopeConfig:
     reserve: float
     warn_at: float
     on_warning: WarningPolicy
-    metrics: tuple[MetricPlan, ...]
+    metrics: tuple[MetricShare, ...]
     delta_cap_units: int = 0
     """The partition-selection δ a period may spend, in δ units (1e-18; 0 when nothing selects)."""
 
@@ -65,7 +66,7 @@ class ScopeConfig:
         cap = scope_cap(budget, metrics)
         cap_units = cap_to_units(cap, where)
         plans = tuple(
-            MetricPlan(
+            MetricShare(
                 m.name,
                 Fraction(repr(float(m.weight))),
                 m.window,
@@ -90,7 +91,7 @@ class ScopeConfig:
             delta_cap_units=delta_cap_to_units(selection_delta_total(budget, metrics), where),
         )
 
-    def metric(self, name: str) -> MetricPlan:
+    def metric(self, name: str) -> MetricShare:
         """The plan of one metric of this scope (ConfigError if it is not charged here)."""
         for plan in self.metrics:
             if plan.name == name:
