@@ -5,6 +5,12 @@ Only modules under a path containing `synthetic` may use a non-cryptographic RNG
 
 from __future__ import annotations
 
-from dpstream.workers.synthetic.generator import EventGenerator, GeneratorConfig, Malformation, SyntheticEvent, write_jsonl
+from dpstream.workers.synthetic.generator import (
+    EventGenerator,
+    GeneratorConfig,
+    Malformation,
+    SyntheticEvent,
+    write_jsonl,
+)
 
 __all__ = ["EventGenerator", "GeneratorConfig", "Malformation", "SyntheticEvent", "write_jsonl"]

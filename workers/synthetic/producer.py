@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["ProduceStats", "produce", "produce_async", "send_all"]
+__all__ = ["Observer", "ProduceStats", "produce", "produce_async", "send_all"]
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dpstream.workers.synthetic.generator import EventGenerator, SyntheticEvent
 
 _TICK_S = 0.1
+
+Observer = Callable[[list[SyntheticEvent], float], None]
+"""observe(events, acked_at): one tick's events, once the broker acknowledged them (wall-clock seconds)."""
 
 
 @dataclass(frozen=True)
@@ -53,30 +56,39 @@ async def produce_async(
     rate: float,
     duration_s: float,
     stop: asyncio.Event | None = None,
+    observe: Observer | None = None,
 ) -> ProduceStats:
-    """Send `rate` events per second for `duration_s` seconds (or until `stop` is set)."""
+    """Send `rate` events per second for `duration_s` seconds (or until `stop` is set).
+
+    Every tick's events carry the event time of their sending: the wall clock (× the generator's
+    speed-up from its start), so a live worker sees them on time however the tick ran. `observe`,
+    if given, gets each tick's events and the wall-clock time by which the broker had them.
+    """
     from aiokafka import AIOKafkaProducer
 
     total = int(rate * duration_s)
-    events = generator.events(total, rate=rate)
+    config = generator.config
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=10, acks=1)
     await producer.start()
     sent = malformed = 0
     first_ts = last_ts = None
     started = time.monotonic()
+    origin = config.start_ts if config.start_ts is not None else time.time()
     try:
         while sent < total and not (stop is not None and stop.is_set()):
-            due = min(total, int((time.monotonic() - started + _TICK_S) * rate))
-            pending = []
-            while sent < due:
-                event = next(events)
-                pending.append(await producer.send(generator.source.topic, event.value, key=event.key))
-                sent += 1
-                malformed += event.malformation is not None
-                first_ts = event.ts if first_ts is None else first_ts
-                last_ts = event.ts
-            if pending:
+            elapsed = time.monotonic() - started
+            due = min(total, int((elapsed + _TICK_S) * rate))
+            if due > sent:
+                events = generator.events_at(due - sent, origin + elapsed * config.speedup)
+                topic = generator.source.topic
+                pending = [await producer.send(topic, event.value, key=event.key) for event in events]
                 await asyncio.gather(*pending)
+                if observe is not None:
+                    observe(events, time.time())
+                sent += len(events)
+                malformed += sum(event.malformation is not None for event in events)
+                first_ts = events[0].ts if first_ts is None else first_ts
+                last_ts = events[-1].ts
             await asyncio.sleep(_TICK_S)
         await producer.flush()
     finally:
