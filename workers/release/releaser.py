@@ -31,14 +31,12 @@ from dpstream.workers.ledger.types import Outcome, ReleaseRequest, ChargeResult
 from dpstream.workers.ledger.units import ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release.ids import release_id as make_release_id
+from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.record import build_record, canonical_bytes, true_values_for
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
-
-MechanismFactory = Callable[..., Any]
-"""build_release_mechanism(metric, accounting, cost, delta=...) → object with .release(true_values)."""
 
 
 def _default_factory() -> MechanismFactory:
@@ -53,7 +51,7 @@ class Releaser:
     def __init__(
         self,
         topology: Topology,
-        ledger: Any,
+        ledger: ReleaseLedger,
         *,
         mechanism_factory: MechanismFactory | None = None,
         clock: Callable[[], float] = time.time,
@@ -68,7 +66,7 @@ class Releaser:
         self._clock = clock
         self.counts = ReleaseCounts()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._mechanisms: dict[tuple[str, float], Any] = {}
+        self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
         self._selection_deltas: dict[str, float] = {}
 
     def prepare(self, metric: Metric, cost: float | None = None) -> None:
@@ -89,7 +87,7 @@ class Releaser:
                 selection_delta_per_release(metric, budget, self._metrics))
         return delta
 
-    def _mechanism(self, m: Metric, budget: Budget, cost: float, selection_delta: float) -> Any:
+    def _mechanism(self, m: Metric, budget: Budget, cost: float, selection_delta: float) -> ReleaseMechanism:
         """The factory's mechanism for `m` at `cost`, kept per (metric, cost) for this topology."""
         key = (m.name, cost)
         mechanism = self._mechanisms.get(key)
@@ -229,7 +227,7 @@ def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int]
     return tuple((period_id(period_s, p), p) for p in periods_touched(period_s, start, end)[1:])
 
 
-async def sweep(ledger: Any, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
+async def sweep(ledger: ReleaseLedger, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
     """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
     done = 0
     for pending in await ledger.pending(older_than_s):

@@ -29,6 +29,7 @@ import faust
 from aiokafka import AIOKafkaProducer
 
 from dpstream.topology.model import Topology
+from dpstream.workers.ledger.base import Ledger
 from dpstream.workers.pipeline.merger import MergedWindow, PartitionCountChanged
 from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.release import Releaser, ReleaseResult, sweep
@@ -81,8 +82,8 @@ class ReleaseSide:
         self.settings = settings
         self.stats = ReleaseStats()
         self._partitions = partitions  # metric → number of source partitions that report partials
-        self._ledger: Any = None
-        self._timed_ledger: Any = None
+        self._ledger: Ledger | None = None
+        self._timed_ledger: TimedLedger | None = None
         """The ledger as the releaser and sweeper see it: timed per call (workers.telemetry)."""
         self.ledger_timings = LedgerTimings()
         self.latency = LabelledHistogram("metric", topology.metrics, LATENCY_BUCKETS)
@@ -123,7 +124,7 @@ class ReleaseSide:
         """Pay the first-use costs before the first window: releases-topic metadata, the ledger's
         connection pool (as many concurrent quotes as releases may run at once), each metric's quote
         path and its mechanism at the quoted cost (built, no noise drawn)."""
-        assert self._producer is not None and self._releaser is not None
+        assert self._producer is not None and self._releaser is not None and self._ledger is not None
         await self._producer.partitions_for(self.topology.sinks.releases)
         now = int(time.time())
         metrics = list(self.topology.metrics.values())
@@ -250,7 +251,7 @@ class ReleaseSide:
 
     async def _sweep(self) -> None:
         """Republish reserved-but-unpublished releases with their stored bytes."""
-        if self._ledger is None or self._releaser is None:
+        if self._timed_ledger is None or self._releaser is None:
             return
         try:
             await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)

@@ -1,0 +1,39 @@
+"""The seams of the release path, as Protocols: what the `Releaser` needs of a ledger and of a
+mechanism factory. The ledger backends (`dpstream.workers.ledger.Ledger`), the telemetry timing
+proxy and test doubles all satisfy them structurally."""
+
+from __future__ import annotations
+
+__all__ = ["ReleaseLedger", "ReleaseMechanism", "MechanismFactory"]
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from dpstream.topology.model import Accounting, Metric
+from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, ReleaseRequest
+
+
+class ReleaseLedger(Protocol):
+    """The ledger calls the release protocol makes (DESIGN §4)."""
+
+    async def quote(self, metric: str, window_start: int, window_end: int) -> Quote: ...
+
+    async def charge(self, req: ReleaseRequest) -> ChargeResult: ...
+
+    async def commit(self, scope: str, release_id: str) -> bool: ...
+
+    async def stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
+
+    async def pending(self, older_than_s: float) -> list[PendingRelease]: ...
+
+
+class ReleaseMechanism(Protocol):
+    """A calibrated mechanism: true values in, a noisy release (with its record fields) out."""
+
+    def release(self, true_values: Mapping[str, Any]) -> Any: ...
+
+
+class MechanismFactory(Protocol):
+    """build_release_mechanism(metric, accounting, cost, delta=...): the mechanism at a charged cost."""
+
+    def __call__(self, metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0) -> ReleaseMechanism: ...
