@@ -33,6 +33,7 @@ COMMANDS = (
     "budget",
     "breaker",
     "audit_privacy",
+    "verify",
     "bench",
 )
 """Modules under dpstream.workers.commands, in `dpstream --help` order (`audit_privacy` is `audit-privacy`)."""
