@@ -169,7 +169,8 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
 def test_compare_to_another_runs_releases(
     tmp_path: Path, kafka_broker: Any, fresh_redis: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--compare-to: the same releases match; a copy with one value moved far off is named; no common window is named."""
+    """--compare-to: the same releases match; a copy with one value moved far off is named, and so is
+    a topic without any window in common."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=1000.0)
     try:
         dep.start_worker("w1")
@@ -206,7 +207,8 @@ def test_compare_to_another_runs_releases(
 
 def test_usage_errors_exit_2_with_one_line(tmp_path: Path, kafka_broker: Any, fresh_redis: Any,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """A missing topology, a bad --grace, --tolerance without --compare-to, a missing compare topic: exit 2, one line."""
+    """A missing topology, a bad --grace or --since, --tolerance without --compare-to, a missing compare
+    topic, an unreachable broker: exit 2 with one line."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     base = ["verify", "--bootstrap", dep.bootstrap, "--redis", dep.redis_url]
     cases = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ["register"]
 
 import argparse
+from datetime import UTC
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _since(text: str | None) -> int | None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from dpstream.topology.errors import ConfigError
 
@@ -57,7 +58,7 @@ def _since(text: str | None) -> int | None:
     except ValueError:
         raise ConfigError(f"--since {text!r}: not epoch seconds or an ISO-8601 time (2026-11-30T00:00Z)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp())
 
 

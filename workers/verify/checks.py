@@ -87,7 +87,9 @@ def _differing_fields(a: bytes, b: bytes) -> str:
     return ", ".join(names) if names else "byte form only (same JSON)"
 
 
-def index_releases(records: Iterable[TopicRecord], counts: dict[str, Any]) -> tuple[dict[str, Published], list[Violation]]:
+def index_releases(
+    records: Iterable[TopicRecord], counts: dict[str, Any]
+) -> tuple[dict[str, Published], list[Violation]]:
     """Group the releases topic by release_id; name malformed records, key mismatches and every
     release_id that came with a second, different payload (byte comparison)."""
     out: dict[str, Published] = {}
@@ -239,7 +241,9 @@ class ScheduledWindow:
     release_id: str
 
 
-def scheduled_windows(topology: Topology, start_s: int, until_s: float, since_s: int | None = None) -> Iterator[ScheduledWindow]:
+def scheduled_windows(
+    topology: Topology, start_s: int, until_s: float, since_s: int | None = None
+) -> Iterator[ScheduledWindow]:
     """Every window of every metric from S (or `since_s`, if later) whose close time C(w) ≤ `until_s`."""
     version = topology.topology_version
     for metric in topology.metrics.values():
@@ -339,9 +343,8 @@ def _value_problems(a: Mapping[str, Any], b: Mapping[str, Any], tolerance: float
 
     Default tolerance per value: 3 × (sum of both records' 95 % CI half-widths), + 1 if rounded."""
     problems: list[str] = []
-    if "keys" in a or "keys" in b:
-        if a.get("keys") != b.get("keys"):
-            problems.append(f"keys {a.get('keys')} vs {b.get('keys')}")
+    if ("keys" in a or "keys" in b) and a.get("keys") != b.get("keys"):
+        problems.append(f"keys {a.get('keys')} vs {b.get('keys')}")
     va, vb = a.get("values"), b.get("values")
     if not isinstance(va, dict) or not isinstance(vb, dict):
         return problems if va == vb else [*problems, "values not comparable"]

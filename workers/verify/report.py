@@ -19,7 +19,7 @@ __all__ = ["KINDS", "VERIFY_VERSION", "Violation", "VerifyReport", "render_text"
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 VERIFY_VERSION = 1
@@ -87,7 +87,7 @@ class VerifyReport:
 
 def iso(ts: float) -> str:
     """UTC ISO-8601 to the second with a Z."""
-    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(int(ts), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _summary(report: VerifyReport) -> str:

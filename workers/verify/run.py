@@ -56,7 +56,9 @@ def _valid_scope(name: str | None) -> bool:
     return True
 
 
-async def _charges(client: Any, published: dict[str, checks.Published], scopes: list[str]) -> dict[str, LedgerRelease | None]:
+async def _charges(
+    client: Any, published: dict[str, checks.Published], scopes: list[str]
+) -> dict[str, LedgerRelease | None]:
     """rid → its ledger record: under the scope its payload names first, else under any other scope."""
     found: dict[str, LedgerRelease | None] = {}
     first = {(p.scope, rid) for rid, p in published.items() if _valid_scope(p.scope)}
@@ -134,6 +136,7 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
         found = await _charges(client, published, sorted(registered | set(scopes)))
         report.add(checks.check_charges(published, found, counts))
 
+        start: int | None
         if topology.start_s is not None:
             start, start_from = int(topology.start_s), "topology"
         else:

@@ -146,7 +146,7 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
             rows: Sequence[Sequence[Any]] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise LedgerUnavailable(f"ledger Redis unavailable while reading release records: {exc}") from exc
-        for (scope, rid), row in zip(chunk, rows):
+        for (scope, rid), row in zip(chunk, rows, strict=True):
             state, payload, metric, ws, we = row
             if state is None and payload is None:
                 continue
