@@ -1,0 +1,95 @@
+"""The demo's synthetic truth: what an un-noised worker would publish for each window, from the events the
+demo itself sent.
+
+Only a demo can have this: it produced the feed, so it runs every well-formed event it sent through the
+worker's own bounding and windowing code (`pipeline.MetricAccumulator`), with the moment it sent the event as
+its arrival. An event counts in window w iff its time lies in w and it arrived by C(w) = end + lateness, the
+same rule as the worker's (which uses the broker's append time, a few milliseconds later). Values are the
+worker's true aggregates before noise: counts and distinct users as integers, sums in EUR, means as
+sum / count. Nothing of this leaves the demo process: it is printed beside the noisy value, labelled.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TruthBook"]
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from dpstream.topology.model import Aggregate, Metric, Source, Topology
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.synthetic.generator import SyntheticEvent
+
+_KEEP_WINDOWS = 64
+"""Closed windows kept per metric for look-up (a release arrives a second or two after its close)."""
+
+
+class TruthBook:
+    """True values per (metric, window start) of one source, for windows of the schedule from `start`."""
+
+    def __init__(self, topology: Topology, start: int, source: str | None = None) -> None:
+        self._source: Source = topology.sources[source] if source else next(iter(topology.sources.values()))
+        self._metrics: dict[str, Metric] = {
+            m.name: m for m in topology.metrics.values() if m.source == self._source.name
+        }
+        self._acc = {
+            name: MetricAccumulator(m, self._source, -(-start // m.window.every_s) * m.window.every_s)
+            for name, m in self._metrics.items()
+        }
+        self._adds = [a.add_fn for a in self._acc.values()]
+        self._closed: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in self._metrics}
+        self._offset = 0
+        self._lateness = int(self._source.allowed_lateness_s)
+        self.events = 0
+        """Well-formed events seen (malformed ones are dead-lettered by the worker and count nowhere)."""
+
+    def observe(self, events: Iterable[SyntheticEvent], arrival: float) -> None:
+        """Add events that reached the broker by `arrival` (wall-clock seconds)."""
+        unit_field, ts_field = self._source.privacy_unit, self._source.timestamp
+        horizon = arrival - self._lateness
+        adds = self._adds
+        for event in events:
+            fields = event.fields
+            if fields is None:
+                continue
+            self._offset += 1
+            self.events += 1
+            unit = fields[unit_field]
+            ts = float(fields[ts_field]) if ts_field else arrival  # the time as sent (ms), as the worker reads it
+            for add in adds:
+                add(unit, ts, fields, self._offset, horizon)
+
+    def close_through(self, t: float) -> None:
+        """Close every window with C(w) ≤ t; call only once every event sent up to t was observed."""
+        for name, acc in self._acc.items():
+            closed = self._closed[name]
+            for start, values in acc.close_through(t):
+                closed[start] = self._finish(self._metrics[name], values, acc.exponent)
+            for old in sorted(closed)[:-_KEEP_WINDOWS]:
+                del closed[old]
+
+    def values(self, metric: str, window_start: int) -> dict[str, float] | None:
+        """True values {key: value} ('' for an ungrouped metric) of a closed window, or None if unknown."""
+        return self._closed.get(metric, {}).get(int(window_start))
+
+    def capped(self, metric: str) -> int:
+        """Events of `metric` cut by contribution bounding so far (the busiest users' surplus)."""
+        return self._acc[metric].capped
+
+    @staticmethod
+    def _finish(metric: Metric, values: dict[str, Any], exponent: int) -> dict[str, float]:
+        scale = math.ldexp(1.0, -exponent)
+        out: dict[str, float] = {}
+        keys = metric.keys if metric.keys is not None else (tuple(values) if metric.group_by else ("",))
+        for key in keys:
+            v = values.get(key)
+            if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
+                out[key] = (v[0] * scale / v[1]) if v else math.nan
+            elif metric.aggregate is Aggregate.MEAN:
+                out[key] = (v or 0) * scale / float(metric.denominator or 1)
+            elif metric.aggregate is Aggregate.SUM:
+                out[key] = (v or 0) * scale
+            else:
+                out[key] = float(v or 0)
+        return out
