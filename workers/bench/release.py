@@ -17,12 +17,14 @@ __all__ = ["register", "run", "measure"]
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import opendp.prelude as dp
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Topology
 from dpstream.workers.ledger import open_ledger
@@ -57,11 +59,16 @@ class Row:
     keys: int
     releases: int
     release_us: float
+    """Median over the rounds of the CPU µs per release."""
     baseline_us: float
+    """Median over the rounds of the CPU µs per bare OpenDP call."""
     ratio: float
-    """release_us / baseline_us."""
+    """Median over the rounds of release / bare."""
     overhead_us: float
     """release_us − baseline_us: what pricing, the record and the ledger add to the noise."""
+    best_release_us: float
+    """The least-loaded round's µs per release (min over rounds, as timeit reports)."""
+    best_baseline_us: float
     scale: float
     """The discrete Gaussian σ parameter the releases used (integer units)."""
 
@@ -85,9 +92,9 @@ def _bare(keys: int, scale: float) -> tuple[Any, list[int]]:
     return meas, [(i * 7919) % 97 for i in range(keys)]
 
 
-async def _measure_width(keys: int, releases: int, warmup: int) -> Row:
+async def _measure_width(keys: int, releases: int, warmup: int, rounds: int) -> Row:
     """`releases` consecutive windows after `warmup`, each followed by one bare OpenDP call of the
-    same shape, so that load on the machine weighs on both alike."""
+    same shape, so that load on the machine weighs on both alike; timed in `rounds` rounds."""
     topology = _topology(keys)
     metric = next(iter(topology.metrics.values()))
     ledger = await open_ledger("memory", topology, actor="bench")
@@ -100,26 +107,35 @@ async def _measure_width(keys: int, releases: int, warmup: int) -> Row:
         scale = float(json.loads(res.payload)["noise"]["scale"])
         meas, bare_values = _bare(keys, scale)
         meas(bare_values)
-        ours = theirs = 0.0
-        start = _T0 + 60 * warmup
-        for i in range(releases):
-            t0 = time.process_time()
-            await releaser.release(metric, (start + 60 * i, start + 60 * i + 60), values, _no_publish)
-            t1 = time.process_time()
-            meas(bare_values)
-            t2 = time.process_time()
-            ours, theirs = ours + (t1 - t0), theirs + (t2 - t1)
+        per_round = max(1, releases // rounds)
+        rows: list[tuple[float, float]] = []
+        window = _T0 + 60 * warmup
+        for _ in range(rounds):
+            ours = theirs = 0.0
+            for _ in range(per_round):
+                t0 = time.process_time()
+                await releaser.release(metric, (window, window + 60), values, _no_publish)
+                t1 = time.process_time()
+                meas(bare_values)
+                t2 = time.process_time()
+                ours, theirs = ours + (t1 - t0), theirs + (t2 - t1)
+                window += 60
+            rows.append((ours / per_round * 1e6, theirs / per_round * 1e6))
     finally:
         await ledger.close()
-    if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + releases:
+    if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + per_round * rounds:
         raise RuntimeError(f"bench release: expected every release published, got {releaser.counts.snapshot()}")
-    us, base = ours / releases * 1e6, theirs / releases * 1e6
-    return Row(keys, releases, us, base, us / base, us - base, scale)
+    us = statistics.median(r[0] for r in rows)
+    base = statistics.median(r[1] for r in rows)
+    ratio = statistics.median(r[0] / r[1] for r in rows)
+    return Row(keys, per_round * rounds, us, base, ratio, us - base, min(r[0] for r in rows),
+               min(r[1] for r in rows), scale)
 
 
-def measure(releases: int, wide_releases: int, wide_keys: int = 1000) -> list[Row]:
+def measure(releases: int, wide_releases: int, wide_keys: int = 1000, rounds: int = 5) -> list[Row]:
     """The two rows (1 key, `wide_keys` keys), each against its bare-OpenDP baseline."""
-    return [asyncio.run(_measure_width(keys, n, warmup=3)) for keys, n in ((1, releases), (wide_keys, wide_releases))]
+    return [asyncio.run(_measure_width(keys, n, warmup=3, rounds=rounds))
+            for keys, n in ((1, releases), (wide_keys, wide_releases))]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -127,27 +143,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("release", help="CPU per release (1 and 1000 keys) vs a bare OpenDP sample")
     parser.add_argument("--releases", type=int, default=2000, help="timed 1-key releases (default 2000)")
     parser.add_argument("--wide-releases", type=int, default=40, help="timed 1000-key releases (default 40)")
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds: medians and the best shown (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print per-release CPU, the baseline and their ratio (or JSON)."""
-    if args.releases < 1 or args.wide_releases < 1:
-        from dpstream.topology.errors import ConfigError
-
-        raise ConfigError("--releases/--wide-releases: need at least 1")
-    rows = measure(args.releases, args.wide_releases)
+    if args.releases < 1 or args.wide_releases < 1 or args.rounds < 1:
+        raise ConfigError("--releases/--wide-releases/--rounds: need at least 1")
+    rows = measure(args.releases, args.wide_releases, rounds=args.rounds)
     doc: dict[str, Any] = {"clock": "process_time", "rows": [asdict(r) for r in rows]}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print("release bench: CPU per release on the in-process path (memory ledger, publish excluded)")
-    print(f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>11} {'bare OpenDP µs':>15} | {'ratio':>6} "
+    print(f"release bench: CPU per release on the in-process path (memory ledger, publish excluded), "
+          f"median of {args.rounds} rounds (best round in brackets)")
+    print(f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>20} {'bare OpenDP µs':>20} | {'ratio':>6} "
           f"{'overhead µs':>12}")
     for r in rows:
-        print(f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {r.release_us:>11.1f} {r.baseline_us:>15.1f} | "
-              f"{r.ratio:>6.2f} {r.overhead_us:>12.1f}")
-    print("ratio = release / bare OpenDP make_gaussian call on the same keys at the same σ; "
-          "overhead = release − bare (pricing, record, ledger)")
+        ours = f"{r.release_us:.1f} [{r.best_release_us:.1f}]"
+        bare = f"{r.baseline_us:.1f} [{r.best_baseline_us:.1f}]"
+        print(f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {ours:>20} {bare:>20} | {r.ratio:>6.2f} "
+              f"{r.overhead_us:>12.1f}")
+    print("ratio = release / one bare OpenDP make_gaussian call on the same keys at the same σ, timed right after "
+          "each release; overhead = release − bare")
     return 0
