@@ -89,7 +89,7 @@ class SyntheticEvent:
     value: bytes
     ts: float
     malformation: Malformation | None = None
-    fields: dict[str, object] | None = field(default=None, compare=False, repr=False)
+    fields: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     """The event as a dict (None when malformed): what a consumer would parse, without parsing."""
 
 
