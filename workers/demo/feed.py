@@ -1,79 +1,140 @@
-"""The live view of a demo: one line per release (noisy values ± CI, never a true value) and budget lines."""
+"""The demo's screen: release rows (noisy value ± 95 % CI beside the demo-only truth), budget lines, summary.
+
+Everything printed about a release comes from its public record (values, CI, budget ratio); the truth
+comes from `truth.TruthBook`, which only a demo has, and is labelled as such on every row.
+"""
 
 from __future__ import annotations
 
-__all__ = ["format_release", "format_budget", "ReleaseTally"]
+__all__ = [
+    "TRUTH_LABEL",
+    "ReleaseTally",
+    "format_budget",
+    "format_release",
+    "header_lines",
+    "number",
+]
 
-import json
+import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-_MAX_KEYS_SHOWN = 5
+TRUTH_LABEL = "(truth shown only in the demo)"
+
+_METRIC_W = 16
+_WINDOW_W = 17
+_RATIO_W = 7
 
 
-def _hhmm(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M")
+def _hms(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%H:%M:%S")
 
 
-def _number(value: float) -> str:
-    """Integers (noisy counts) as integers; other numbers with 2 decimals below 100."""
-    if isinstance(value, int) or abs(value) >= 100 or float(value).is_integer():
-        return f"{value:,.0f}"
-    return f"{value:,.2f}"
+def _window(window: dict[str, Any]) -> str:
+    return f"{_hms(window['start_epoch'])}–{_hms(window['end_epoch'])}"
 
 
-def _values(record: dict[str, Any]) -> str:
-    keys = record.get("keys")
-    if keys is not None:
-        return "top: " + ", ".join(keys) if keys else "top: (no key passed selection)"
-    values: dict[str, float] = record.get("values") or {}
+def _decimals(half_width: float | None) -> int:
+    """Digits worth showing next to a ± of this size: none for ±10 and more, else 1 or 2."""
+    if half_width is None or not math.isfinite(half_width) or half_width >= 10:
+        return 0
+    return 1 if half_width >= 1 else 2
+
+
+def number(value: float | None, half_width: float | None = None) -> str:
+    """A value with the precision its CI deserves (thousands separated); '–' for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{_decimals(half_width)}f}"
+
+
+def header_lines() -> list[str]:
+    """The column heads of the release table, with what 'truth' is."""
+    return [
+        "releases as the worker publishes them: noisy value ± 95 % CI; budget = the scope's spent ratio after it",
+        f"truth = the demo's own aggregate of the events it sent, bounded as the worker bounds them {TRUTH_LABEL}",
+        f"{'metric':<{_METRIC_W}} {'window (UTC)':<{_WINDOW_W}} {'budget':>{_RATIO_W}}  noisy ± 95 % CI   truth",
+    ]
+
+
+def _half(record: dict[str, Any], key: str) -> float | None:
     half = (record.get("ci") or {}).get("half_width")
-    shown = list(values.items())[:_MAX_KEYS_SHOWN]
-    parts = []
-    for key, value in shown:
-        h = half.get(key) if isinstance(half, dict) else half
-        label = f"{key}=" if key else ""
-        parts.append(f"{label}{_number(value)}" + (f" ±{_number(h)}" if h is not None else ""))
-    more = len(values) - len(shown)
-    return "  ".join(parts) + (f"  (+{more} keys)" if more > 0 else "") if parts else "(no key passed selection)"
+    return half.get(key) if isinstance(half, dict) else half
 
 
-def format_release(payload: bytes) -> str:
-    """One table row for a release record: metric, window, noisy values ± 95 % CI, budget after it."""
-    record = json.loads(payload)
+def format_release(record: dict[str, Any], truth: dict[str, float] | None = None, note: str = "") -> list[str]:
+    """Rows of one release record: one for an ungrouped metric, two (noisy, then truth) for a grouped one."""
     if record.get("charge_only"):
-        return ""
-    window = record["window"]
-    budget = record.get("budget") or {}
-    ratio = budget.get("ratio_after")
-    ratio_text = f"{100 * ratio:5.2f} %" if isinstance(ratio, (int, float)) else "   -   "
-    return (
-        f"{record['metric']:<18} {_hhmm(window['start_epoch'])}–{_hhmm(window['end_epoch'])}  "
-        f"{ratio_text}  {_values(record)}"
-    )
+        return []
+    ratio = (record.get("budget") or {}).get("ratio_after")
+    ratio_text = f"{100 * ratio:5.2f} %" if isinstance(ratio, (int, float)) else "-"
+    head = f"{record['metric']:<{_METRIC_W}} {_window(record['window']):<{_WINDOW_W}} {ratio_text:>{_RATIO_W}}  "
+    tail = f"   [{note}]" if note else ""
+    if record.get("keys") is not None:  # top-k: a ranking, no CI
+        keys = record["keys"]
+        line = "top: " + (", ".join(keys) if keys else "(no key passed selection)")
+        if truth:
+            ranked = sorted(truth.items(), key=lambda kv: -kv[1])[: len(keys) or 1]
+            line += "   truth: " + ", ".join(k for k, _ in ranked)
+        return [head + line + tail]
+    values: dict[str, float] = record.get("values") or {}
+    if list(values) in ([], [""]):
+        v, h = values.get(""), _half(record, "")
+        t = (truth or {}).get("")
+        unit = " s" if record.get("aggregate") == "mean" else ""
+        return [head + f"{number(v, h)} ±{number(h, h)}{unit}   truth {number(t, h)}{unit}" + tail]
+    cells = []
+    for key, v in values.items():
+        h = _half(record, key)
+        noisy = f"{key} {number(v, h)}"
+        true = f"{key} {number((truth or {}).get(key), h)}"
+        width = max(len(noisy), len(true))
+        cells.append((noisy.ljust(width), true.ljust(width)))
+    h0 = _half(record, next(iter(values)))
+    pm = f"±{number(h0, h0)}"
+    first = head + f"{pm:<8} " + "  ".join(n for n, _ in cells) + tail
+    second = " " * len(head) + f"{'truth':<8} " + "  ".join(t for _, t in cells)
+    return [first, second.rstrip()]
 
 
 def format_budget(status: dict[str, Any]) -> str:
-    """One budget line from `budget status --json`'s per-scope object."""
+    """One budget line from `budget status --json`'s per-scope object (read from the ledger)."""
+    currency = "ρ" if status["accounting"] == "zcdp" else "ε"
+    left = status["period"]["seconds_left"]
     return (
-        f"budget {status['scope']}: {status['state']}, spent {100 * status['ratio']:.2f} % of the cap "
-        f"(ε ≈ {status['epsilon_equiv']:.3f}), granted {status['releases']['granted']}, "
-        f"refused {status['releases']['refused']}"
+        f"budget {status['scope']} (ledger): {status['state']}, spent {100 * status['ratio']:.2f} % of the cap "
+        f"({currency} {status['spent']:.3g} of {status['cap']:.3g}, ε-equivalent {status['epsilon_equiv']:.3f}), "
+        f"releases granted {status['releases']['granted']}, refused {status['releases']['refused']}; "
+        f"period {status['period']['id']}, {left // 60} min {left % 60:02d} s left"
     )
 
 
 @dataclass
 class ReleaseTally:
-    """What the demo showed: releases per metric (for the closing summary)."""
+    """What the demo showed: releases per metric, and how the noisy values sat around the truth."""
 
     per_metric: dict[str, int] = field(default_factory=dict)
+    covered: int = 0
+    """Values whose truth lies within their 95 % CI."""
+    compared: int = 0
+    relative_ci: dict[str, list[float]] = field(default_factory=dict)
+    """Per metric: CI half-width / |truth| of every value shown with a truth."""
 
-    def add(self, payload: bytes) -> None:
-        """Count one release record (charge-only markers are not releases)."""
-        record = json.loads(payload)
-        if not record.get("charge_only"):
-            self.per_metric[record["metric"]] = self.per_metric.get(record["metric"], 0) + 1
+    def add(self, record: dict[str, Any], truth: dict[str, float] | None) -> None:
+        """Count one release record and compare its values with the truth (charge-only markers are skipped)."""
+        if record.get("charge_only"):
+            return
+        name = record["metric"]
+        self.per_metric[name] = self.per_metric.get(name, 0) + 1
+        for key, value in (record.get("values") or {}).items():
+            h, t = _half(record, key), (truth or {}).get(key)
+            if h is None or t is None or math.isnan(t):
+                continue
+            self.compared += 1
+            self.covered += abs(value - t) <= h
+            if t:
+                self.relative_ci.setdefault(name, []).append(h / abs(t))
 
     @property
     def total(self) -> int:

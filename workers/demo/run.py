@@ -1,57 +1,73 @@
-"""Run the demo: local stack up, plan printed, a worker and a synthetic feed, a live table, clean shutdown.
+"""Run the demo: the local stack with monitoring, what the demo topology costs and buys, a worker, an
+exporter and a live feed at wall-clock time, the release table, a budget summary, a clean shutdown.
 
-Only what the demo started is stopped at the end: a stack that was already up (e.g. by
-`deploy/local/stack up`) is left running. The worker and the producer are child processes
-(`dpstream worker`, `dpstream produce`), exactly what an operator would run by hand.
+Only what the demo started is stopped at the end: services that were already up (e.g. from
+`deploy/local/stack up`) are left running. The worker and the exporter are child processes
+(`dpstream worker … --web-port P`, `dpstream exporter …`), exactly what an operator runs by hand; the
+synthetic feed runs inside the demo so that it knows the truth it shows (labelled as demo-only).
 """
 
 from __future__ import annotations
 
-__all__ = ["DemoOptions", "run_demo", "example_topology_path"]
+__all__ = ["DemoOptions", "run_demo", "demo_topology_path", "for_run", "schedule_start"]
 
 import asyncio
+import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dpstream.topology.errors import DpstreamError
-from dpstream.topology.model import Topology
-
-from dpstream.workers.demo.feed import ReleaseTally, format_budget, format_release
+from dpstream.topology.durations import format_duration
+from dpstream.topology.model import Metric, Topology
+from dpstream.topology.plan import Plan
+from dpstream.workers.demo.live import LiveResult, LiveSetup, run_live
+from dpstream.workers.demo.sizing import DemoPopulation, Typical, planned_ci, typical_values
 
 Say = Callable[[str], None]
 
+_QUIET_LOGGERS = ("aiokafka", "kafka")
+"""Client libraries whose warnings on a fresh broker (NotLeaderForPartitionError while a new topic elects
+its leaders, metadata retries, coordinator moves) are retried by the library, not news for the user."""
 
-def example_topology_path() -> Path:
-    """The shipped `web-analytics.yaml` (package data of `topology`)."""
+
+def demo_topology_path() -> Path:
+    """The shipped `demo.yaml` (package data of `topology`)."""
     from dpstream import topology
 
-    return Path(topology.__file__).resolve().parent / "examples" / "web-analytics.yaml"
+    return Path(topology.__file__).resolve().parent / "examples" / "demo.yaml"
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs and for how long."""
+    """What the demo runs, on which ports, for how long."""
 
     duration_s: float | None = None
-    """Seconds of live feed after setup; None runs until Ctrl-C."""
+    """Seconds of live feed after set-up; None runs until Ctrl-C."""
     home: Path | None = None
     kafka_port: int = 9092
     kafka_controller_port: int = 19093
     redis_port: int = 6379
+    prometheus_port: int = 9090
+    alertmanager_port: int = 9093
+    worker_web_port: int = 6066
+    exporter_port: int = 9464
+    webhook_port: int = 9097
+    """The demo's own Alertmanager webhook receiver (pager and ticket both land here)."""
     rate: float = 2000.0
-    users: int = 5000
-    speedup: float = 60.0
-    """Event-time seconds per wall second: 60 closes a 1-minute window every second."""
+    users: int = 100_000
     budget_every_s: float = 10.0
     topology_path: Path | None = None
     kafka_libs: Path | None = None
     """Kafka's jars when the home is not the default (tests share the machine's cache)."""
+    monitoring: bool = True
+    """Start Prometheus and Alertmanager too."""
 
 
 class _Children:
@@ -64,6 +80,7 @@ class _Children:
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen([sys.executable, "-m", "dpstream.workers.cli", *args], stdout=log, stderr=log)
+        log.close()
         self._procs.append((name, proc))
         return proc
 
@@ -80,127 +97,242 @@ class _Children:
                 proc.wait()
 
     def died(self) -> str | None:
-        """Name of a child that exited with an error, if any (the producer finishing is fine)."""
+        """Name and log of a child that exited, if any (none of them should before the end)."""
         for name, proc in self._procs:
             code = proc.poll()
-            if code not in (None, 0):
+            if code is not None:
                 return f"{name} exited with {code}; see {self.log_dir / (name + '.log')}"
         return None
 
 
-def accelerated(topology: Topology, speedup: float, feed_s: int, run_id: str) -> Topology:
-    """The topology a demo run uses: topics suffixed with `run_id`, and every source's `max_future`
-    stretched to cover a feed whose event time runs `speedup`× the wall clock for `feed_s` seconds.
+def schedule_start(now: float, topology: Topology, margin_s: float = 1.0) -> int:
+    """The run's public start S: the next boundary of every metric's window grid after now + margin, so the
+    first window of each metric is a whole one (the feed is already running when it opens)."""
+    grid = math.lcm(*(m.window.every_s for m in topology.metrics.values())) if topology.metrics else 1
+    return int(-(-(now + margin_s) // grid) * grid)
 
-    Fresh topics, because an earlier run's events ran up to an hour ahead of the clock: a worker
-    resuming them would take this run's events as late. A longer `max_future`, because otherwise
-    the worker would dead-letter the feed's later events as future_timestamp. The plan is unchanged.
+
+def for_run(topology: Topology, run_id: str, start: int) -> Topology:
+    """The topology a demo run uses: every topic suffixed with `run_id` and `start:` = `start`.
+
+    Fresh topics, so a run never reads an earlier run's events; a public start, so the schedule begins
+    now (without it a topology version's schedule runs from its first start, recorded in the ledger:
+    a second run would owe every window since the first). Scopes, metrics and so the plan are unchanged.
     """
-    ahead = int(speedup * feed_s) + 3600
-    sources = {name: replace(s, topic=f"{s.topic}.{run_id}", max_future_s=max(s.max_future_s, ahead))
-               for name, s in topology.sources.items()}
+    sources = {name: replace(s, topic=f"{s.topic}.{run_id}") for name, s in topology.sources.items()}
     sinks = replace(topology.sinks, releases=f"{topology.sinks.releases}.{run_id}",
                     dead_letter=f"{topology.sinks.dead_letter}.{run_id}",
                     partials=f"{topology.sinks.partials}.{run_id}" if topology.sinks.partials else "")
-    return replace(topology, sources=sources, sinks=sinks)
+    return replace(topology, sources=sources, sinks=sinks, start_s=start)
 
 
-async def _live_feed(options: DemoOptions, bootstrap: str, redis_url: str, releases_topic: str,
-                     children: _Children, say: Say) -> ReleaseTally:
-    """Print every release as it arrives and the budget every few seconds, until the duration ends."""
-    import logging
-
-    from aiokafka import AIOKafkaConsumer
-
-    from dpstream.workers.ledger import open_ledger
-    from dpstream.workers.ledger.reporting import status_json
-
-    logging.getLogger("aiokafka").setLevel(logging.ERROR)  # leader moves on fresh topics are retried, not news
-    tally = ReleaseTally()
-    consumer = AIOKafkaConsumer(releases_topic, bootstrap_servers=bootstrap, auto_offset_reset="latest",
-                                enable_auto_commit=False)
-    await consumer.start()
-    ledger = await open_ledger(redis_url, None)
+@contextmanager
+def _quiet_client_logs() -> Iterator[None]:
+    """Kafka client chatter off for the demo's duration (restored afterwards)."""
+    saved = {name: logging.getLogger(name).level for name in _QUIET_LOGGERS}
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        await consumer.seek_to_end()
-        say(f"{'metric':<18} {'window':<11}  {'budget':<7}  noisy values ± 95 % CI (true values are never shown)")
-        started = time.monotonic()
-        next_budget = started + options.budget_every_s
-        while options.duration_s is None or time.monotonic() - started < options.duration_s:
-            problem = children.died()
-            if problem:
-                raise DpstreamError(problem)
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    line = format_release(record.value)
-                    if line:
-                        tally.add(record.value)
-                        say(line)
-            if time.monotonic() >= next_budget:
-                next_budget += options.budget_every_s
-                for scope in await ledger.scopes():
-                    say(format_budget(status_json(await ledger.status(scope))))
+        yield
     finally:
-        await consumer.stop()
-        await ledger.close()
-    return tally
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _cost_lines(topology: Topology, plan: Plan, typical: dict[str, Typical], population: DemoPopulation,
+                path: Path) -> list[str]:
+    """What the topology costs (ε per period, per day, per 30 days) and buys (CI vs typical value)."""
+    from dpstream.topology.accounting import epsilon_from_rho
+    from dpstream.topology.model import Accounting
+
+    lines = [f"demo topology {path}: {population.users:,} synthetic users, {population.rate:,.0f} events/s"
+             f" (full plan: dpstream plan {path})"]
+    for scope in plan.scopes:
+        period = format_duration(scope.period_s)
+        per_day = max(1, 86_400 // scope.period_s)
+        if scope.accounting is Accounting.ZCDP:
+            day = epsilon_from_rho(per_day * scope.pool, scope.conversion_delta)
+        else:
+            day = per_day * scope.pool
+        lines.append(
+            f"what it costs: scope {scope.name} promises ε = {scope.epsilon:g} per user per {period} period "
+            f"(δ = {scope.delta:g}); on plan it spends ε ≈ {scope.planned_epsilon:.2f} per period,")
+        verdict = (" That is weak protection by the common bar of ε ≤ 1: fine-grained live numbers about a few "
+                   "thousand people are expensive." if day > 1 else "")
+        lines.append(f"  and periods compose: ≈ {day:.1f} per day, ≈ {scope.horizon.epsilon:.0f} over 30 days."
+                     f"{verdict}")
+    lines.append("what it buys (plan, whole period): metric, window, noise σ, 95 % CI vs the typical true value "
+                 "of the demo's feed (after contribution bounding)")
+    for name, metric in topology.metrics.items():
+        mp = plan.metric(name)
+        t = typical.get(name)
+        ci = planned_ci(metric, mp, t) if t is not None else None
+        sigma = " / ".join(f"{c.component} {c.stddev:,.1f}" if len(mp.components) > 1 else f"{c.stddev:,.1f}"
+                           for c in mp.components if c.stddev is not None)
+        unit = " s" if metric.aggregate.value == "mean" else ""
+        rel = f"{100 * ci / abs(t.value):.1f} %" if ci is not None and t is not None and t.value else "–"
+        typical_text = f"{t.value:,.0f}{unit}" if t is not None else "–"
+        if t is not None and metric.keys:
+            typical_text += " per key"
+        ci_text = "–" if ci is None else (f"±{ci:,.0f}{unit}" if ci >= 10 else f"±{ci:.1f}{unit}")
+        lines.append(f"  {name:<16} {_window_text(metric):<16} σ {sigma:<28} 95 % CI {ci_text:<9} "
+                     f"typical {typical_text:<16} CI/typical {rel}")
+    return lines
+
+
+def _window_text(metric: Metric) -> str:
+    w = metric.window
+    if w.size_s == w.every_s:
+        return f"tumbling {format_duration(w.size_s)}"
+    return f"hopping {format_duration(w.size_s)}/{format_duration(w.every_s)}"
+
+
+def _render_monitoring(options: DemoOptions, log_dir: Path, say: Say) -> tuple[Path, Path]:
+    from dpstream.workers.demo.monitoring import alert_rules_path, render_alertmanager_config, render_prometheus_config
+
+    rules = alert_rules_path()
+    prometheus_yml = log_dir / "prometheus.yml"
+    prometheus_yml.write_text(render_prometheus_config(options.prometheus_port, options.alertmanager_port,
+                                                       options.worker_web_port, options.exporter_port, rules))
+    alertmanager_yml = log_dir / "alertmanager.yml"
+    shipped = render_alertmanager_config(alertmanager_yml, options.webhook_port)
+    if rules is None:
+        say("note: deploy/prometheus/rules.yml is not in this checkout: Prometheus runs without alert rules")
+    if not shipped:
+        say("note: deploy/alertmanager/alertmanager.yml.tmpl is not in this checkout: Alertmanager runs the "
+            "local stack's default (alerts kept, sent nowhere)")
+    return prometheus_yml, alertmanager_yml
 
 
 def run_demo(options: DemoOptions, say: Say = print) -> int:
     """The whole demo; returns 0 when releases were shown, 1 otherwise."""
+    with _quiet_client_logs():
+        return _run(options, say)
+
+
+def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's script, top to bottom
+    from dpstream.topology.dumper import dump_topology
     from dpstream.topology.loader import load_topology
     from dpstream.topology.plan import build_plan
-    from dpstream.topology.dumper import dump_topology
-    from dpstream.topology.plan_render import render_plan
+    from dpstream.workers.demo.monitoring import budget_graph_url
     from dpstream.workers.localstack import Ports, Service, Stack, StackConfig
     from dpstream.workers.runtime.topics import ensure_topics
 
+    home = Path(options.home) if options.home else None
+    log_dir = (home or _default_home()) / "demo"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    services = [Service.REDIS, Service.KAFKA]
+    prometheus_yml = alertmanager_yml = None
+    if options.monitoring:
+        prometheus_yml, alertmanager_yml = _render_monitoring(options, log_dir, say)
+        services += [Service.ALERTMANAGER, Service.PROMETHEUS]
     config = StackConfig(
-        ports=Ports(kafka=options.kafka_port, kafka_controller=options.kafka_controller_port,
-                    redis=options.redis_port),
+        ports=Ports(kafka=options.kafka_port, kafka_controller=options.kafka_controller_port, redis=options.redis_port,
+                    prometheus=options.prometheus_port, alertmanager=options.alertmanager_port,
+                    worker_metrics=options.worker_web_port),
+        prometheus_config=prometheus_yml,
+        alertmanager_config=alertmanager_yml,
         kafka_libs=options.kafka_libs,
-        **({"home": options.home} if options.home else {}),
+        **({"home": home} if home else {}),
     )
     stack = Stack(config, progress=say)
-    core = (Service.REDIS, Service.KAFKA)
-    already_up = {s.service for s in stack.status(core) if s.up}
-    log_dir = Path(config.home) / "demo"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    already_up = {s.service for s in stack.status(services) if s.up}
     children = _Children(log_dir)
-    tally = ReleaseTally()
+    result = LiveResult()
+    exit_code = 1
     try:
-        for status in stack.up(core):
+        for status in stack.up(services):
             say(status.line())
+        if options.monitoring and Service.PROMETHEUS in already_up:
+            say("note: Prometheus was already running with its own config: it may not scrape this demo's worker "
+                "and exporter (`deploy/local/stack down` first to let the demo start its own)")
         bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
-        feed_s = int(options.duration_s) + 5 if options.duration_s is not None else 24 * 3600
-        topology = load_topology(options.topology_path or example_topology_path(),
-                                 env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
-        topology = accelerated(topology, options.speedup, feed_s, run_id=f"demo{int(time.time())}")
-        path = log_dir / "topology.yaml"
-        path.write_text(dump_topology(topology))
+        path = options.topology_path or demo_topology_path()
+        topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
+        plan = build_plan(topology)
+        population = DemoPopulation(users=options.users, rate=options.rate)
+        typical = typical_values(topology, population)
         say("")
-        say(render_plan(build_plan(topology)))
-        ensure_topics(bootstrap, topology)
-        children.start("worker", ["worker", str(path), "--bootstrap", bootstrap, "--redis", redis_url,
-                                  "--worker-id", "demo-worker", "--loglevel", "WARNING"])
-        children.start("producer", ["produce", str(path), "--bootstrap", bootstrap, "--rate", str(options.rate),
-                                    "--users", str(options.users), "--duration", f"{feed_s}s",
-                                    "--speedup", str(options.speedup), "--malformed", "0.001"])
-        say(f"worker and producer started (logs in {log_dir}); event time runs {options.speedup:g}× wall clock")
+        for line in _cost_lines(topology, plan, typical, population, path):
+            say(line)
+        say("")
+        prometheus_url = f"http://127.0.0.1:{options.prometheus_port}" if options.monitoring else None
+        if prometheus_url is not None:
+            say(f"Prometheus, the budget ratio: {budget_graph_url(prometheus_url)}")
+            say(f"  alerts: {prometheus_url}/alerts   "
+                f"Alertmanager: http://127.0.0.1:{options.alertmanager_port}/#/alerts "
+                f"(critical → pager, warning → ticket; both print here)   "
+                f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics")
+        start = schedule_start(time.time(), topology)
+        run = for_run(topology, f"demo{start}", start)
+        run_path = log_dir / "topology.yaml"
+        run_path.write_text(dump_topology(run))
+        ensure_topics(bootstrap, run)
+        worker_args = ["worker", str(run_path), "--bootstrap", bootstrap, "--redis", redis_url,
+                       "--worker-id", "demo-worker", "--loglevel", "WARNING"]
+        if options.monitoring:
+            worker_args += ["--web-port", str(options.worker_web_port)]
+        children.start("worker", worker_args)
+        if options.monitoring:
+            children.start("exporter", ["exporter", "--topology", str(run_path), "--redis", redis_url,
+                                        "--port", str(options.exporter_port)])
+        say(f"worker{' and exporter' if options.monitoring else ''} started (logs and the run's topology in {log_dir})")
+        setup = LiveSetup(
+            topology=run, plan=plan, typical=typical, population=population, schedule_start=start,
+            bootstrap=bootstrap, redis_url=redis_url, duration_s=options.duration_s,
+            budget_every_s=options.budget_every_s, prometheus_url=prometheus_url,
+            webhook_port=options.webhook_port if options.monitoring else None, died=children.died,
+        )
         try:
-            tally = asyncio.run(_live_feed(options, bootstrap, redis_url, topology.sinks.releases, children, say))
+            asyncio.run(run_live(setup, say, result))
         except KeyboardInterrupt:
             say("interrupted")
+        say("")
+        for line in _summary(result, prometheus_url):
+            say(line)
+        exit_code = 0 if result.tally.total else 1
+        if not result.tally.total:
+            say(f"no release arrived; the worker's log is {log_dir / 'worker.log'}")
     finally:
         children.stop_all()
-        stopped = [s for s in core if s not in already_up]
+        stopped = [s for s in services if s not in already_up]
         if stopped:
             for status in stack.down(stopped):
                 say(status.line())
+    return exit_code
+
+
+def _default_home() -> Path:
+    from dpstream.workers.localstack import default_home
+
+    return default_home()
+
+
+def _summary(result: LiveResult, prometheus_url: str | None) -> list[str]:
+    """The closing budget summary: the ledger's figures, what this run showed, what Prometheus saw."""
+    tally = result.tally
+    lines = ["budget summary:"]
+    for status in result.statuses:
+        currency = "ρ" if status["accounting"] == "zcdp" else "ε"
+        lines.append(
+            f"  scope {status['scope']}, period {status['period']['id']} (from the ledger): spent {currency} "
+            f"{status['spent']:.4g} of the cap {status['cap']:.4g} = {100 * status['ratio']:.2f} %, "
+            f"ε-equivalent {status['epsilon_equiv']:.3f}; releases granted {status['releases']['granted']}, "
+            f"refused {status['releases']['refused']}; state {status['state']}")
     shown = ", ".join(f"{m} {n}" for m, n in sorted(tally.per_metric.items())) or "none"
-    say(f"demo done: {tally.total} releases shown ({shown})")
-    if tally.total == 0:
-        say(f"no release arrived; the worker's log is {log_dir / 'worker.log'}")
-        return 1
-    return 0
+    lines.append(f"  this run: {tally.total} releases shown ({shown}); {result.sent:,} events sent")
+    if tally.compared:
+        rel = ", ".join(f"{m} {100 * sorted(v)[len(v) // 2]:.1f} %" for m, v in sorted(tally.relative_ci.items()))
+        lines.append(f"  truth inside the 95 % CI: {tally.covered} of {tally.compared} values "
+                     f"({100 * tally.covered / tally.compared:.0f} %; about 95 % expected); median CI / truth: {rel}")
+    if result.capped:
+        cut = ", ".join(f"{m} {100 * f:.1f} %" for m, f in sorted(result.capped.items()) if f > 0)
+        if cut:
+            lines.append(f"  contribution bounding cut (events over a user's bound, per metric): {cut}")
+    if prometheus_url is not None:
+        view = result.prometheus
+        if view is not None:
+            lines.append(view.line().replace("  Prometheus:", "  Prometheus, last scrape:"))
+        lines.append(f"  Prometheus (stopped with the demo; `deploy/local/stack up --with-monitoring` keeps one): "
+                     f"{prometheus_url}")
+    return lines
