@@ -35,8 +35,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 TIERS = ("unit", "integration", "e2e", "statistical")
 """Every test carries exactly one tier marker (`slow` comes on top): `pytest -m unit` is the quick loop."""
 
-_TIER_OF_DIR = {"unit": "unit", "integration": "integration", "e2e": "e2e", "statistical": "statistical",
-                "privacy": "statistical"}
+_TIER_OF_DIR = {
+    "unit": "unit",
+    "integration": "integration",
+    "e2e": "e2e",
+    "statistical": "statistical",
+    "privacy": "statistical",
+}
 """The tier of a test that does not name one, by its directory (privacy tests are statistical claims)."""
 
 

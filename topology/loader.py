@@ -61,12 +61,24 @@ from dpstream.topology.yaml_positions import LocatedError, Map, Node, Scalar, Se
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     "topology": ("version", "start", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
-    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit",
-               "max_future"),
+    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit", "max_future"),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
     "metric": (
-        "source", "budget", "weight", "window", "aggregate", "mechanism", "contribution", "value",
-        "bounds", "denominator", "group_by", "keys", "k", "may_use_reserve", "postprocess",
+        "source",
+        "budget",
+        "weight",
+        "window",
+        "aggregate",
+        "mechanism",
+        "contribution",
+        "value",
+        "bounds",
+        "denominator",
+        "group_by",
+        "keys",
+        "k",
+        "may_use_reserve",
+        "postprocess",
     ),
     "window": ("tumbling", "hopping", "every"),
     "on_warning": ("stretch", "thin"),
@@ -247,7 +259,12 @@ class _Loader:
         if not isinstance(root, Map):
             raise TopologyError(
                 self.path,
-                [Problem(root.line, f"topology {show(root)}: must be a mapping with version, sources, budgets, metrics, sinks")],
+                [
+                    Problem(
+                        root.line,
+                        f"topology {show(root)}: must be a mapping with version, sources, budgets, metrics, sinks",
+                    )
+                ],
             )
         top = _Fields(self, "topology", "", "topology", root, 1)
         version = top.get("version", _read_version, default=1)
@@ -347,7 +364,10 @@ class _Loader:
                 f.bad("delta", "must be in (0, 1), and far below 1/number of units; e.g. delta: 1.0e-6")
         elif accounting is Accounting.PURE and delta is not None and delta_node is not None:
             if not 0 <= delta < 1:
-                f.bad("delta", "must be in [0, 1); pure accounting uses δ only for partition selection of data-derived keys")
+                f.bad(
+                    "delta",
+                    "must be in [0, 1); pure accounting uses δ only for partition selection of data-derived keys",
+                )
         if not f.ok:
             return None
         if units is not None:
@@ -383,8 +403,22 @@ class _Loader:
         if not f.ok:
             return None
         return Metric(
-            name, source, budget, weight, window, aggregate, mechanism, contribution, value, bounds,
-            denominator, group_by, keys, k, may_use_reserve, postprocess,
+            name,
+            source,
+            budget,
+            weight,
+            window,
+            aggregate,
+            mechanism,
+            contribution,
+            value,
+            bounds,
+            denominator,
+            group_by,
+            keys,
+            k,
+            may_use_reserve,
+            postprocess,
         )
 
     def _sinks(self, node: Node | None, sources: dict[str, Source]) -> Sinks | None:
@@ -444,7 +478,8 @@ def _read_start(node: Node, subject: str, key: str) -> int:
         return _check_start_range(node, value, "epoch seconds")
     if isinstance(value, str) and _EPOCH_TEXT.match(value):
         raise FieldProblem(
-            node.line, f"start {shown}: a quoted number is text; write epoch seconds unquoted, e.g. start: {value.strip()}"
+            node.line,
+            f"start {shown}: a quoted number is text; write epoch seconds unquoted, e.g. start: {value.strip()}",
         )
     if isinstance(value, float):
         raise FieldProblem(
@@ -467,7 +502,8 @@ def _read_start(node: Node, subject: str, key: str) -> int:
         ) from None
     if hm is None:
         raise FieldProblem(
-            node.line, f"start {shown}: a date without a time of day; write the UTC instant, e.g. start: {date}T00:00:00Z"
+            node.line,
+            f"start {shown}: a date without a time of day; write the UTC instant, e.g. start: {date}T00:00:00Z",
         )
     if tz is None:
         raise FieldProblem(
@@ -481,9 +517,7 @@ def _read_start(node: Node, subject: str, key: str) -> int:
             example = f", e.g. start: {(local - offset).isoformat()}Z"
         except OverflowError:
             example = ""
-        raise FieldProblem(
-            node.line, f"start {shown}: offset {tz} is not UTC; write the same instant in UTC{example}"
-        )
+        raise FieldProblem(node.line, f"start {shown}: offset {tz} is not UTC; write the same instant in UTC{example}")
     if frac is not None:
         raise FieldProblem(
             node.line,
@@ -539,12 +573,18 @@ def _read_window(node: Node, subject: str, key: str) -> Window:
             )
         return Window(size, size)
     if every_node is None:
-        raise FieldProblem(node.line, f"{subject}: window {shown}: a hopping window needs every, e.g. {{hopping: 5m, every: 1m}}")
+        raise FieldProblem(
+            node.line, f"{subject}: window {shown}: a hopping window needs every, e.g. {{hopping: 5m, every: 1m}}"
+        )
     every = read_duration(every_node, subject, "window.every")
     if every > size:
-        raise FieldProblem(node.line, f"{subject}: window {shown}: every must not exceed the hopping size (gaps would drop events)")
+        raise FieldProblem(
+            node.line, f"{subject}: window {shown}: every must not exceed the hopping size (gaps would drop events)"
+        )
     if size % every:
-        raise FieldProblem(node.line, f"{subject}: window {shown}: every must divide the hopping size, e.g. {{hopping: 5m, every: 1m}}")
+        raise FieldProblem(
+            node.line, f"{subject}: window {shown}: every must divide the hopping size, e.g. {{hopping: 5m, every: 1m}}"
+        )
     return Window(size, every)
 
 
@@ -553,14 +593,18 @@ def _read_policy(node: Node, subject: str, key: str) -> WarningPolicy:
     given = [k for k in ("stretch", "thin") if not is_null(mapping.get(k))]
     if len(given) != 1:
         raise FieldProblem(
-            node.line, f"{subject}: on_warning {show(node)}: give exactly one of stretch or thin, e.g. {{stretch: 1.5}} or {{thin: 2}}"
+            node.line,
+            f"{subject}: on_warning {show(node)}: give exactly one of stretch or thin, e.g. {{stretch: 1.5}} or {{thin: 2}}",
         )
     value = mapping.get(given[0])
     assert value is not None
     if given[0] == "stretch":
         stretch = read_number(value, subject, "on_warning.stretch")
         if stretch <= 1:
-            raise FieldProblem(value.line, f"{subject}: on_warning.stretch {show(value)}: must be > 1 (it multiplies the noise); e.g. 1.5")
+            raise FieldProblem(
+                value.line,
+                f"{subject}: on_warning.stretch {show(value)}: must be > 1 (it multiplies the noise); e.g. 1.5",
+            )
         return WarningPolicy(stretch=stretch)
     return WarningPolicy(thin=read_int(value, subject, "on_warning.thin", 2))
 
@@ -578,7 +622,9 @@ def _read_contribution(node: Node, subject: str, key: str) -> Contribution:
 def _read_postprocess(node: Node, subject: str, key: str) -> PostProcess:
     mapping = read_map(node, subject, key, ACCEPTED_FIELDS["postprocess"], "{round: true, clamp_zero: true}")
     values = {
-        name: read_bool(value, subject, f"postprocess.{name}") for name, _, value in mapping.entries if not is_null(value)
+        name: read_bool(value, subject, f"postprocess.{name}")
+        for name, _, value in mapping.entries
+        if not is_null(value)
     }
     return PostProcess(**values)
 
@@ -599,7 +645,9 @@ def _read_bounds(node: Node, subject: str, key: str) -> Bounds:
 
 def _read_keys(node: Node, subject: str, key: str) -> tuple[str, ...]:
     if not isinstance(node, Seq) or not node.items:
-        raise FieldProblem(node.line, f"{subject}: keys {show(node)}: must be a non-empty list, e.g. keys: [home, search]")
+        raise FieldProblem(
+            node.line, f"{subject}: keys {show(node)}: must be a non-empty list, e.g. keys: [home, search]"
+        )
     seen: set[str] = set()
     out: list[str] = []
     for item in node.items:
@@ -639,7 +687,10 @@ def _check_metric_combination(
         if k is None:
             f.fail(f.line, f"{f.subject}: missing field 'k'; top_k needs how many keys to release, e.g. k: 5")
         if group_by is None:
-            f.fail(f.line, f"{f.subject}: missing field 'group_by'; top_k needs the field whose values it ranks, e.g. group_by: page")
+            f.fail(
+                f.line,
+                f"{f.subject}: missing field 'group_by'; top_k needs the field whose values it ranks, e.g. group_by: page",
+            )
         if k is not None and keys is not None and k > len(keys):
             f.bad("k", f"exceeds the {len(keys)} declared keys; lower k or declare more keys")
     elif f.has("k"):

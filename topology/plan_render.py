@@ -55,21 +55,54 @@ def _scope_lines(s: ScopePlan) -> list[str]:
         )
     if s.event_level:
         lines.append("  EVENT-LEVEL: some metrics protect single events, not people (weaker guarantee)")
-    header = ["metric", "aggregate", "mechanism", "window", "share", "rel/period", f"{cur}/release", "ε-equiv",
-              "part", "Δ1", "Δ2", "scale", "σ", "95% CI ±", "E|err|"]
+    header = [
+        "metric",
+        "aggregate",
+        "mechanism",
+        "window",
+        "share",
+        "rel/period",
+        f"{cur}/release",
+        "ε-equiv",
+        "part",
+        "Δ1",
+        "Δ2",
+        "scale",
+        "σ",
+        "95% CI ±",
+        "E|err|",
+    ]
     rows: list[list[str]] = []
     for m in s.metrics:
         label = m.name + (" [event-level]" if m.event_level else "")
         aggregate = m.aggregate + (f" k={m.k}" if m.k else "") + (" [partition sel.]" if m.partition_selection else "")
         for i, c in enumerate(m.components):
             lead = (
-                [label, aggregate, m.mechanism.value, _window(m), f"{m.weight_share:.3f}", str(m.releases_per_period),
-                 _num(m.per_release_cost), _num(m.per_release_epsilon)]
+                [
+                    label,
+                    aggregate,
+                    m.mechanism.value,
+                    _window(m),
+                    f"{m.weight_share:.3f}",
+                    str(m.releases_per_period),
+                    _num(m.per_release_cost),
+                    _num(m.per_release_epsilon),
+                ]
                 if i == 0
                 else [""] * 8
             )
-            rows.append(lead + [c.component, _num(c.l1), _num(c.l2), _num(c.scale), _num(c.stddev),
-                                _num(c.ci95_half_width), _num(c.expected_abs_error)])
+            rows.append(
+                lead
+                + [
+                    c.component,
+                    _num(c.l1),
+                    _num(c.l2),
+                    _num(c.scale),
+                    _num(c.stddev),
+                    _num(c.ci95_half_width),
+                    _num(c.expected_abs_error),
+                ]
+            )
     if rows:
         lines += ["  " + r for r in _table(header, rows)]
     else:

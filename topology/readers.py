@@ -81,7 +81,9 @@ def read_str(node: Node, subject: str, field: str) -> str:
         if not node.value.strip():
             raise FieldProblem(node.line, f"{subject}: {field} is empty: give a name")
         return node.value
-    raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a string; quote it, e.g. {field}: \"{_plain(node)}\"")
+    raise FieldProblem(
+        node.line, f'{subject}: {field} {show(node)}: must be a string; quote it, e.g. {field}: "{_plain(node)}"'
+    )
 
 
 def read_number(node: Node, subject: str, field: str) -> float:
@@ -107,7 +109,8 @@ def read_int(node: Node, subject: str, field: str, minimum: int) -> int:
             raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be at least {minimum}")
         return value
     raise FieldProblem(
-        node.line, f"{subject}: {field} {show(node)}: must be a whole number >= {minimum}, e.g. {field}: {max(minimum, 1)}"
+        node.line,
+        f"{subject}: {field} {show(node)}: must be a whole number >= {minimum}, e.g. {field}: {max(minimum, 1)}",
     )
 
 

@@ -63,7 +63,12 @@ _YAML_NAMES = {
 }
 """Model field -> YAML key where they differ (durations are written as `30s`, `1d`)."""
 
-_DURATIONS = {(Source, "allowed_lateness_s"), (Source, "idle_timeout_s"), (Source, "max_future_s"), (Budget, "period_s")}
+_DURATIONS = {
+    (Source, "allowed_lateness_s"),
+    (Source, "idle_timeout_s"),
+    (Source, "max_future_s"),
+    (Budget, "period_s"),
+}
 _SKIPPED = {"name", "path"}
 """`name` is the mapping key of the entity; `path` is where the file was read from."""
 
@@ -269,7 +274,9 @@ def _yaml_shapes() -> dict[str, Any]:
             "type": "object",
             "oneOf": [
                 {
-                    "properties": {"stretch": {"anyOf": [{"type": "number", "exclusiveMinimum": 1}, {"$ref": "#/$defs/env"}]}},
+                    "properties": {
+                        "stretch": {"anyOf": [{"type": "number", "exclusiveMinimum": 1}, {"$ref": "#/$defs/env"}]}
+                    },
                     "required": ["stretch"],
                     "additionalProperties": False,
                 },
@@ -314,8 +321,10 @@ def _attribute_docs(class_name: str) -> dict[str, str]:
             docs: dict[str, str] = {}
             body = node.body
             for stmt, nxt in zip(body, body[1:]):
-                target = stmt.target if isinstance(stmt, ast.AnnAssign) else (
-                    stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+                target = (
+                    stmt.target
+                    if isinstance(stmt, ast.AnnAssign)
+                    else (stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None)
                 )
                 if (
                     isinstance(target, ast.Name)

@@ -88,7 +88,7 @@ def compose_located(text: str, env: Mapping[str, str]) -> Node | None:
         fix = "fix the syntax on this line"
         lines = text.splitlines()
         if "${" in (lines[line - 1] if 0 < line <= len(lines) else "") and "flow" in (exc.context or ""):
-            fix = "inside {...} or [...] quote a ${...} reference, e.g. \"${VAR:-default}\""
+            fix = 'inside {...} or [...] quote a ${...} reference, e.g. "${VAR:-default}"'
         raise LocatedError(line, f"invalid YAML: {_one_line('; '.join(parts))}; {fix}") from exc
     except yaml.YAMLError as exc:
         raise LocatedError(1, f"invalid YAML: {_one_line(str(exc))}") from exc
@@ -114,7 +114,9 @@ class _Builder:
         line = node.start_mark.line + 1
         self._built += 1
         if self._built > _MAX_NODES:
-            raise LocatedError(line, f"more than {_MAX_NODES} values (aliases expand too far); write the topology out plainly")
+            raise LocatedError(
+                line, f"more than {_MAX_NODES} values (aliases expand too far); write the topology out plainly"
+            )
         if isinstance(node, yaml.ScalarNode):
             return self._scalar(node, line)
         if id(node) in self._open:

@@ -39,9 +39,14 @@ COMMANDS = (
 """Modules under dpstream.workers.commands, in `dpstream --help` order (`audit_privacy` is `audit-privacy`)."""
 
 NEEDS_CHECKOUT = {
-    "demo": ("dpstream.workers.demo",
-             "it runs the local stack from deploy/local/ (Kafka jars via deploy/local/pom.xml, config templates)"),
-    "bench": ("dpstream.workers.bench", "the benchmarks (and the local stack `bench pipeline` starts) are not in the wheel"),
+    "demo": (
+        "dpstream.workers.demo",
+        "it runs the local stack from deploy/local/ (Kafka jars via deploy/local/pom.xml, config templates)",
+    ),
+    "bench": (
+        "dpstream.workers.bench",
+        "the benchmarks (and the local stack `bench pipeline` starts) are not in the wheel",
+    ),
 }
 """Commands whose tools are left out of the wheel: the package each needs, and why."""
 

@@ -80,8 +80,21 @@ class Deployment:
     def start_worker(self, name: str, env: dict[str, str] | None = None, role: str = "all") -> subprocess.Popen:
         """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
         log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(self.path), "--bootstrap", self.bootstrap,
-                "--redis", self.redis_url, "--worker-id", name, "--role", role]
+        argv = [
+            sys.executable,
+            "-m",
+            "dpstream.workers.cli",
+            "worker",
+            str(self.path),
+            "--bootstrap",
+            self.bootstrap,
+            "--redis",
+            self.redis_url,
+            "--worker-id",
+            name,
+            "--role",
+            role,
+        ]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
         return proc
@@ -124,8 +137,14 @@ def deploy(
     prefix = f"e2e-{uuid.uuid4().hex[:10]}"
     path = tmp_path / prefix / "topology.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = TOPOLOGY.format(prefix=prefix, keyed=str(keyed).lower(), epsilon=epsilon, start=start,
-                           source_topic=source_topic or f"{prefix}.clicks", period=period)
+    text = TOPOLOGY.format(
+        prefix=prefix,
+        keyed=str(keyed).lower(),
+        epsilon=epsilon,
+        start=start,
+        source_topic=source_topic or f"{prefix}.clicks",
+        period=period,
+    )
     path.write_text(text)
     topology = load_topology(path)
     ensure_topics(bootstrap, topology)

@@ -32,8 +32,9 @@ async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> Non
     try:
         block = next(b for b in await ledger.history("b") if b.period_id == pid)
         rest = grantable_float(block.cap_units - block.spent_units)
-        request = ReleaseRequest("other-deployment", "b", pid, "views", start, start + WINDOW, rest, b"{}",
-                                 may_use_reserve=True)
+        request = ReleaseRequest(
+            "other-deployment", "b", pid, "views", start, start + WINDOW, rest, b"{}", may_use_reserve=True
+        )
         assert (await ledger.charge(request)).outcome is Outcome.GRANTED
     finally:
         await ledger.close()

@@ -116,13 +116,38 @@ class Stack:
         port = free_port()
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         if argv[0] == "worker":
-            argv = [*argv, str(self.path), "--bootstrap", self.bootstrap, "--redis", self.redis_url,
-                    "--worker-id", name, "--web-port", str(port), "--loglevel", "INFO"]
+            argv = [
+                *argv,
+                str(self.path),
+                "--bootstrap",
+                self.bootstrap,
+                "--redis",
+                self.redis_url,
+                "--worker-id",
+                name,
+                "--web-port",
+                str(port),
+                "--loglevel",
+                "INFO",
+            ]
         else:
-            argv = [*argv, "--topology", str(self.path), "--redis", self.redis_url, "--port", str(port),
-                    "--loglevel", "INFO"]
-        proc = subprocess.Popen([sys.executable, "-m", "dpstream.workers.cli", *argv], stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ))
+            argv = [
+                *argv,
+                "--topology",
+                str(self.path),
+                "--redis",
+                self.redis_url,
+                "--port",
+                str(port),
+                "--loglevel",
+                "INFO",
+            ]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dpstream.workers.cli", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
         self.procs.append(proc)
         assert poll(lambda: proc.poll() is not None or _get(port, "/health")[0] == 200, timeout_s=90), self.log(name)
         assert proc.poll() is None, self.log(name)
@@ -144,8 +169,11 @@ class Stack:
 
     def released(self, start: int) -> set[str] | None:
         """Metrics with a release of the window starting at `start` (None until every metric has one)."""
-        got = {r["metric"] for r in releases(self.bootstrap, self.topology.sinks.releases)
-               if r["window"]["start_epoch"] == start}
+        got = {
+            r["metric"]
+            for r in releases(self.bootstrap, self.topology.sinks.releases)
+            if r["window"]["start_epoch"] == start
+        }
         return got if got == set(self.topology.metrics) else None
 
 
@@ -166,8 +194,11 @@ def _scrape(port: int) -> str:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def _families(text: str) -> set[str]:
@@ -189,15 +220,31 @@ def _next_window() -> int:
     return start
 
 
-BUDGET_FAMILIES = {"dpstream_ledger_up", "dpstream_budget_cap", "dpstream_budget_spent",
-                   "dpstream_budget_spent_ratio", "dpstream_budget_warn_ratio", "dpstream_budget_planned_ratio",
-                   "dpstream_budget_spent_total", "dpstream_budget_planned_spend_rate",
-                   "dpstream_budget_epsilon_spent", "dpstream_budget_period_end_timestamp_seconds",
-                   "dpstream_budget_period_seconds", "dpstream_budget_reserve_ratio", "dpstream_budget_state",
-                   "dpstream_breaker_open"}
-RELEASE_FAMILIES = {"dpstream_releases_total", "dpstream_release_latency_seconds", "dpstream_release_noise_stddev",
-                    "dpstream_release_lag_seconds", "dpstream_windows_pending", "dpstream_ledger_request_duration_seconds",
-                    "dpstream_ledger_errors_total"}
+BUDGET_FAMILIES = {
+    "dpstream_ledger_up",
+    "dpstream_budget_cap",
+    "dpstream_budget_spent",
+    "dpstream_budget_spent_ratio",
+    "dpstream_budget_warn_ratio",
+    "dpstream_budget_planned_ratio",
+    "dpstream_budget_spent_total",
+    "dpstream_budget_planned_spend_rate",
+    "dpstream_budget_epsilon_spent",
+    "dpstream_budget_period_end_timestamp_seconds",
+    "dpstream_budget_period_seconds",
+    "dpstream_budget_reserve_ratio",
+    "dpstream_budget_state",
+    "dpstream_breaker_open",
+}
+RELEASE_FAMILIES = {
+    "dpstream_releases_total",
+    "dpstream_release_latency_seconds",
+    "dpstream_release_noise_stddev",
+    "dpstream_release_lag_seconds",
+    "dpstream_windows_pending",
+    "dpstream_ledger_request_duration_seconds",
+    "dpstream_ledger_errors_total",
+}
 EVENT_FAMILIES = {"dpstream_events_total", "dpstream_dead_letters_total"}
 
 
@@ -229,18 +276,34 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
     fillers, others = 2468, 500
     start = _next_window()
     ts = start + 1.0
-    events = [(canary_unit.encode(), json.dumps({"user_id": canary_unit, "ts": ts, "page": canary_key,
-                                                 "basket_eur": 987.654321, "session_s": 1234.5}).encode())]
+    events = [
+        (
+            canary_unit.encode(),
+            json.dumps(
+                {"user_id": canary_unit, "ts": ts, "page": canary_key, "basket_eur": 987.654321, "session_s": 1234.5}
+            ).encode(),
+        )
+    ]
     basket = 987.654321
     for i in range(fillers):
         user = f"u{i:05d}"
-        events.append((user.encode(), json.dumps({"user_id": user, "ts": ts, "page": canary_key,
-                                                  "basket_eur": 10.25, "session_s": 60}).encode()))
+        events.append(
+            (
+                user.encode(),
+                json.dumps(
+                    {"user_id": user, "ts": ts, "page": canary_key, "basket_eur": 10.25, "session_s": 60}
+                ).encode(),
+            )
+        )
         basket += 10.25
     for i in range(others):
         user = f"o{i:05d}"
-        events.append((user.encode(), json.dumps({"user_id": user, "ts": ts, "page": "home",
-                                                  "basket_eur": 3.5, "session_s": 30}).encode()))
+        events.append(
+            (
+                user.encode(),
+                json.dumps({"user_id": user, "ts": ts, "page": "home", "basket_eur": 3.5, "session_s": 30}).encode(),
+            )
+        )
         basket += 3.5
     events += [(b"x", b"not json")] * 11
     send(stack.bootstrap, stack.topology.sources["clicks"].topic, events)
@@ -250,8 +313,12 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
     def settled() -> dict | None:
         got = _samples(_scrape(worker))
         done = got[("dpstream_releases_total", (("metric", "pages"), ("outcome", "published")))] >= 1
-        return got if done and got[("dpstream_events_total", (("outcome", "accepted"), ("source", "clicks")))] \
-            == fillers + others + 1 else None
+        return (
+            got
+            if done
+            and got[("dpstream_events_total", (("outcome", "accepted"), ("source", "clicks")))] == fillers + others + 1
+            else None
+        )
 
     got = poll(settled, timeout_s=60)
     assert got, _scrape(worker)
@@ -265,8 +332,12 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
 
     # the canary: no unit id, no key from the data, no true aggregate, anywhere
     time.sleep(1.0)  # let the logs flush what the release of the canary window wrote
-    texts = {"worker /metrics": worker_text, "exporter /metrics": exporter_text,
-             "worker log": stack.log("w-all"), "exporter log": stack.log("exporter")}
+    texts = {
+        "worker /metrics": worker_text,
+        "exporter /metrics": exporter_text,
+        "worker log": stack.log("w-all"),
+        "exporter log": stack.log("exporter"),
+    }
     for where, text in texts.items():
         for secret in (canary_unit, canary_key, canary_unit.split("-")[1], canary_key.split("-")[1]):
             assert secret not in text, f"{secret!r} in {where}"
@@ -295,8 +366,19 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
     for reason in REASONS:
         assert ("dpstream_dead_letters_total", (("reason", reason), ("source", "clicks"))) in got
     # labels are topology names and fixed vocabularies only
-    allowed = {"scope", "currency", "state", "metric", "outcome", "source", "reason", "op", "le", "version",
-               "topology_version"}
+    allowed = {
+        "scope",
+        "currency",
+        "state",
+        "metric",
+        "outcome",
+        "source",
+        "reason",
+        "op",
+        "le",
+        "version",
+        "topology_version",
+    }
     assert {name for key in got for name, _ in key[1]} <= allowed
 
 
@@ -335,15 +417,26 @@ def test_split_roles_each_serve_their_own_metrics_and_release_lag(stack: Stack) 
     ingest = stack.start("w-ingest", ["worker", "--role", "ingest"])
     assert json.loads(_get(ingest, "/health")[1]) == {"status": "ok", "role": "ingest"}
     start = _next_window()
-    send(stack.bootstrap, source.topic,
-         [(f"u{i}".encode(), json.dumps({"user_id": f"u{i}", "ts": start + 1, "page": "home", "basket_eur": 5,
-                                         "session_s": 10}).encode()) for i in range(40)])
+    send(
+        stack.bootstrap,
+        source.topic,
+        [
+            (
+                f"u{i}".encode(),
+                json.dumps(
+                    {"user_id": f"u{i}", "ts": start + 1, "page": "home", "basket_eur": 5, "session_s": 10}
+                ).encode(),
+            )
+            for i in range(40)
+        ],
+    )
     logs = lambda: stack.log("w-release")[-2000:] + stack.log("w-ingest")[-2000:]  # noqa: E731
     assert poll(lambda: stack.released(first), timeout_s=150), logs()
     assert poll(lambda: stack.released(start), timeout_s=150), logs()
     published = ("dpstream_releases_total", (("metric", "pages"), ("outcome", "published")))
-    assert poll(lambda: (g := _samples(_scrape(release)))[published] >= 2 and g[lag] == 0, timeout_s=30), \
-        _scrape(release)
+    assert poll(lambda: (g := _samples(_scrape(release)))[published] >= 2 and g[lag] == 0, timeout_s=30), _scrape(
+        release
+    )
 
     release_text, ingest_text = _scrape(release), _scrape(ingest)
     _promtool_clean(release_text)

@@ -39,8 +39,13 @@ BUILTIN_PATHS = [
     "/assignment/",
     "/performance/",
 ]
-VIEW_FLAGS = ["web_tables_enabled", "web_router_enabled", "web_stats_enabled", "web_graph_enabled",
-              "web_metrics_enabled"]
+VIEW_FLAGS = [
+    "web_tables_enabled",
+    "web_router_enabled",
+    "web_stats_enabled",
+    "web_graph_enabled",
+    "web_metrics_enabled",
+]
 
 
 def _settings(**kwargs: object) -> RuntimeSettings:
@@ -133,8 +138,20 @@ def deployment(tmp_path: Path, kafka_broker, fresh_redis):  # noqa: ANN001, ANN2
 
 def _start_worker(dep: Deployment, name: str, extra: list[str]) -> subprocess.Popen:
     log = open(dep.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-    argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(dep.path), "--bootstrap", dep.bootstrap,
-            "--redis", dep.redis_url, "--worker-id", name, *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "dpstream.workers.cli",
+        "worker",
+        str(dep.path),
+        "--bootstrap",
+        dep.bootstrap,
+        "--redis",
+        dep.redis_url,
+        "--worker-id",
+        name,
+        *extra,
+    ]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     dep.workers.append(proc)
     return proc
@@ -196,8 +213,11 @@ def test_worker_web_port_serves_no_table_and_listens_on_loopback(deployment: Dep
     assert poll(lambda: _accepts("127.0.0.1", port), timeout_s=60), deployment.log("w-web")[-3000:]
 
     def views_released(start: int | None = None) -> list[dict]:
-        return [r for r in releases(deployment.bootstrap, deployment.topology.sinks.releases)
-                if r["metric"] == METRIC and (start is None or r["window"]["start_epoch"] == start)]
+        return [
+            r
+            for r in releases(deployment.bootstrap, deployment.topology.sinks.releases)
+            if r["metric"] == METRIC and (start is None or r["window"]["start_epoch"] == start)
+        ]
 
     # The worker runs its public schedule; once it releases, send events into the current window and wait
     # for that window's release, so the merger table holds a true, non-empty aggregate when we ask for it.

@@ -138,7 +138,13 @@ def test_malformed_events_go_to_dlq_and_worker_continues(deployment: Deployment)
     deployment.start_worker("w1")
     assert poll(lambda: _released_all(deployment, [t0]), timeout_s=120), deployment.log("w1")[-3000:]
     dlq = [json.loads(v) for _k, v in read_all(deployment.bootstrap, deployment.topology.sinks.dead_letter)]
-    assert sorted(d["reason"] for d in dlq) == ["bad_timestamp", "bad_value", "key_mismatch", "missing_unit", "not_json"]
+    assert sorted(d["reason"] for d in dlq) == [
+        "bad_timestamp",
+        "bad_value",
+        "key_mismatch",
+        "missing_unit",
+        "not_json",
+    ]
     assert all(d["source"] == "clicks" and d["topic"] == deployment.source_topic for d in dlq)
     assert deployment.workers[0].poll() is None  # still running
 
@@ -211,6 +217,7 @@ def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_re
 
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     try:
+
         async def open_breaker() -> None:
             ledger = await open_ledger(dep.redis_url, dep.topology)
             try:
@@ -243,8 +250,9 @@ def test_split_ingest_and_release_processes_release_every_window_once(deployment
     """`--role ingest` and `--role release` in two processes: every window of every metric released exactly once."""
     t0 = _t0()
     starts = [t0 + WINDOW * i for i in range(3)]
-    events = [event(f"u{i:03d}", s + 0.5 + i / 1000, "home" if i % 2 else "cart", 5.0)
-              for s in starts for i in range(50)]
+    events = [
+        event(f"u{i:03d}", s + 0.5 + i / 1000, "home" if i % 2 else "cart", 5.0) for s in starts for i in range(50)
+    ]
     send(deployment.bootstrap, deployment.source_topic, events)
     deployment.start_worker("ingest", role="ingest")
     deployment.start_worker("release", role="release")
@@ -261,7 +269,9 @@ def test_a_repartitioned_source_counts_by_the_source_append_time(tmp_path: Path,
     try:
         t0 = _t0()
         starts = [t0, t0 + WINDOW]
-        events = [(f"k{i % 5}".encode(), event(f"u{i:03d}", s + 0.3, "home", 1.0)[1]) for s in starts for i in range(40)]
+        events = [
+            (f"k{i % 5}".encode(), event(f"u{i:03d}", s + 0.3, "home", 1.0)[1]) for s in starts for i in range(40)
+        ]
         send(dep.bootstrap, dep.source_topic, events)
         dep.start_worker("w1")
         recs = poll(lambda: _released_all(dep, starts), timeout_s=150)

@@ -29,7 +29,11 @@ async def _consume(bootstrap: str, topic: str, want: int, limit_s: float = 60.0)
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest", enable_auto_commit=False
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{topic}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
     )
     await consumer.start()
     got: list[tuple[int, bytes, bytes]] = []

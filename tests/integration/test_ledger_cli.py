@@ -22,8 +22,9 @@ def _charge(url: str, n: int) -> None:
         now = time.time()
         start = period_start(86_400, now)
         for i in range(n):
-            await ledger.charge(ReleaseRequest(f"r{i}", "s", period_id(86_400, now), "m", start, start + 86_400,
-                                                0.125, b"{}"))
+            await ledger.charge(
+                ReleaseRequest(f"r{i}", "s", period_id(86_400, now), "m", start, start + 86_400, 0.125, b"{}")
+            )
         await ledger.close()
 
     asyncio.run(body())
@@ -42,13 +43,16 @@ def test_status_json_shape(fresh_redis: Any, capsys: pytest.CaptureFixture[str])
 def test_breaker_cli_and_audit(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """`breaker open` makes status OPEN with actor and reason; `budget audit` shows both actions."""
     _charge(fresh_redis.url, 1)
-    assert main(["breaker", "open", "--scope", "s", "--reason", "drill", "--actor", "ops", "--redis", fresh_redis.url]) == 0
+    assert (
+        main(["breaker", "open", "--scope", "s", "--reason", "drill", "--actor", "ops", "--redis", fresh_redis.url])
+        == 0
+    )
     assert main(["budget", "status", "--scope", "s", "--redis", fresh_redis.url, "--json"]) == 0
     capsys.readouterr()
     assert main(["breaker", "close", "--scope", "s", "--reason", "drill over", "--redis", fresh_redis.url]) == 0
     assert main(["budget", "audit", "--scope", "s", "--since", "1h", "--redis", fresh_redis.url, "--json"]) == 0
     out = capsys.readouterr().out
-    entries = json.loads(out[out.index("{"):])["entries"]
+    entries = json.loads(out[out.index("{") :])["entries"]
     kinds = [(e["kind"], e.get("reason")) for e in entries]
     assert ("breaker_open", "drill") in kinds and ("breaker_close", "drill over") in kinds
 

@@ -34,10 +34,28 @@ def where(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("fresh_redis").url
 
 
-def req(rid: str, cost: float, *, scope: str = "s", metric: str = "m", start: int = P0, size: int = DAY,
-        may_use_reserve: bool = False, value: int = 1) -> ReleaseRequest:
-    return ReleaseRequest(rid, scope, period_id(DAY, start), metric, start, start + size, cost,
-                          RECORD % (rid.encode(), value), may_use_reserve)
+def req(
+    rid: str,
+    cost: float,
+    *,
+    scope: str = "s",
+    metric: str = "m",
+    start: int = P0,
+    size: int = DAY,
+    may_use_reserve: bool = False,
+    value: int = 1,
+) -> ReleaseRequest:
+    return ReleaseRequest(
+        rid,
+        scope,
+        period_id(DAY, start),
+        metric,
+        start,
+        start + size,
+        cost,
+        RECORD % (rid.encode(), value),
+        may_use_reserve,
+    )
 
 
 async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
@@ -46,13 +64,17 @@ async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
     for m in ("diagnosis", "income", "postcode", "member_tier"):
         q = await ledger.quote(m, P0, P0 + DAY)
         quotes.append(q.cost)
-        results.append(await ledger.charge(
-            ReleaseRequest(f"r-{m}", q.scope, q.period_id, m, P0, P0 + DAY, q.cost, b'{"ratio_after":null}')))
+        results.append(
+            await ledger.charge(
+                ReleaseRequest(f"r-{m}", q.scope, q.period_id, m, P0, P0 + DAY, q.cost, b'{"ratio_after":null}')
+            )
+        )
     return ledger, quotes, results
 
 
 def test_seed_002_sequence(where: str) -> None:
     """The worked budget example (four metrics, weights 4:3:2:1): grants 0.64, 0.48, 0.32, 0.16, ratio 0.8 is warning, a next 0.1 is refused unless from the reserve."""
+
     async def body() -> None:
         ledger, quotes, results = await _seed(where)
         assert quotes == pytest.approx([0.64, 0.48, 0.32, 0.16], abs=1e-12)
@@ -63,7 +85,8 @@ def test_seed_002_sequence(where: str) -> None:
         extra = await ledger.charge(ReleaseRequest("x", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}"))
         assert extra.outcome is Outcome.REFUSED and "pool exhausted" in extra.reason
         from_reserve = await ledger.charge(
-            ReleaseRequest("y", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}", may_use_reserve=True))
+            ReleaseRequest("y", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}", may_use_reserve=True)
+        )
         assert from_reserve.outcome is Outcome.GRANTED and from_reserve.ratio_after == pytest.approx(0.85)
         await ledger.close()
 
@@ -72,12 +95,17 @@ def test_seed_002_sequence(where: str) -> None:
 
 def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
     """A known release_id returns the first stored bytes (ratio filled in) and is charged once."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         first = await ledger.charge(req("a", 0.25, value=1))
         again = await ledger.charge(req("a", 0.25, value=2))
         assert first.outcome is Outcome.GRANTED and again.outcome is Outcome.DUPLICATE
-        assert again.payload == first.payload == b'{"release_id":"a","values":{"all":1},"budget":{"scope":"s","ratio_after":0.250000}}'
+        assert (
+            again.payload
+            == first.payload
+            == b'{"release_id":"a","values":{"all":1},"budget":{"scope":"s","ratio_after":0.250000}}'
+        )
         status = await ledger.status("s")
         assert (status.granted, status.spent_units) == (1, 250_000_000_000)
         await ledger.close()
@@ -87,6 +115,7 @@ def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
 
 def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
     """stored_payload returns the final stored bytes of a known release_id and None for an unknown one."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         first = await ledger.charge(req("a", 0.25, value=1))
@@ -99,6 +128,7 @@ def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
 
 def test_charges_are_rounded_up_to_units(where: str) -> None:
     """0.1 (binary 0.1000000000000000055…) is charged 100000000001 units, never less."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         r = await ledger.charge(req("a", 0.1))
@@ -111,6 +141,7 @@ def test_charges_are_rounded_up_to_units(where: str) -> None:
 
 def test_refusal_changes_nothing_but_its_record(where: str) -> None:
     """A refused reserve stores no release and no spend; the same id can be granted later."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         refused = await ledger.charge(req("big", 0.9))  # pool is 0.8
@@ -129,6 +160,7 @@ def test_refusal_changes_nothing_but_its_record(where: str) -> None:
 
 def test_pending_and_commit(where: str) -> None:
     """Reserved releases are pending with their stored bytes until committed; commit is idempotent."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, one_scope_topology(), clock=clock)
@@ -147,6 +179,7 @@ def test_pending_and_commit(where: str) -> None:
 
 def test_manual_breaker_refuses_everything_and_survives_rollover(where: str) -> None:
     """An operator-opened breaker refuses all (reserve included) across periods until closed, all audited."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, one_scope_topology(), clock=clock)
@@ -173,6 +206,7 @@ def test_manual_breaker_refuses_everything_and_survives_rollover(where: str) -> 
 
 def test_automatic_open_closes_with_the_new_period(where: str) -> None:
     """A release that cannot fit the cap opens the breaker for the period; the next period starts closed."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         assert (await ledger.charge(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.GRANTED
@@ -194,6 +228,7 @@ def test_automatic_open_closes_with_the_new_period(where: str) -> None:
 
 def test_operator_grant_opens_the_reserve_to_ordinary_metrics(where: str) -> None:
     """After the pool is spent, an audited operator grant lets ordinary releases draw that much reserve."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         assert (await ledger.charge(req("a", 0.75))).outcome is Outcome.GRANTED
@@ -225,11 +260,18 @@ def test_config_changes_are_audited(fresh_redis: Any) -> None:
 
 def test_warning_stretch_and_thinning(where: str) -> None:
     """In warning, `stretch: 2` quarters a zCDP grant and `thin: 2` skips every other window."""
+
     async def body() -> None:
         metrics = (("m", 1.0, 3600, 3600, False),)
         for policy, check in ((WarningPolicy(stretch=2.0), "stretch"), (WarningPolicy(thin=2), "thin")):
-            topo = one_scope_topology(accounting=Accounting.ZCDP, delta=1e-6, warn_at=0.5, on_warning=policy,
-                                      metrics=metrics, scope=f"z{check}")
+            topo = one_scope_topology(
+                accounting=Accounting.ZCDP,
+                delta=1e-6,
+                warn_at=0.5,
+                on_warning=policy,
+                metrics=metrics,
+                scope=f"z{check}",
+            )
             ledger = await open_ledger(where, topo, clock=ManualClock(T0))
             before = await ledger.quote("m", P0, P0 + 3600)
             cap = (await ledger.status(f"z{check}")).cap
@@ -250,6 +292,7 @@ def test_warning_stretch_and_thinning(where: str) -> None:
 
 def test_reconcile_matches_after_mixed_traffic(where: str) -> None:
     """Spend rebuilt from the audit stream equals the stored spend, per period."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, one_scope_topology(), clock=clock)
@@ -265,17 +308,28 @@ def test_reconcile_matches_after_mixed_traffic(where: str) -> None:
 
 def test_both_backends_give_identical_answers(fresh_redis: Any) -> None:
     """The same script of calls yields the same outcomes, bytes, ratios, states and audit kinds on both backends."""
+
     async def script(where: str) -> list[Any]:
         clock = ManualClock(T0)
         ledger = await open_ledger(where, load_topology(SEED), clock=clock)
         out: list[Any] = []
         pid = period_id(DAY, P0)
-        for i, (m, cost, reserve) in enumerate([("diagnosis", 0.7, False), ("income", 0.33333, False),
-                                                 ("income", 0.33333, False), ("postcode", 0.7, False),
-                                                 ("postcode", 0.5, True), ("member_tier", 0.6, True),
-                                                 ("member_tier", 0.01, False)]):
-            r = await ledger.charge(ReleaseRequest(f"id{i % 6}", "columns", pid, m, P0, P0 + DAY, cost,
-                                                    b'{"n":%d,"ratio_after":null}' % i, reserve))
+        for i, (m, cost, reserve) in enumerate(
+            [
+                ("diagnosis", 0.7, False),
+                ("income", 0.33333, False),
+                ("income", 0.33333, False),
+                ("postcode", 0.7, False),
+                ("postcode", 0.5, True),
+                ("member_tier", 0.6, True),
+                ("member_tier", 0.01, False),
+            ]
+        ):
+            r = await ledger.charge(
+                ReleaseRequest(
+                    f"id{i % 6}", "columns", pid, m, P0, P0 + DAY, cost, b'{"n":%d,"ratio_after":null}' % i, reserve
+                )
+            )
             q = await ledger.quote("diagnosis", P0, P0 + DAY)
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units, q.cost_units, q.state))
         status = await ledger.status("columns")

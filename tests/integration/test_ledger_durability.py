@@ -23,6 +23,7 @@ def _req(rid: str, cost: float = 1e-6) -> ReleaseRequest:
 
 def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> None:
     """Charges acknowledged before a SIGKILL are all there after restart on the same AOF, with the same bytes."""
+
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         acked: dict[str, bytes] = {}
@@ -67,12 +68,18 @@ def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> No
 
 def test_redis_down_raises_ledger_unavailable_and_grants_nothing(fresh_redis: Any) -> None:
     """With Redis stopped every call raises LedgerUnavailable (from the redis error); nothing is granted."""
+
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         await asyncio.to_thread(fresh_redis.kill)
         try:
-            for call in (ledger.charge(_req("down")), ledger.quote("m", P0, P0 + DAY), ledger.status("s"),
-                         ledger.commit("s", "down"), ledger.pending(0)):
+            for call in (
+                ledger.charge(_req("down")),
+                ledger.quote("m", P0, P0 + DAY),
+                ledger.status("s"),
+                ledger.commit("s", "down"),
+                ledger.pending(0),
+            ):
                 with pytest.raises(LedgerUnavailable) as info:
                     await call
                 assert info.value.__cause__ is not None
@@ -86,7 +93,9 @@ def test_redis_down_raises_ledger_unavailable_and_grants_nothing(fresh_redis: An
     asyncio.run(body())
 
 
-def test_non_durable_server_is_refused_unless_allow_volatile(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_non_durable_server_is_refused_unless_allow_volatile(
+    fresh_redis: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """appendfsync everysec is refused with a one-line ConfigError; --allow-volatile runs and warns on stderr."""
     with fresh_redis.client() as client:
         client.config_set("appendfsync", "everysec")

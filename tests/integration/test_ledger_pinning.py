@@ -56,12 +56,32 @@ def where(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("fresh_redis").url
 
 
-def req(rid: str, cost: float, *, start: int = P0, size: int = DAY, may_use_reserve: bool = False,
-        extra: tuple[tuple[str, int], ...] = (), period_s: int = DAY, scope: str = "s", metric: str = "m",
-        delta: float = 0.0) -> ReleaseRequest:
-    return ReleaseRequest(rid, scope, period_id(period_s, start), metric, start, start + size, cost,
-                          b'{"id":"%s","ratio_after":null}' % rid.encode(), may_use_reserve,
-                          delta=delta, extra_periods=extra)
+def req(
+    rid: str,
+    cost: float,
+    *,
+    start: int = P0,
+    size: int = DAY,
+    may_use_reserve: bool = False,
+    extra: tuple[tuple[str, int], ...] = (),
+    period_s: int = DAY,
+    scope: str = "s",
+    metric: str = "m",
+    delta: float = 0.0,
+) -> ReleaseRequest:
+    return ReleaseRequest(
+        rid,
+        scope,
+        period_id(period_s, start),
+        metric,
+        start,
+        start + size,
+        cost,
+        b'{"id":"%s","ratio_after":null}' % rid.encode(),
+        may_use_reserve,
+        delta=delta,
+        extra_periods=extra,
+    )
 
 
 async def _reopen(where: str, ledgers: dict[str, Any], **topo: Any) -> Any:
@@ -80,9 +100,11 @@ async def _reopen(where: str, ledgers: dict[str, Any], **topo: Any) -> Any:
 
 # ---- 1. a period's terms are fixed when it opens ---------------------------------------------------
 
+
 def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
     """A re-registered larger cap is stored and audited, but the open period keeps its cap, reserve and pool
     (quote, reserve, grant and status all use the block's terms); the next period opens with the new cap."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
@@ -115,6 +137,7 @@ def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
 def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
     """Shrinking the cap while the current period's block exists raises one ConfigError line naming the scope,
     the change and the fix; nothing is stored. Before any charge, or from the next period, it is accepted."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
@@ -141,6 +164,7 @@ def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
 
 def test_smaller_cap_before_the_period_opens_is_accepted(where: str) -> None:
     """No block yet in the current period: the period has no terms to keep, the new config is stored."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
@@ -154,6 +178,7 @@ def test_smaller_cap_before_the_period_opens_is_accepted(where: str) -> None:
 
 def test_an_accounting_change_mid_period_is_refused(where: str) -> None:
     """pure -> zCDP in an open period is refused (one line); the next period accepts it."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
@@ -173,13 +198,15 @@ def test_an_accounting_change_mid_period_is_refused(where: str) -> None:
 def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where: str) -> None:
     """The newest registration wins: a worker still on the older topology is refused (never charged under
     the other's terms), the refusal counted and audited with both digests; the newer worker is granted."""
+
     async def body() -> None:
         clock = ManualClock(T0)
         old = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
         new = await _reopen(where, {"clock": clock, "first": old}, epsilon=2.0)
         refused = await old.charge(req("a", 0.1))
         assert refused.outcome is Outcome.REFUSED and refused.reason.startswith(
-            "topology disagrees with the scope's registered terms (digest ")
+            "topology disagrees with the scope's registered terms (digest "
+        )
         assert "restart it with the current topology" in refused.reason
         assert old._configs["s"].digest in refused.reason and new._configs["s"].digest in refused.reason
         status = await new.status("s")
@@ -195,9 +222,11 @@ def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where:
 
 # ---- 2. selection δ is ledgered -------------------------------------------------------------------
 
+
 def test_selection_delta_is_charged_rounded_up_against_its_own_cap(where: str) -> None:
     """δ is an integer counter per period (1e-18 units, charges rounded up) capped at selection_delta_total;
     a release that does not fit is refused ("selection delta exhausted") and charges neither ρ nor δ."""
+
     async def body() -> None:
         ledger = await open_ledger(where, load_topology_text(_SELECTING), clock=ManualClock(T0))
         status = await ledger.status("b")
@@ -224,6 +253,7 @@ def test_selection_delta_is_charged_rounded_up_against_its_own_cap(where: str) -
 
 def test_no_selection_means_a_zero_delta_cap(where: str) -> None:
     """A scope whose keys are all declared sets no δ aside: any δ charge is refused, δ = 0 is fine."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         assert (await ledger.status("s")).delta_cap == 0.0
@@ -249,14 +279,17 @@ def _spent(history: list[Any]) -> dict[str, int]:
 
 def test_a_straddling_window_is_charged_to_both_periods_once(where: str) -> None:
     """One reserve charges the main and the later period (spend, count, δ, audit), stores one release."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.GRANTED and r.ratio_after == pytest.approx(0.1)
         again = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert again.outcome is Outcome.DUPLICATE and again.payload == r.payload
-        assert _spent(await ledger.history("s")) == {period_id(HOUR, H0): 100_000_000_001,
-                                                     period_id(HOUR, H1): 100_000_000_001}
+        assert _spent(await ledger.history("s")) == {
+            period_id(HOUR, H0): 100_000_000_001,
+            period_id(HOUR, H1): 100_000_000_001,
+        }
         assert [p.release_id for p in await ledger.pending(0)] == ["x"]
         assert (await ledger.reconcile("s")).ok
         charged = [e.fields["period"] for e in await ledger.audit("s") if e.kind is AuditKind.CHARGE]
@@ -268,6 +301,7 @@ def test_a_straddling_window_is_charged_to_both_periods_once(where: str) -> None
 
 def test_main_period_exhausted_leaves_no_charge_on_the_later_period(where: str) -> None:
     """The main period cannot take the straddling window: nothing is charged anywhere (no stranded charge)."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         fill = await ledger.charge(req("fill", 0.95, start=H0, size=120, period_s=HOUR, may_use_reserve=True))
@@ -286,6 +320,7 @@ def test_main_period_exhausted_leaves_no_charge_on_the_later_period(where: str) 
 def test_later_period_exhausted_charges_nothing_in_the_main_period(where: str) -> None:
     """The later period cannot take it: the main period is not charged either, the refusal names the
     later period and is counted there (its automatic breaker opens, the main period's does not)."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         fill = await ledger.charge(req("fill", 0.95, start=H1, size=120, period_s=HOUR, may_use_reserve=True))
@@ -305,6 +340,7 @@ def test_later_period_exhausted_charges_nothing_in_the_main_period(where: str) -
 
 def test_a_request_must_name_every_later_period_its_window_touches(where: str) -> None:
     """A straddling window without (or with wrong) extra periods is a bug, refused before any write."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         with pytest.raises(InternalError, match="charged to every period it touches"):
@@ -319,8 +355,10 @@ def test_a_request_must_name_every_later_period_its_window_touches(where: str) -
 
 # ---- 4. the deployment start, recorded once ----------------------------------------------------------
 
+
 def test_deployment_start_first_start_wins(where: str) -> None:
     """The first proposed start of a topology version is stored and returned forever; versions are separate."""
+
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         assert await ledger.deployment_start("v1", 1_000) == 1_000
@@ -341,26 +379,49 @@ def test_deployment_start_first_start_wins(where: str) -> None:
 
 # ---- both backends, same answers ----------------------------------------------------------------------
 
+
 def test_both_backends_agree_on_terms_straddles_and_delta(fresh_redis: Any) -> None:
     """Outcomes, reasons, ratios and every audit field (but ids) are the same on both backends."""
+
     async def script(where: str) -> list[Any]:
         clock = ManualClock(H0 + 10)
-        topo = load_topology_text(_SELECTING.replace("period: 1d", "period: 1h")
-                                  .replace("window: {tumbling: 1d}", "window: {hopping: 2m, every: 1m}"))
+        topo = load_topology_text(
+            _SELECTING.replace("period: 1d", "period: 1h").replace(
+                "window: {tumbling: 1d}", "window: {hopping: 2m, every: 1m}"
+            )
+        )
         ledger = await open_ledger(where, topo, clock=clock)
         cap = (await ledger.status("b")).cap
         out: list[Any] = []
-        calls = [("fill", cap * 0.7, H0, False, 3e-10), ("x", cap * 0.2, H1 - 60, False, 3e-10),
-                 ("y", cap * 0.2, H1 - 60, True, 3e-10), ("z", cap * 0.05, H1 - 60, True, 1e-6),
-                 ("w", cap * 0.05, H1, False, 1e-12), ("x", cap * 0.2, H1 - 60, False, 3e-10)]
+        calls = [
+            ("fill", cap * 0.7, H0, False, 3e-10),
+            ("x", cap * 0.2, H1 - 60, False, 3e-10),
+            ("y", cap * 0.2, H1 - 60, True, 3e-10),
+            ("z", cap * 0.05, H1 - 60, True, 1e-6),
+            ("w", cap * 0.05, H1, False, 1e-12),
+            ("x", cap * 0.2, H1 - 60, False, 3e-10),
+        ]
         for rid, cost, start, may_use, delta in calls:
             extra = ((period_id(HOUR, H1), H1),) if start == H1 - 60 else ()
-            r = await ledger.charge(ReleaseRequest(rid, "b", period_id(HOUR, start), "pages", start, start + 120,
-                                                    cost, b'{"ratio_after":null}', may_use, delta=delta,
-                                                    extra_periods=extra))
+            r = await ledger.charge(
+                ReleaseRequest(
+                    rid,
+                    "b",
+                    period_id(HOUR, start),
+                    "pages",
+                    start,
+                    start + 120,
+                    cost,
+                    b'{"ratio_after":null}',
+                    may_use,
+                    delta=delta,
+                    extra_periods=extra,
+                )
+            )
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units))
-        out.append([(h.period_id, h.spent_units, h.delta_spent_units, h.granted, h.refused)
-                    for h in await ledger.history("b")])
+        out.append(
+            [(h.period_id, h.spent_units, h.delta_spent_units, h.granted, h.refused) for h in await ledger.history("b")]
+        )
         out.append([{k: v for k, v in e.fields.items()} for e in await ledger.audit("b")])
         await ledger.close()
         return out

@@ -53,8 +53,9 @@ async def _clients(url: str, n: int) -> list[int]:
     async def client(c: int) -> None:
         i = 0
         while True:
-            r = await ledger.charge(ReleaseRequest(f"local-{c}-{i}", "s", period_id(DAY, P0), "m", P0, P0 + DAY,
-                                                    COST, b"{}"))
+            r = await ledger.charge(
+                ReleaseRequest(f"local-{c}-{i}", "s", period_id(DAY, P0), "m", P0, P0 + DAY, COST, b"{}")
+            )
             if r.outcome is not Outcome.GRANTED:
                 return
             granted.append(r.cost_units)
@@ -68,8 +69,12 @@ async def _clients(url: str, n: int) -> list[int]:
 def test_64_clients_and_4_processes_never_overspend(fresh_redis: Any) -> None:
     """Racing until refused: spent ≤ cap exactly and equals both the granted charges and the audit's charges."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", _PROCESS, fresh_redis.url, f"proc{k}", str(P0)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _PROCESS, fresh_redis.url, f"proc{k}", str(P0)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for k in range(4)
     ]
     for p in procs:
@@ -101,14 +106,18 @@ def test_64_clients_and_4_processes_never_overspend(fresh_redis: Any) -> None:
 
 def test_same_release_id_1000_times_concurrently_is_charged_once(fresh_redis: Any) -> None:
     """1,000 concurrent reserves of one release_id (each with fresh noise) → one charge, identical bytes returned."""
+
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())
         pid = period_id(DAY, P0)
-        results = await asyncio.gather(*(
-            ledger.charge(ReleaseRequest("same", "s", pid, "m", P0, P0 + DAY, 0.01,
-                                          b'{"noise":%d,"ratio_after":null}' % i))
-            for i in range(1000)
-        ))
+        results = await asyncio.gather(
+            *(
+                ledger.charge(
+                    ReleaseRequest("same", "s", pid, "m", P0, P0 + DAY, 0.01, b'{"noise":%d,"ratio_after":null}' % i)
+                )
+                for i in range(1000)
+            )
+        )
         outcomes = [r.outcome for r in results]
         assert outcomes.count(Outcome.GRANTED) == 1 and outcomes.count(Outcome.DUPLICATE) == 999
         assert len({r.payload for r in results}) == 1

@@ -74,8 +74,11 @@ def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str, st
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 class Exporter:
@@ -83,8 +86,16 @@ class Exporter:
 
     def __init__(self, topology: Path, redis_url: str | None, log: Path) -> None:
         self.port = free_port()
-        argv = [sys.executable, "-m", "dpstream.workers.cli", "exporter", "--topology", str(topology),
-                "--port", str(self.port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "dpstream.workers.cli",
+            "exporter",
+            "--topology",
+            str(topology),
+            "--port",
+            str(self.port),
+        ]
         if redis_url:
             argv += ["--redis", redis_url]
         self.log = log
@@ -141,8 +152,9 @@ async def _charge(url: str, topology_file: Path, charges: list[tuple[str, float]
             size = m.window.size_s
             pstart = now - now % period_s
             start = pstart + (i % (period_s // size)) * size
-            req = ReleaseRequest(f"{metric}-{now}-{i}", m.budget, period_id(period_s, start), metric, start,
-                                 start + size, cost, b"{}")
+            req = ReleaseRequest(
+                f"{metric}-{now}-{i}", m.budget, period_id(period_s, start), metric, start, start + size, cost, b"{}"
+            )
             assert (await ledger.charge(req)).outcome is Outcome.GRANTED
     finally:
         await ledger.close()
@@ -150,23 +162,40 @@ async def _charge(url: str, topology_file: Path, charges: list[tuple[str, float]
 
 def _budget_status(topology_file: Path, url: str) -> dict[str, dict]:
     out = subprocess.run(
-        [sys.executable, "-m", "dpstream.workers.cli", "budget", "status", "--json", "--topology", str(topology_file),
-         "--redis", url],
-        capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "dpstream.workers.cli",
+            "budget",
+            "status",
+            "--json",
+            "--topology",
+            str(topology_file),
+            "--redis",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return {s["scope"]: s for s in json.loads(out.stdout)["scopes"]}
 
 
 def test_exporter_budget_gauges_equal_budget_status_after_real_charges(
-    exporter: Exporter, topology_file: Path, fresh_redis  # noqa: ANN001
+    exporter: Exporter,
+    topology_file: Path,
+    fresh_redis,  # noqa: ANN001
 ) -> None:
     text, _ = exporter.scrape()
     got = _samples(text)
     assert got[("dpstream_ledger_up", ())] == 1.0
     assert not any(k[0].startswith("dpstream_budget_") for k in got)  # no scope registered yet: nothing to show
 
-    for charges in ([("views", 1e-3), ("partner_views", 0.05)],
-                    [("views", 2.5e-3), ("views", 7e-4), ("partner_views", 0.3)]):
+    for charges in (
+        [("views", 1e-3), ("partner_views", 0.05)],
+        [("views", 2.5e-3), ("views", 7e-4), ("partner_views", 0.3)],
+    ):
         asyncio.run(_charge(fresh_redis.url, topology_file, charges))
         got = _samples(exporter.scrape()[0])
         status = _budget_status(topology_file, fresh_redis.url)
@@ -240,6 +269,10 @@ def test_exporter_answers_with_ledger_down_when_its_redis_stops(tmp_path: Path) 
 
 def test_exporter_refuses_a_bad_port_with_one_line(tmp_path: Path, fresh_redis) -> None:  # noqa: ANN001
     topology_file = _write_topology(tmp_path, fresh_redis.url)
-    out = subprocess.run([sys.executable, "-m", "dpstream.workers.cli", "exporter", "--topology", str(topology_file),
-                          "--port", "70000"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dpstream.workers.cli", "exporter", "--topology", str(topology_file), "--port", "70000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--port 70000" in out.stderr

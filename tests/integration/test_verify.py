@@ -63,9 +63,15 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
         assert start is not None
         dep.start_worker("w1")
         t0 = (int(time.time()) // WINDOW + 1) * WINDOW
-        send(dep.bootstrap, dep.source_topic,
-             [event(f"u{i}", t0 + k * WINDOW + 0.5, "home" if i % 2 else "cart", float(i)) for k in range(3)
-              for i in range(30)])
+        send(
+            dep.bootstrap,
+            dep.source_topic,
+            [
+                event(f"u{i}", t0 + k * WINDOW + 0.5, "home" if i % 2 else "cart", float(i))
+                for k in range(3)
+                for i in range(30)
+            ],
+        )
 
         # 1. clean: every window due 20 s ago is released (the worker catches up from S on its own)
         def clean() -> Any:
@@ -114,10 +120,14 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
         forged = dict(victim, values={k: v + 1000.0 for k, v in victim["values"].items()})
         far = (int(time.time()) // WINDOW + 100_000) * WINDOW
         ghost_id = release_id(dep.topology.topology_version, "views", far, far + WINDOW)
-        ghost = dict(victim, release_id=ghost_id,
-                     window=dict(victim["window"], start_epoch=far, end_epoch=far + WINDOW))
-        send(dep.bootstrap, dep.topology.sinks.releases,
-             [(key, json.dumps(forged, sort_keys=True).encode()), (ghost_id.encode(), json.dumps(ghost).encode())])
+        ghost = dict(
+            victim, release_id=ghost_id, window=dict(victim["window"], start_epoch=far, end_epoch=far + WINDOW)
+        )
+        send(
+            dep.bootstrap,
+            dep.topology.sinks.releases,
+            [(key, json.dumps(forged, sort_keys=True).encode()), (ghost_id.encode(), json.dumps(ghost).encode())],
+        )
 
         # 5. tamper with the ledger: one unit of spend the audit stream does not have, and δ above its cap
         pid = period_id(86_400, start)
@@ -140,13 +150,20 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
         assert len(missing) >= 2 and {v["metric"] for v in missing} == {"views", "spend"}
         for v in missing:
             assert v["window_end"] + 1 > stopped - WINDOW  # only windows that closed around or after the stop
-            assert v["release_id"] == release_id(dep.topology.topology_version, v["metric"], v["window_start"],
-                                                 v["window_end"])
+            assert v["release_id"] == release_id(
+                dep.topology.topology_version, v["metric"], v["window_start"], v["window_end"]
+            )
             assert v["release_id"] in v["message"]
         assert [v["period"] for v in kinds["spend_mismatch"]] == [pid]
         assert [v["period"] for v in kinds["delta_over_cap"]] == [pid]
-        assert set(kinds) == {"two_payloads", "payload_mismatch", "uncharged", "missing_window", "spend_mismatch",
-                              "delta_over_cap"}
+        assert set(kinds) == {
+            "two_payloads",
+            "payload_mismatch",
+            "uncharged",
+            "missing_window",
+            "spend_mismatch",
+            "delta_over_cap",
+        }
         assert doc["counts"]["windows_missing"] == len(missing)
 
         # the text form: one line per violation, each naming its kind, then the summary
@@ -205,8 +222,9 @@ def test_compare_to_another_runs_releases(
         dep.stop_all()
 
 
-def test_usage_errors_exit_2_with_one_line(tmp_path: Path, kafka_broker: Any, fresh_redis: Any,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2_with_one_line(
+    tmp_path: Path, kafka_broker: Any, fresh_redis: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A missing topology, a bad --grace or --since, --tolerance without --compare-to, a missing compare
     topic, an unreachable broker: exit 2 with one line."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
@@ -226,8 +244,20 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, kafka_broker: Any, fr
         assert len(err.splitlines()) == 1 and err.startswith("dpstream: error: "), (argv, err)
     # nothing started: the scope is not registered and no release exists; a declared start still gives a schedule
     capsys.readouterr()
-    code = main(["verify", "--topology", str(dep.path), "--bootstrap", dep.bootstrap, "--redis", dep.redis_url,
-                 "--grace", "0", "--json"])
+    code = main(
+        [
+            "verify",
+            "--topology",
+            str(dep.path),
+            "--bootstrap",
+            dep.bootstrap,
+            "--redis",
+            dep.redis_url,
+            "--grace",
+            "0",
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and "scope_not_registered" in _kinds(doc)
 
@@ -246,8 +276,14 @@ def _doc(rid: str, **extra: Any) -> bytes:
 @pytest.mark.unit
 def test_index_releases_names_two_payloads_malformed_and_key_mismatch() -> None:
     counts: dict[str, Any] = {}
-    recs = [_rec(0, b"a", _doc("a")), _rec(1, b"a", _doc("a")), _rec(2, b"a", _doc("a", values={"": 2.0})),
-            _rec(3, b"x", b"{not json"), _rec(4, None, None), _rec(5, b"zzz", _doc("b"))]
+    recs = [
+        _rec(0, b"a", _doc("a")),
+        _rec(1, b"a", _doc("a")),
+        _rec(2, b"a", _doc("a", values={"": 2.0})),
+        _rec(3, b"x", b"{not json"),
+        _rec(4, None, None),
+        _rec(5, b"zzz", _doc("b")),
+    ]
     published, violations = checks.index_releases(recs, counts)
     assert counts == {"releases": 6, "release_ids": 2, "duplicates_identical": 1}
     assert [v.kind for v in violations] == ["two_payloads", "malformed_release", "malformed_release", "release_key"]
@@ -259,7 +295,8 @@ def test_index_releases_names_two_payloads_malformed_and_key_mismatch() -> None:
 @pytest.mark.unit
 def test_charges_states_and_stored_payload() -> None:
     published, _ = checks.index_releases(
-        [_rec(0, b"a", _doc("a")), _rec(1, b"b", _doc("b")), _rec(2, b"c", _doc("c")), _rec(3, b"d", _doc("d"))], {})
+        [_rec(0, b"a", _doc("a")), _rec(1, b"b", _doc("b")), _rec(2, b"c", _doc("c")), _rec(3, b"d", _doc("d"))], {}
+    )
     found = {
         "a": LedgerRelease("s", "a", "published", _doc("a"), "m", 0, 1),
         "b": LedgerRelease("s", "b", "reserved", _doc("b", values={"": 9.0}), "m", 0, 1),
@@ -276,8 +313,11 @@ def test_budget_check_compares_spend_with_the_audit_and_caps() -> None:
     report = ReconcileReport("s", (PeriodReconcile("p1", 10, 10, 1, 1), PeriodReconcile("p2", 11, 10, 2, 2)))
     blocks = [PeriodSummary("p1", 0, 100, 0, 10, 1, 0, 0, 5, 5), PeriodSummary("p2", 0, 10, 0, 11, 2, 0, 0, 6, 5)]
     counts: dict[str, Any] = {}
-    assert [v.kind for v in checks.check_budget(report, blocks, counts)] == ["spend_mismatch", "over_cap",
-                                                                            "delta_over_cap"]
+    assert [v.kind for v in checks.check_budget(report, blocks, counts)] == [
+        "spend_mismatch",
+        "over_cap",
+        "delta_over_cap",
+    ]
     assert counts["periods_checked"] == 2
 
 
@@ -287,13 +327,22 @@ def test_schedule_starts_at_S_and_ends_at_now_minus_grace() -> None:
 
     topo = one_scope_topology(metrics=(("m", 1.0, 60, 60, False),))
     windows = list(checks.scheduled_windows(topo, 1_000_030, 1_000_300))
-    assert [(w.start, w.end) for w in windows] == [(1_000_080, 1_000_140), (1_000_140, 1_000_200),
-                                                   (1_000_200, 1_000_260)]
+    assert [(w.start, w.end) for w in windows] == [
+        (1_000_080, 1_000_140),
+        (1_000_140, 1_000_200),
+        (1_000_200, 1_000_260),
+    ]
     rids = [w.release_id for w in windows]
     published, _ = checks.index_releases([_rec(0, rids[0].encode(), _doc(rids[0]))], {})
     counts: dict[str, Any] = {}
-    violations = checks.check_schedule(topo, windows, published, {rids[1]: "breaker open (manual): x"},
-                                       {rids[2]: LedgerRelease("s", rids[2], "reserved", b"{}", "m", 0, 1)}, counts)
+    violations = checks.check_schedule(
+        topo,
+        windows,
+        published,
+        {rids[1]: "breaker open (manual): x"},
+        {rids[2]: LedgerRelease("s", rids[2], "reserved", b"{}", "m", 0, 1)},
+        counts,
+    )
     assert [v.kind for v in violations] == ["missing_window"]
     assert "charged (reserved) but not on the releases topic" in violations[0].message
     assert counts == {"windows_checked": 3, "windows_released": 1, "windows_refused": 1, "windows_missing": 1}
@@ -303,8 +352,9 @@ def test_schedule_starts_at_S_and_ends_at_now_minus_grace() -> None:
 def test_dead_letters_need_a_known_reason() -> None:
     good = json.dumps({"reason": "not_json", "raw_b64": ""}).encode()
     counts: dict[str, Any] = {}
-    violations = checks.check_dead_letters([_rec(0, None, good), _rec(1, None, b'{"reason": "made_up"}'),
-                                            _rec(2, None, b"\xff")], counts)
+    violations = checks.check_dead_letters(
+        [_rec(0, None, good), _rec(1, None, b'{"reason": "made_up"}'), _rec(2, None, b"\xff")], counts
+    )
     assert [v.kind for v in violations] == ["bad_dead_letter", "bad_dead_letter"]
     assert counts == {"dead_letters": 3, "dead_letter_reasons": {"not_json": 1}}
 

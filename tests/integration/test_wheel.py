@@ -53,8 +53,9 @@ class Installed:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env["PYTHONNOUSERSITE"] = "1"
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        return subprocess.run([str(a) for a in argv], cwd=self.work, env=env, capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [str(a) for a in argv], cwd=self.work, env=env, capture_output=True, text=True, timeout=120
+        )
 
     def python_c(self, code: str) -> subprocess.CompletedProcess[str]:
         """`python -I -c code` in the venv (isolated: no cwd, no PYTHON* variables, no user site)."""
@@ -75,8 +76,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         else:
             shutil.copy2(path, src / name)
     dist = tmp / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(src)],
-                   cwd=tmp, check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(src)],
+        cwd=tmp,
+        check=True,
+        timeout=300,
+    )
     (wheel,) = dist.glob("dpstream-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = frozenset(archive.namelist())
@@ -84,10 +89,32 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--force-reinstall", "--no-index", str(wheel)], cwd=tmp, check=True, timeout=300)
-    site = Path(subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            "--no-index",
+            str(wheel),
+        ],
+        cwd=tmp,
+        check=True,
+        timeout=300,
+    )
+    site = Path(
+        subprocess.run(
+            [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     # dependencies (faust, redis, opendp, ...) from this interpreter, without running its .pth files
     (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp / "elsewhere"
@@ -108,7 +135,10 @@ def test_only_dpstream_is_importable_and_it_comes_from_the_venv(installed: Insta
     assert paths and all(Path(p).resolve().is_relative_to(installed.venv.resolve()) for p in paths), paths
     assert (workers, topology) == ("-", "-")
     assert not any(n.split("/")[0] in ("workers", "topology") for n in installed.names)
-    assert {n.split("/")[0] for n in installed.names} == {"dpstream", installed.wheel.name.split("-py")[0] + ".dist-info"}
+    assert {n.split("/")[0] for n in installed.names} == {
+        "dpstream",
+        installed.wheel.name.split("-py")[0] + ".dist-info",
+    }
 
 
 def test_plan_runs_on_a_packaged_example(installed: Installed) -> None:

@@ -201,8 +201,15 @@ def ordinary_stream(seed: int, start: int, end: int, *, units: int = 50, events:
     for _ in range(6):  # the heavy unit
         t = rng.uniform(start, end - 300)
         for j in range(12):
-            out.append({"user_id": HEAVY, "ts": round(t + 5 * j, 3), "page": DECLARED_PAGES[j % 3],
-                        "ref": "google", "amount": 18})
+            out.append(
+                {
+                    "user_id": HEAVY,
+                    "ts": round(t + 5 * j, 3),
+                    "page": DECLARED_PAGES[j % 3],
+                    "ref": "google",
+                    "amount": 18,
+                }
+            )
     out.sort(key=lambda e: e["ts"])
     return out
 
@@ -236,6 +243,7 @@ def interleave(base: Sequence[Any], extra: Sequence[tuple[int, Any]]) -> list[An
 # -- running ----------------------------------------------------------------------------------------
 def run_replay(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, dict]:
     """Replay `lines` over the public schedule [start, end) on a fresh memory ledger; release_id → record."""
+
     async def go() -> dict[str, dict]:
         ledger = await open_ledger("memory", topo)
         published: dict[str, dict] = {}
@@ -284,8 +292,10 @@ def compare(
     for rid in only_nb[:5]:
         problems.append(f"release only in D′: {_where(neighbour[rid])}")
     if len(only_base) > 5 or len(only_nb) > 5:
-        problems.append(f"... {len(only_base)} releases only in D, {len(only_nb)} only in D′ "
-                        f"(D has {len(base)}, D′ {len(neighbour)})")
+        problems.append(
+            f"... {len(only_base)} releases only in D, {len(only_nb)} only in D′ "
+            f"(D has {len(base)}, D′ {len(neighbour)})"
+        )
     compared = {m.name: m for m in compared_metrics(topo)}
     for rid in in_order(set(base) & set(neighbour)):
         a, b = base[rid], neighbour[rid]

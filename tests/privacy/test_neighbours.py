@@ -95,7 +95,7 @@ _PAGES = st.one_of(
 _REFS = st.one_of(st.text("abcdefghij0123456789", min_size=1, max_size=8), st.none())  # data-derived keys
 _AMOUNTS = st.one_of(
     st.floats(-1e12, 1e12),
-    st.integers(-10**9, 10**9),
+    st.integers(-(10**9), 10**9),
     st.sampled_from([-5, 20, -5.000001, 20.000001, 1e15, -1e15]),
     st.none(),
 )
@@ -138,8 +138,15 @@ def adversaries(draw: st.DrawFn, d_len: int) -> tuple[Any, list[AdvEvent]]:
         out.append(AdvEvent(pos, line, eff))
 
     for _ in range(draw(st.integers(1, 40))):
-        event(draw(_TIMES), draw(_PAGES), draw(_REFS), draw(_AMOUNTS), draw(fmts), draw(positions),
-              malformed=max(0, draw(st.integers(-17, 2))))
+        event(
+            draw(_TIMES),
+            draw(_PAGES),
+            draw(_REFS),
+            draw(_AMOUNTS),
+            draw(fmts),
+            draw(positions),
+            malformed=max(0, draw(st.integers(-17, 2))),
+        )
     for _ in range(draw(st.integers(0, 3))):  # bursts: many events in one window, many keys
         t0 = draw(st.one_of(st.floats(START, END - 60), _WINDOW_EDGES, st.floats(END, END + 2 * _DAY)))
         n = draw(st.integers(10, 150))
@@ -186,8 +193,13 @@ def test_one_unit_moves_releases_by_at_most_its_bound(partitions: int, data: st.
 def _dense(first: int, last: int, units: int = 40) -> list[dict]:
     """Every unit once a minute in [first, last): ~40 per window, far above the noise margin."""
     return [
-        {"user_id": f"d{u}", "ts": t + u * 0.5, "page": nb.DECLARED_PAGES[(u + t // 60) % 3], "ref": "google",
-         "amount": u % 12}
+        {
+            "user_id": f"d{u}",
+            "ts": t + u * 0.5,
+            "page": nb.DECLARED_PAGES[(u + t // 60) % 3],
+            "ref": "google",
+            "amount": u % 12,
+        }
         for t in range(first, last, 60)
         for u in range(units)
     ]

@@ -72,7 +72,9 @@ def _noise_margin(a: dict, b: dict) -> float:
 
 
 def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensitivity(
-    tmp_path: Path, kafka_broker, fresh_redis  # noqa: ANN001
+    tmp_path: Path,
+    kafka_broker,
+    fresh_redis,  # noqa: ANN001
 ) -> None:
     """D vs D′ (plus a far-future event sent first, and an event in the schedule's first window)."""
     start = (int(time.time()) // WINDOW + 1) * WINDOW
@@ -80,8 +82,11 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
     attacked = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
     t0 = start + WINDOW  # D starts one window after S: the first window is empty in D
     starts = [start + WINDOW * i for i in range(5)]
-    honest = [event(f"u{i:03d}", s + 0.3 + i / 1000, "home" if i % 2 else "cart", float(i % 50))
-              for s in starts[1:] for i in range(40)]
+    honest = [
+        event(f"u{i:03d}", s + 0.3 + i / 1000, "home" if i % 2 else "cart", float(i % 50))
+        for s in starts[1:]
+        for i in range(40)
+    ]
     adversary = [
         event("mallory", time.time() + 3000, "home", 99.0),  # far future, inside max_future (1 h)
         event("mallory", start + 0.1, "cart", 99.0),  # the schedule's first window
@@ -115,14 +120,23 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
 
 
 def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
-    tmp_path: Path, kafka_broker, fresh_redis  # noqa: ANN001
+    tmp_path: Path,
+    kafka_broker,
+    fresh_redis,  # noqa: ANN001
 ) -> None:
     """Two deployments read one source topic: one undisturbed, one SIGKILLed mid-stream and restarted
     after a pause; every window's true aggregate (merged partials) and release match."""
     start = (int(time.time()) // WINDOW + 1) * WINDOW
     clean = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
-    crashy = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start,
-                    source_topic=clean.source_topic, period=PERIOD)
+    crashy = deploy(
+        tmp_path,
+        kafka_broker.bootstrap,
+        fresh_redis.url,
+        epsilon=EPSILON,
+        start=start,
+        source_topic=clean.source_topic,
+        period=PERIOD,
+    )
     clean.start_worker("clean")
     victim = crashy.start_worker("crashy-1")
     starts = [start + WINDOW * i for i in range(8)]
@@ -130,8 +144,10 @@ def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
         while time.time() < s + 0.2:
             time.sleep(0.02)
         # on time, slightly out of order, and some for the previous window (late or not by arrival)
-        batch = [event(f"u{(step * 7 + i) % 60:03d}", s + 0.1 + (i % 13) / 10, "home" if i % 3 else "cart",
-                       float(i % 120)) for i in range(60)]
+        batch = [
+            event(f"u{(step * 7 + i) % 60:03d}", s + 0.1 + (i % 13) / 10, "home" if i % 3 else "cart", float(i % 120))
+            for i in range(60)
+        ]
         batch += [event(f"l{i}", s - 0.5, "home", 1.0) for i in range(5)]
         send(clean.bootstrap, clean.source_topic, batch)
         if step == 3:

@@ -41,8 +41,9 @@ class Case:
 
 
 def _m(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
-    return Metric(name="cal", source="s", budget="b", weight=1.0, window=_W, aggregate=aggregate,
-                  mechanism=mechanism, **kw)  # type: ignore[arg-type]
+    return Metric(
+        name="cal", source="s", budget="b", weight=1.0, window=_W, aggregate=aggregate, mechanism=mechanism, **kw
+    )  # type: ignore[arg-type]
 
 
 def _cases() -> list[Case]:
@@ -56,7 +57,9 @@ def _cases() -> list[Case]:
     for b in (2.0, 40.0, 3000.0):  # ε = Δ/b
         out.append(Case(f"count/laplace b={b:g}", count_l, Accounting.PURE, 1 / b, 1000))
     for sigma in (5.0, 400.0, 50_000.0):  # Δ = 400
-        out.append(Case(f"sum/fixed-point gaussian sigma~{sigma:g}", sum_g, Accounting.ZCDP, 400**2 / (2 * sigma**2), 12345.5))
+        out.append(
+            Case(f"sum/fixed-point gaussian sigma~{sigma:g}", sum_g, Accounting.ZCDP, 400**2 / (2 * sigma**2), 12345.5)
+        )
     for b in (1.0, 25.0, 2_000.0):  # Δ = 10
         out.append(Case(f"sum/fixed-point laplace b~{b:g}", sum_l, Accounting.PURE, 10 / b, -42.25))
     return out

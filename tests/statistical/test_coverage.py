@@ -49,8 +49,17 @@ def test_ci_coverage(index: int) -> None:
 
 def test_ratio_mean_interval_is_approximately_95() -> None:
     """The noisy-ratio mean's delta-method interval covers the true mean 95 % ± 1.5 % when n ≫ σ_count."""
-    m = Metric(name="mean", source="s", budget="b", weight=1.0, window=Window(60, 60), aggregate=Aggregate.MEAN,
-               mechanism=Mechanism.GAUSSIAN, value="v", bounds=Bounds(0.0, 100.0))
+    m = Metric(
+        name="mean",
+        source="s",
+        budget="b",
+        weight=1.0,
+        window=Window(60, 60),
+        aggregate=Aggregate.MEAN,
+        mechanism=Mechanism.GAUSSIAN,
+        value="v",
+        bounds=Bounds(0.0, 100.0),
+    )
     mech = build_release_mechanism(m, Accounting.ZCDP, 0.02)
     true_sum, count = 70.0 * 2000, 2000
     trials = 40_000

@@ -51,12 +51,25 @@ def _pairs(first_law) -> dict[tuple[str, str], float]:
     return out
 
 
-@pytest.mark.parametrize("accounting,law", [(Accounting.ZCDP, _gumbel), (Accounting.PURE, _permute_and_flip)],
-                         ids=["gumbel", "permute-and-flip"])
+@pytest.mark.parametrize(
+    "accounting,law",
+    [(Accounting.ZCDP, _gumbel), (Accounting.PURE, _permute_and_flip)],
+    ids=["gumbel", "permute-and-flip"],
+)
 def test_top_2_frequencies_match_mechanism(accounting: Accounting, law) -> None:
     """Observed ordered top-2 pairs fit the mechanism's exact law (χ², bins with expected < 5 merged)."""
-    metric = Metric(name="top", source="s", budget="b", weight=1.0, window=Window(60, 60), aggregate=Aggregate.TOP_K,
-                    mechanism=Mechanism.EXPONENTIAL, k=2, group_by="r", keys=KEYS)
+    metric = Metric(
+        name="top",
+        source="s",
+        budget="b",
+        weight=1.0,
+        window=Window(60, 60),
+        aggregate=Aggregate.TOP_K,
+        mechanism=Mechanism.EXPONENTIAL,
+        k=2,
+        group_by="r",
+        keys=KEYS,
+    )
     eps = 2.0 * 2 / SCALE
     cost = eps if accounting is Accounting.PURE else eps**2 / (8 * 2)
     mech = build_release_mechanism(metric, accounting, cost)

@@ -95,7 +95,9 @@ def test_overspend_is_absorbed_by_all_later_releases():
 
 def test_seed_002_sequence_is_064_048_032_016():
     """The worked budget example: pool 1.6 over weights 4:3:2:1, one release each, gives 0.64, 0.48, 0.32, 0.16 and keeps the reserve."""
-    scope = {n: (w, Window(DAY, DAY)) for n, w in (("diagnosis", 4.0), ("income", 3.0), ("postcode", 2.0), ("tier", 1.0))}
+    scope = {
+        n: (w, Window(DAY, DAY)) for n, w in (("diagnosis", 4.0), ("income", 3.0), ("postcode", 2.0), ("tier", 1.0))
+    }
     log = _run(scope, 1.6, DAY)
     assert [c for _, c in log] == pytest.approx([0.64, 0.48, 0.32, 0.16])
     assert math.fsum(c for _, c in log) == pytest.approx(1.6)  # 0.4 reserve untouched: ratio 0.8

@@ -33,7 +33,11 @@ def test_seed_example_json_reproduces_seed_000(capsys):
     assert (top["mechanism"], top["k"], top["per_release_epsilon"]) == ("exponential", 5, pytest.approx(0.5))
     # merchants come from the data: half of the 0.5 selects candidate keys, half ranks them
     selection, ranking = top["components"]
-    assert (selection["component"], selection["mechanism"], ranking["mechanism"]) == ("selection", "laplace", "exponential")
+    assert (selection["component"], selection["mechanism"], ranking["mechanism"]) == (
+        "selection",
+        "laplace",
+        "exponential",
+    )
     assert (selection["epsilon"], ranking["epsilon"]) == (pytest.approx(0.25), pytest.approx(0.25))
     (scope,) = doc["scopes"]
     assert (scope["currency"], scope["delta"], scope["planned_total"]) == ("epsilon", 1e-6, pytest.approx(2.0))
@@ -66,8 +70,15 @@ def test_table_output_names_every_scope_and_metric(capsys):
     """Without --json the plan prints a table naming the scope, its cap and every metric."""
     assert main(["plan", str(EXAMPLES / "web-analytics.yaml")]) == 0
     out = capsys.readouterr().out
-    for word in ("web-daily", "ρ*=0.02413", "page_views", "active_users_5m", "hopping 5m/1m", "over 30 days",
-                 "partition sel."):
+    for word in (
+        "web-daily",
+        "ρ*=0.02413",
+        "page_views",
+        "active_users_5m",
+        "hopping 5m/1m",
+        "over 30 days",
+        "partition sel.",
+    ):
         assert word in out
 
 

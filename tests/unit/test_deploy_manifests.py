@@ -135,8 +135,11 @@ def test_monitoring_services_mount_the_shared_configs():
     alertmanager = services()["alertmanager"]
     mounts = dict(bind_mounts(alertmanager))
     script = " ".join(command_args(alertmanager))
-    rendered = re.search(rf"{re.escape(mounts['../alertmanager/render.sh'])}\s+"
-                         rf"{re.escape(mounts['../alertmanager/alertmanager.yml.tmpl'])}\s+(\S+)", script)
+    rendered = re.search(
+        rf"{re.escape(mounts['../alertmanager/render.sh'])}\s+"
+        rf"{re.escape(mounts['../alertmanager/alertmanager.yml.tmpl'])}\s+(\S+)",
+        script,
+    )
     assert rendered, "alertmanager must render its template with render.sh before it starts"
     assert f"--config.file={rendered.group(1)}" in script
     for variable in ("DPSTREAM_PAGER_URL", "DPSTREAM_TICKET_URL"):
@@ -153,8 +156,10 @@ def test_prometheus_scrapes_the_compose_services():
         for job in config.get("scrape_configs", [])
     }
     expected = {
-        "dpstream-worker": {f"worker-{role}:{flag(command_args(services()[f'worker-{role}']), '--web-port')}"
-                            for role in ("ingest", "release")},
+        "dpstream-worker": {
+            f"worker-{role}:{flag(command_args(services()[f'worker-{role}']), '--web-port')}"
+            for role in ("ingest", "release")
+        },
         "dpstream-exporter": {f"exporter:{flag(command_args(services()['exporter']), '--port')}"},
     }
     wrong = {job: sorted(actual.get(job, set())) for job, targets in expected.items() if actual.get(job) != targets}
@@ -163,7 +168,9 @@ def test_prometheus_scrapes_the_compose_services():
             f"deploy/prometheus/prometheus.yml scrapes {wrong}, but compose runs "
             f"{ {job: sorted(targets) for job, targets in expected.items()} }: fix the targets there"
         )
-    targets = {t for static in config["alerting"]["alertmanagers"] for s in static["static_configs"] for t in s["targets"]}
+    targets = {
+        t for static in config["alerting"]["alertmanagers"] for s in static["static_configs"] for t in s["targets"]
+    }
     assert targets == {"alertmanager:9093"}
 
 
@@ -239,7 +246,7 @@ def test_redis_fsyncs_every_write_and_kafka_is_kraft():
 def test_dependencies_wait_for_healthy_services():
     for name, service in services().items():
         depends = service.get("depends_on", {})
-        for dependency, condition in (depends.items() if isinstance(depends, dict) else []):
+        for dependency, condition in depends.items() if isinstance(depends, dict) else []:
             assert dependency in services(), f"{name} depends on unknown service {dependency}"
             assert condition.get("condition") == "service_healthy"
 
@@ -349,7 +356,11 @@ def test_deployments_select_their_own_pods():
         labels = document["spec"]["template"]["metadata"]["labels"]
         assert matches(selector, labels), document["metadata"]["name"]
     for name, template in pod_templates():
-        others = [n for n, t in pod_templates() if n != name and matches(named("Deployment", name)["spec"]["selector"], t["metadata"]["labels"])]
+        others = [
+            n
+            for n, t in pod_templates()
+            if n != name and matches(named("Deployment", name)["spec"]["selector"], t["metadata"]["labels"])
+        ]
         assert not others, f"{name}'s selector also matches the pods of {others}"
 
 
@@ -468,8 +479,12 @@ def test_servicemonitor_selects_the_services_by_port_name():
 def test_a_disruption_budget_per_worker_role():
     budgets = of_kind("PodDisruptionBudget")
     for role in ("ingest", "release"):
-        covering = [b for b in budgets if pods_selected_by(b["spec"]["selector"]) and all(
-            n == f"dpstream-worker-{role}" for n, _ in pods_selected_by(b["spec"]["selector"]))]
+        covering = [
+            b
+            for b in budgets
+            if pods_selected_by(b["spec"]["selector"])
+            and all(n == f"dpstream-worker-{role}" for n, _ in pods_selected_by(b["spec"]["selector"]))
+        ]
         assert len(covering) == 1, f"{role}: {len(covering)} PodDisruptionBudgets"
         replicas = named("Deployment", f"dpstream-worker-{role}")["spec"]["replicas"]
         spec = covering[0]["spec"]

@@ -70,7 +70,11 @@ def _random_scope(rng: np.random.Generator, index: int) -> Topology:
     epsilon = float(math.exp(rng.uniform(math.log(0.1), math.log(10.0))))
     delta = 0.0 if pure else float(10.0 ** rng.uniform(-10, -5))
     budget = Budget(
-        "b", epsilon, delta, Accounting.PURE if pure else Accounting.ZCDP, DAY,
+        "b",
+        epsilon,
+        delta,
+        Accounting.PURE if pure else Accounting.ZCDP,
+        DAY,
         reserve=float(rng.choice([0.0, 0.1, 0.2, 0.4])),
     )
     metrics = {}
@@ -88,11 +92,19 @@ def _random_scope(rng: np.random.Generator, index: int) -> Topology:
         grouped = rng.random() < 0.4
         upper = float(rng.uniform(1, 500))
         metrics[f"m{j}"] = Metric(
-            f"m{j}", "s", "b", float(rng.uniform(0.2, 5.0)), window, aggregate, mechanism,
+            f"m{j}",
+            "s",
+            "b",
+            float(rng.uniform(0.2, 5.0)),
+            window,
+            aggregate,
+            mechanism,
             contribution=Contribution(int(rng.integers(1, 6)), int(rng.integers(1, 4))),
-            value="v", bounds=Bounds(0.0, upper) if aggregate in (Aggregate.SUM, Aggregate.MEAN) else None,
+            value="v",
+            bounds=Bounds(0.0, upper) if aggregate in (Aggregate.SUM, Aggregate.MEAN) else None,
             denominator=float(rng.uniform(10, 1000)) if aggregate is Aggregate.MEAN and rng.random() < 0.5 else None,
-            group_by="g" if grouped else None, keys=("a", "b", "c") if grouped else None,
+            group_by="g" if grouped else None,
+            keys=("a", "b", "c") if grouped else None,
         )
     return Topology(1, {"s": Source("s", "t", "u")}, {"b": budget}, metrics, Sinks("o", "d"), path=f"random-{index}")
 
@@ -147,8 +159,17 @@ def check_random_scopes() -> list[_Checked]:
         rdp_acc = rdp.RdpAccountant(orders=_RDP_ORDERS)
         rdp_acc.compose(event)
         gaussian_only = all(m.mechanism is Mechanism.GAUSSIAN for m in scope.metrics)
-        out.append(_Checked(scope, gaussian_only, delta, scope.planned_epsilon,
-                            pld_acc.get_epsilon(delta), rdp_acc.get_epsilon(delta), _slack(scope)))
+        out.append(
+            _Checked(
+                scope,
+                gaussian_only,
+                delta,
+                scope.planned_epsilon,
+                pld_acc.get_epsilon(delta),
+                rdp_acc.get_epsilon(delta),
+                _slack(scope),
+            )
+        )
     return out
 
 
@@ -192,8 +213,9 @@ def _gap(c: _Checked) -> float:
 
 def test_gaussian_only_gap_within_8_percent_where_it_holds(checked):
     """Gaussian-only scopes: CKS20 ε is within 8 % of PLD when δ ≤ 1e-8, or δ ≤ 1e-6 with ε ≥ 1."""
-    in_regime = [c for c in checked if c.gaussian_only and (
-        c.delta <= 1e-8 or (c.delta <= 1e-6 and c.planned_epsilon >= 1.0))]
+    in_regime = [
+        c for c in checked if c.gaussian_only and (c.delta <= 1e-8 or (c.delta <= 1e-6 and c.planned_epsilon >= 1.0))
+    ]
     assert len(in_regime) >= 8
     for c in in_regime:
         assert 0.0 <= _gap(c) <= 0.08, (c.scope.epsilon, c.delta, _gap(c))
@@ -214,9 +236,15 @@ def test_mixed_and_pure_scopes_are_looser_but_valid(checked):
 
 # (ε, δ) → measured gap of CKS20 over PLD for one Gaussian at ρ*(ε, δ); PLD interval 1e-4.
 _GAP_TABLE = {
-    (0.1, 1e-10): 0.0543, (0.1, 1e-6): 0.0935, (0.1, 1e-4): 0.1536,
-    (1.0, 1e-10): 0.0492, (1.0, 1e-6): 0.0783, (1.0, 1e-4): 0.1150,
-    (10.0, 1e-10): 0.0433, (10.0, 1e-6): 0.0641, (10.0, 1e-4): 0.0866,
+    (0.1, 1e-10): 0.0543,
+    (0.1, 1e-6): 0.0935,
+    (0.1, 1e-4): 0.1536,
+    (1.0, 1e-10): 0.0492,
+    (1.0, 1e-6): 0.0783,
+    (1.0, 1e-4): 0.1150,
+    (10.0, 1e-10): 0.0433,
+    (10.0, 1e-6): 0.0641,
+    (10.0, 1e-4): 0.0866,
 }
 
 

@@ -5,7 +5,9 @@ import pytest
 from dpstream.topology.durations import format_duration, parse_duration
 
 
-@pytest.mark.parametrize("text,seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("1d", 86400), (" 15m ", 900), (7, 7)])
+@pytest.mark.parametrize(
+    "text,seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("1d", 86400), (" 15m ", 900), (7, 7)]
+)
 def test_parse_duration_accepts_units(text, seconds):
     """Every unit suffix parses to whole seconds."""
     assert parse_duration(text) == seconds

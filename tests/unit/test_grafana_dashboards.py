@@ -90,18 +90,87 @@ BUDGET_ALERTS = {
 
 PROMQL_FUNCTIONS = {
     # aggregation operators
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
     # functions
-    "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",
-    "count_over_time", "day_of_month", "day_of_week", "day_of_year", "days_in_month", "delta", "deriv", "exp",
-    "floor", "histogram_quantile", "holt_winters", "hour", "idelta", "increase", "irate", "label_join",
-    "label_replace", "last_over_time", "ln", "log2", "log10", "max_over_time", "min_over_time", "minute", "month",
-    "predict_linear", "present_over_time", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn",
-    "sort", "sort_desc", "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time", "time", "timestamp",
-    "vector", "year",
+    "abs",
+    "absent",
+    "absent_over_time",
+    "avg_over_time",
+    "ceil",
+    "changes",
+    "clamp",
+    "clamp_max",
+    "clamp_min",
+    "count_over_time",
+    "day_of_month",
+    "day_of_week",
+    "day_of_year",
+    "days_in_month",
+    "delta",
+    "deriv",
+    "exp",
+    "floor",
+    "histogram_quantile",
+    "holt_winters",
+    "hour",
+    "idelta",
+    "increase",
+    "irate",
+    "label_join",
+    "label_replace",
+    "last_over_time",
+    "ln",
+    "log2",
+    "log10",
+    "max_over_time",
+    "min_over_time",
+    "minute",
+    "month",
+    "predict_linear",
+    "present_over_time",
+    "quantile_over_time",
+    "rate",
+    "resets",
+    "round",
+    "scalar",
+    "sgn",
+    "sort",
+    "sort_desc",
+    "sqrt",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "sum_over_time",
+    "time",
+    "timestamp",
+    "vector",
+    "year",
 }
-PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-                   "offset", "inf", "nan"}
+PROMQL_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
@@ -139,8 +208,8 @@ def promql_identifiers(expr: str) -> tuple[set[str], set[str]]:
 
 def expand(expr: str) -> str:
     """The expression with the dashboard variables replaced as Grafana would for "All" and a 1m rate interval."""
-    return expr.replace("$__rate_interval", "1m").replace("$scope", ".*").replace("$metric", ".*").replace(
-        "$source", ".*"
+    return (
+        expr.replace("$__rate_interval", "1m").replace("$scope", ".*").replace("$metric", ".*").replace("$source", ".*")
     )
 
 
@@ -174,7 +243,9 @@ def dashboard_exprs() -> list[tuple[str, str]]:
     for uid, dashboard in load_dashboards().items():
         for panel in data_panels(dashboard):
             for target in panel.get("targets", []):
-                found.append((f"{uid} panel {panel['id']} '{panel.get('title')}' {target.get('refId')}", target["expr"]))
+                found.append(
+                    (f"{uid} panel {panel['id']} '{panel.get('title')}' {target.get('refId')}", target["expr"])
+                )
     return found
 
 
@@ -306,9 +377,9 @@ def test_budget_dashboard_shows_the_required_figures():
         by_type.setdefault(panel["type"], []).append(panel)
     gauge = by_type["gauge"][0]
     assert "dpstream_budget_spent_ratio" in exprs[gauge["id"]] and "dpstream_budget_warn_ratio" in exprs[gauge["id"]]
-    assert any(
-        "dpstream_budget_spent_ratio" in e and "dpstream_budget_planned_ratio" in e for e in exprs.values()
-    ), "spend vs plan"
+    assert any("dpstream_budget_spent_ratio" in e and "dpstream_budget_planned_ratio" in e for e in exprs.values()), (
+        "spend vs plan"
+    )
     assert any(
         re.search(r"rate\(dpstream_budget_spent_total", e) and "dpstream_budget_planned_spend_rate" in e
         for e in exprs.values()
@@ -318,7 +389,8 @@ def test_budget_dashboard_shows_the_required_figures():
         for p in by_type["state-timeline"]
     ), "breaker timeline"
     assert any(
-        "dpstream_budget_cap" in e and "rate(dpstream_budget_spent_total" in e
+        "dpstream_budget_cap" in e
+        and "rate(dpstream_budget_spent_total" in e
         and "dpstream_budget_period_end_timestamp_seconds" in e
         for e in exprs.values()
     ), "time to exhaustion vs period end"
@@ -331,17 +403,24 @@ def test_releases_ingest_and_ledger_dashboards_show_the_required_figures():
         return " ".join(t["expr"] for p in data_panels(dashboards[uid]) for t in p["targets"])
 
     releases = text("dpstream-releases")
-    for needle in ("sum by (outcome) (rate(dpstream_releases_total", "dpstream_release_noise_stddev",
-                   "histogram_quantile(0.5, sum by (le) (rate(dpstream_release_latency_seconds_bucket",
-                   "histogram_quantile(0.99, sum by (le) (rate(dpstream_release_latency_seconds_bucket",
-                   "dpstream_release_lag_seconds", "dpstream_windows_pending"):
+    for needle in (
+        "sum by (outcome) (rate(dpstream_releases_total",
+        "dpstream_release_noise_stddev",
+        "histogram_quantile(0.5, sum by (le) (rate(dpstream_release_latency_seconds_bucket",
+        "histogram_quantile(0.99, sum by (le) (rate(dpstream_release_latency_seconds_bucket",
+        "dpstream_release_lag_seconds",
+        "dpstream_windows_pending",
+    ):
         assert needle in releases
     ingest = text("dpstream-ingest")
     assert "sum by (outcome) (rate(dpstream_events_total" in ingest
     assert "sum by (reason) (rate(dpstream_dead_letters_total" in ingest
     ledger = text("dpstream-ledger")
     for quantile in ("0.5", "0.99"):
-        assert f"histogram_quantile({quantile}, sum by (le, op) (rate(dpstream_ledger_request_duration_seconds_bucket" in ledger
+        assert (
+            f"histogram_quantile({quantile}, sum by (le, op) (rate(dpstream_ledger_request_duration_seconds_bucket"
+            in ledger
+        )
     assert "dpstream_ledger_errors_total" in ledger and "dpstream_ledger_up" in ledger
 
 
@@ -349,7 +428,7 @@ def test_divisions_guard_against_a_zero_denominator():
     """A ratio's denominator is clamp_min(…, 1e-12) or filtered (> 0), so an idle system still shows series."""
     for where, expr in dashboard_exprs():
         for match in re.finditer(r"\)\s*/\s*(\S+)", expr):
-            rest = expr[match.start(1):]
+            rest = expr[match.start(1) :]
             assert rest.startswith(("clamp_min(", "on (")) or "> 0)" in rest[:200], f"{where}: unguarded division"
 
 

@@ -93,7 +93,9 @@ def _modules(folder: Path, dotted: str) -> list[tuple[Path, str, bool]]:
 
 def _layer_packages() -> list[str]:
     """Every package under workers/ but the CLI's commands and the checkout tools (the named layers first)."""
-    others = sorted(p.parent.name for p in WORKERS.glob("*/__init__.py") if p.parent.name not in (*ABOVE, *NAMED_LAYERS))
+    others = sorted(
+        p.parent.name for p in WORKERS.glob("*/__init__.py") if p.parent.name not in (*ABOVE, *NAMED_LAYERS)
+    )
     return [*NAMED_LAYERS, *others]
 
 
@@ -119,7 +121,9 @@ def test_checkout_tools_import_no_commands(tool: str) -> None:
         for line, name in imported_modules(path.read_text(encoding="utf-8"), module, is_package)
         if _within(_canonical(name), "workers.commands")
     ]
-    assert not problems, "a tool imports the CLI (move what it needs down, e.g. into the ledger):\n" + "\n".join(problems)
+    assert not problems, "a tool imports the CLI (move what it needs down, e.g. into the ledger):\n" + "\n".join(
+        problems
+    )
 
 
 def test_topology_imports_no_workers_and_no_io_clients() -> None:
@@ -138,8 +142,10 @@ def test_topology_imports_no_workers_and_no_io_clients() -> None:
     ("source", "expected"),
     [
         ("import dpstream.workers.localstack\n", ["1: dpstream.workers.localstack"]),
-        ("def f():\n    from dpstream.workers.commands.budget import status_json\n",
-         ["2: dpstream.workers.commands.budget", "2: dpstream.workers.commands.budget.status_json"]),
+        (
+            "def f():\n    from dpstream.workers.commands.budget import status_json\n",
+            ["2: dpstream.workers.commands.budget", "2: dpstream.workers.commands.budget.status_json"],
+        ),
         ("from dpstream.workers import demo\n", ["1: dpstream.workers.demo"]),
         ("from ..bench import noise\n", ["1: dpstream.workers.bench", "1: dpstream.workers.bench.noise"]),
         ("from .. import commands\n", ["1: dpstream.workers.commands"]),
@@ -157,4 +163,7 @@ def test_the_topology_checker_sees_io_clients_and_workers() -> None:
     """A function-local redis import or a workers import in topology/ is caught; the standard library is not."""
     source = "import json\ndef f():\n    import redis.asyncio\n    from dpstream.workers.ledger import open_ledger\n"
     assert topology_violations(source, "dpstream.topology.plan") == [
-        "3: redis.asyncio", "4: dpstream.workers.ledger", "4: dpstream.workers.ledger.open_ledger"]
+        "3: redis.asyncio",
+        "4: dpstream.workers.ledger",
+        "4: dpstream.workers.ledger.open_ledger",
+    ]

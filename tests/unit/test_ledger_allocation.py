@@ -21,12 +21,15 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 def test_on_plan_grants_equal_the_static_plan() -> None:
     """Releasing every window at its quote gives each metric pool × w/Σw / N per release (to a few 1e-12 units)."""
+
     async def body() -> None:
         topo = one_scope_topology(metrics=(("a", 3.0, 3600, 3600, False), ("b", 1.0, 7200, 7200, False)))
         ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
         pool_units = 800_000_000_000
-        windows = sorted([(s + 3600, "a", s) for s in range(P0, P0 + DAY, 3600)]
-                         + [(s + 7200, "b", s) for s in range(P0, P0 + DAY, 7200)])
+        windows = sorted(
+            [(s + 3600, "a", s) for s in range(P0, P0 + DAY, 3600)]
+            + [(s + 7200, "b", s) for s in range(P0, P0 + DAY, 7200)]
+        )
         for end, m, start in windows:
             q = await ledger.quote(m, start, end)
             static = pool_units * (3 if m == "a" else 1) // 4 // (24 if m == "a" else 12)
@@ -41,6 +44,7 @@ def test_on_plan_grants_equal_the_static_plan() -> None:
 
 def test_skipped_release_leaves_its_share_to_the_rest() -> None:
     """After metric a skips a window, b's next grant is larger than its static share."""
+
     async def body() -> None:
         topo = one_scope_topology(metrics=(("a", 1.0, 3600, 3600, False), ("b", 1.0, 3600, 3600, False)))
         ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
@@ -54,6 +58,7 @@ def test_skipped_release_leaves_its_share_to_the_rest() -> None:
 
 def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> None:
     """web-analytics over one day, some releases skipped or cheaper: spend ends within one release of cap − reserve, never above."""
+
     async def body() -> None:
         topo = load_topology("topology/examples/web-analytics.yaml")
         ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
@@ -69,8 +74,11 @@ def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> Non
                 continue
             cost = q.cost / 2 if k % 7 == 0 else q.cost  # cheaper release every 7th
             later = tuple((period_id(DAY, p), p) for p in periods_touched(DAY, start, end)[1:])  # straddles midnight
-            r = await ledger.charge(ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, cost,
-                                                    b"", extra_periods=later))
+            r = await ledger.charge(
+                ReleaseRequest(
+                    f"{name}-{start}", q.scope, q.period_id, name, start, end, cost, b"", extra_periods=later
+                )
+            )
             assert r.outcome is Outcome.GRANTED
             largest = max(largest, r.cost_units)
         summary = next(h for h in await ledger.history("web-daily") if h.period_id == period_id(DAY, P0))

@@ -34,10 +34,12 @@ P0 = (1_796_000_000 // DAY) * DAY
 
 def test_status_json_reports_selection_delta_spent_and_cap() -> None:
     """One release with selection δ 2e-9: delta_spent ≈ 2e-9 of delta_cap ≈ 1e-7 (a tenth of the scope's δ)."""
+
     async def body() -> dict:
         ledger = await open_ledger("memory", load_topology_text(_YAML), clock=ManualClock(P0 + 7200))
-        r = await ledger.charge(ReleaseRequest("a", "b", period_id(DAY, P0), "pages", P0, P0 + 3600, 1e-4,
-                                                b"{}", delta=2e-9))
+        r = await ledger.charge(
+            ReleaseRequest("a", "b", period_id(DAY, P0), "pages", P0, P0 + 3600, 1e-4, b"{}", delta=2e-9)
+        )
         assert r.outcome is Outcome.GRANTED
         return status_json(await ledger.status("b"))
 

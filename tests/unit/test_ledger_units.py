@@ -47,8 +47,16 @@ def test_cap_rounds_down_and_shares_read_as_written() -> None:
 def test_keys_share_one_hash_tag() -> None:
     """Every key of a scope carries the `{scope}` hash tag; braces in names are refused."""
     k = ScopeKeys("web-daily")
-    keys = [k.config, k.breaker, k.audit, k.pending, k.periods, k.period("2026-11-30"),
-            k.ends("2026-11-30", "m"), k.release("abc")]
+    keys = [
+        k.config,
+        k.breaker,
+        k.audit,
+        k.pending,
+        k.periods,
+        k.period("2026-11-30"),
+        k.ends("2026-11-30", "m"),
+        k.release("abc"),
+    ]
     assert all(key.startswith("dpstream:{web-daily}:") for key in keys)
     assert k.period("2026-11-30") == "dpstream:{web-daily}:period:2026-11-30"
     with pytest.raises(ConfigError, match="braces"):

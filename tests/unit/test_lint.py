@@ -127,5 +127,5 @@ def test_examples_warnings() -> None:
     _, seed = load_with_warnings(EXAMPLES / "seed-example.yaml", env={})
     _, adaptive = load_with_warnings(EXAMPLES / "seed-adaptive.yaml", env={})
     assert [w.message.split(":")[0] for w in web] == ["metric 'active_users_5m'"]
-    assert [w.message.split(':')[0] for w in seed] == ["budget 'risk-features'"] and adaptive == []
+    assert [w.message.split(":")[0] for w in seed] == ["budget 'risk-features'"] and adaptive == []
     assert "reserve 0 < 1 - warn_at" in seed[0].message

@@ -82,8 +82,12 @@ def test_defaults() -> None:
     assert (m.weight, m.contribution.max_keys, m.contribution.max_per_key) == (1.0, 1, 1)
     assert (s.allowed_lateness_s, s.idle_timeout_s, s.keyed_by_unit, s.timestamp) == (0, 30, False, None)
     assert s.max_future_s == 3600
-    assert load_topology_text(BASE.replace("privacy_unit: user_id}", "privacy_unit: user_id, max_future: 5m}")
-                              ).sources["clicks"].max_future_s == 300
+    assert (
+        load_topology_text(BASE.replace("privacy_unit: user_id}", "privacy_unit: user_id, max_future: 5m}"))
+        .sources["clicks"]
+        .max_future_s
+        == 300
+    )
     assert t.sinks.partials_topic == "out.releases.partials"
 
 
@@ -166,7 +170,9 @@ def test_all_problems_listed_first_in_file_order() -> None:
     with pytest.raises(TopologyError) as info:
         load_topology_text(text, path="t.yaml")
     assert str(info.value).startswith("t.yaml:5: budget 'daily': epsilon -1")
-    assert len(info.value.problems) == 2 and info.value.problems[1].startswith("t.yaml:7: metric 'm1': aggregate 'nope'")
+    assert len(info.value.problems) == 2 and info.value.problems[1].startswith(
+        "t.yaml:7: metric 'm1': aggregate 'nope'"
+    )
 
 
 def test_misspelt_required_field_reports_only_the_typo() -> None:

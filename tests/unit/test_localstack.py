@@ -53,8 +53,12 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     assert props["log.dirs"] == str((tmp_path / "data").resolve())
     assert props["num.partitions"] == "4"
     assert props["auto.create.topics.enable"] == "false"
-    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                "transaction.state.log.min.isr", "default.replication.factor"):
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "default.replication.factor",
+    ):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
 
@@ -188,8 +192,15 @@ def test_marker_without_jars_is_not_ready(tmp_path: Path) -> None:
 def test_mvn_command_copies_runtime_deps(tmp_path: Path) -> None:
     """The mvn command is copy-dependencies of the given pom into the given directory, runtime scope."""
     argv = mvn_argv(tmp_path / "pom.xml", tmp_path / "out")
-    assert argv[1:] == ["-q", "-B", "-f", str(tmp_path / "pom.xml"), "dependency:copy-dependencies",
-                        f"-DoutputDirectory={tmp_path / 'out'}", "-DincludeScope=runtime"]
+    assert argv[1:] == [
+        "-q",
+        "-B",
+        "-f",
+        str(tmp_path / "pom.xml"),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={tmp_path / 'out'}",
+        "-DincludeScope=runtime",
+    ]
 
 
 # --- system packages -------------------------------------------------------------------------------

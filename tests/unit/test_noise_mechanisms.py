@@ -19,8 +19,9 @@ W = Window(60, 60)
 
 
 def metric(**kw: object) -> Metric:
-    base: dict[str, object] = dict(name="m", source="s", budget="b", weight=1.0, window=W,
-                                   aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN)
+    base: dict[str, object] = dict(
+        name="m", source="s", budget="b", weight=1.0, window=W, aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN
+    )
     base.update(kw)
     return Metric(**base)  # type: ignore[arg-type]
 
@@ -32,9 +33,10 @@ def test_check_cost_refuses_mismatch() -> None:
         check_cost("x", 0.5 * (1 + 1e-6), 0.5)
 
 
-@pytest.mark.parametrize("mechanism,accounting", [(Mechanism.GAUSSIAN, Accounting.ZCDP),
-                                                  (Mechanism.LAPLACE, Accounting.ZCDP),
-                                                  (Mechanism.LAPLACE, Accounting.PURE)])
+@pytest.mark.parametrize(
+    "mechanism,accounting",
+    [(Mechanism.GAUSSIAN, Accounting.ZCDP), (Mechanism.LAPLACE, Accounting.ZCDP), (Mechanism.LAPLACE, Accounting.PURE)],
+)
 def test_integer_noise_map_equals_charge(mechanism: Mechanism, accounting: Accounting) -> None:
     """The OpenDP measurement at the declared sensitivity costs exactly what is charged."""
     noise = integer_noise(mechanism, accounting, 0.03, 6, math.sqrt(3) * 2)
@@ -45,8 +47,14 @@ def test_integer_noise_map_equals_charge(mechanism: Mechanism, accounting: Accou
 
 def test_top_k_scale_matches_calibration() -> None:
     """Noisy top-k uses topology.calibration's scale, and its map gives the charged ρ."""
-    m = metric(aggregate=Aggregate.TOP_K, mechanism=Mechanism.EXPONENTIAL, k=3, group_by="r", keys=("a", "b", "c", "d"),
-               contribution=Contribution(1, 2))
+    m = metric(
+        aggregate=Aggregate.TOP_K,
+        mechanism=Mechanism.EXPONENTIAL,
+        k=3,
+        group_by="r",
+        keys=("a", "b", "c", "d"),
+        contribution=Contribution(1, 2),
+    )
     (component,) = calibrate(m, Accounting.ZCDP, 0.02)
     tk = top_k(Accounting.ZCDP, 0.02, 3, 2)
     assert tk.scale == pytest.approx(component.scale, rel=1e-12)
@@ -97,7 +105,9 @@ def test_ratio_mean_fields_and_bounds() -> None:
 
 def test_postprocess_round_and_clamp_are_applied_and_flagged() -> None:
     """Rounding and clamping at 0 are applied after noise and flagged in the record."""
-    m = metric(aggregate=Aggregate.SUM, value="v", bounds=Bounds(-1, 1), postprocess=PostProcess(round=True, clamp_zero=True))
+    m = metric(
+        aggregate=Aggregate.SUM, value="v", bounds=Bounds(-1, 1), postprocess=PostProcess(round=True, clamp_zero=True)
+    )
     out = build_release_mechanism(m, Accounting.ZCDP, 0.001).release({"": -500.0})
     assert out.values[""] >= 0 and float(out.values[""]).is_integer()
     assert out.postprocess == {"round": True, "clamp_zero": True}
@@ -120,8 +130,9 @@ def test_partition_selection_needs_delta() -> None:
         build_release_mechanism(metric(group_by="page", contribution=Contribution(1, 1)), Accounting.ZCDP, 0.05)
 
 
-@pytest.mark.parametrize("accounting,name", [(Accounting.ZCDP, "noisy_top_k_gumbel"),
-                                             (Accounting.PURE, "noisy_top_k_permute_and_flip")])
+@pytest.mark.parametrize(
+    "accounting,name", [(Accounting.ZCDP, "noisy_top_k_gumbel"), (Accounting.PURE, "noisy_top_k_permute_and_flip")]
+)
 def test_top_k_returns_declared_keys_in_order(accounting: Accounting, name: str) -> None:
     """Top-k returns k declared keys, best first, and no values."""
     keys = ("a", "b", "c", "d")

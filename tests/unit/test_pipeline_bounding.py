@@ -156,7 +156,7 @@ def test_float_sums_are_exact_whatever_the_order():
     assert forward["spend"][""] == backward["spend"][""]
     grid = value_exponent(load_topology_text(_YAML).metrics["spend"].bounds)
     assert forward["spend"][""] == sum(round(v * 2**grid) for v in values)
-    assert abs(float(_exact("spend", forward["spend"][""])) - sum(values)) <= len(values) * 2.0 ** -grid
+    assert abs(float(_exact("spend", forward["spend"][""])) - sum(values)) <= len(values) * 2.0**-grid
 
 
 def test_rounded_values_stay_inside_the_bounds():

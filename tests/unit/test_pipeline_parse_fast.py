@@ -44,12 +44,18 @@ _SOURCE = load_topology_text(_YAML).sources["clicks"]
 _PARSER = EventParser(_SOURCE, value_fields=["eur"], key_fields=["page"])
 
 _any = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.text(max_size=5),
-    st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.text(max_size=5),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(st.integers(), max_size=2),
 )
 _times = st.one_of(
-    st.floats(min_value=-10.0, max_value=2e11), st.integers(min_value=-10, max_value=2 * 10**11),
-    st.sampled_from(["1790000000", "2026-11-30T12:00:00Z", "2026-11-30T12:00:00", "soon", ""]), _any,
+    st.floats(min_value=-10.0, max_value=2e11),
+    st.integers(min_value=-10, max_value=2 * 10**11),
+    st.sampled_from(["1790000000", "2026-11-30T12:00:00Z", "2026-11-30T12:00:00", "soon", ""]),
+    _any,
 )
 _docs = st.fixed_dictionaries(
     {},

@@ -77,7 +77,9 @@ def test_an_event_counts_iff_it_arrived_by_its_windows_close_time(topo):
     """[1000080, 1000140) closes at 1000150: an event appended at 1000150 counts, at 1000150.001 it is late."""
     w = 1_000_080
     pipe = _pipe(topo)
-    out = pipe.process_batch([_rec(0, w + 30, w + 70, "a"), _rec(1, w + 31, w + 70.001, "b"), _rec(2, w + 5, w + 20, "c")])
+    out = pipe.process_batch(
+        [_rec(0, w + 30, w + 70, "a"), _rec(1, w + 31, w + 70.001, "b"), _rec(2, w + 5, w + 20, "c")]
+    )
     assert pipe.counts.late == 1  # b arrived after C(w) for the tumbling window
     out = pipe.mark_end(w + 100, 3)
     assert _by_metric(out.partials, "tumble") == {w: 2}
@@ -181,8 +183,20 @@ def test_safe_offset_never_passes_first_event_of_an_open_window(topo):
 
 def _stream():
     w = 1_000_080
-    times = [(5, 6), (50, 55), (61, 62), (62, 75), (64, 65), (119, 125), (130, 131), (185, 200), (190, 260),
-             (250, 251), (251, 252), (400, 401)]
+    times = [
+        (5, 6),
+        (50, 55),
+        (61, 62),
+        (62, 75),
+        (64, 65),
+        (119, 125),
+        (130, 131),
+        (185, 200),
+        (190, 260),
+        (250, 251),
+        (251, 252),
+        (400, 401),
+    ]
     return [_rec(i, w + t, w + a, f"u{i % 3}") for i, (t, a) in enumerate(times)]
 
 

@@ -83,8 +83,10 @@ def test_per_release_epsilon_is_cks_of_rho_in_zcdp_and_epsilon_in_pure():
     zscope = build_plan(_reference_scope()).scope("b")
     m = zscope.metrics[0]
     assert m.per_release_epsilon == pytest.approx(acc.epsilon_from_rho(m.per_release_cost, 1e-6))
-    pure = _topology(Budget("b", 1.0, 0.0, Accounting.PURE, DAY, reserve=0.0),
-                     _count(window=Window(3600, 3600), mechanism=Mechanism.LAPLACE))
+    pure = _topology(
+        Budget("b", 1.0, 0.0, Accounting.PURE, DAY, reserve=0.0),
+        _count(window=Window(3600, 3600), mechanism=Mechanism.LAPLACE),
+    )
     pm = build_plan(pure).metric("c")
     assert pm.per_release_epsilon == pm.per_release_cost == pytest.approx(1 / 24)
 
@@ -100,8 +102,9 @@ def test_thirty_day_guarantee_of_daily_and_hourly_periods():
     hourly = build_plan(_topology(Budget("b", 1.0, 1e-6, Accounting.ZCDP, 3600, reserve=0.2), _count())).scope("b")
     assert hourly.horizon.periods == 720
     assert hourly.horizon.epsilon_if_reserve_spent == pytest.approx(acc.epsilon_from_rho(720 * hourly.cap, 1e-6))
-    pure = build_plan(_topology(Budget("b", 0.5, 0.0, Accounting.PURE, DAY, reserve=0.2),
-                                _count(mechanism=Mechanism.LAPLACE))).scope("b")
+    pure = build_plan(
+        _topology(Budget("b", 0.5, 0.0, Accounting.PURE, DAY, reserve=0.2), _count(mechanism=Mechanism.LAPLACE))
+    ).scope("b")
     assert pure.horizon.epsilon == pytest.approx(30 * 0.4) and pure.horizon.naive_epsilon == pytest.approx(15.0)
     assert pure.horizon.rho is None and pure.horizon.delta == 0.0
 
@@ -135,7 +138,9 @@ def test_event_level_unit_is_labelled():
 def test_declared_keys_need_no_partition_selection():
     """Grouped counts over declared keys are public; over data keys they need partition selection."""
     budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY)
-    plan = build_plan(_topology(budget, _count("pub", group_by="page", keys=("a", "b")), _count("dat", group_by="page")))
+    plan = build_plan(
+        _topology(budget, _count("pub", group_by="page", keys=("a", "b")), _count("dat", group_by="page"))
+    )
     assert (plan.metric("pub").keys, plan.metric("pub").partition_selection) == ("declared", False)
     assert (plan.metric("dat").keys, plan.metric("dat").partition_selection) == ("data", True)
 
@@ -192,23 +197,73 @@ def test_plan_json_shape_is_stable_and_serialisable():
     assert set(doc) == {"plan_version", "topology", "topology_version", "scopes"}
     (scope,) = doc["scopes"]
     assert set(scope) == {
-        "name", "accounting", "currency", "epsilon", "delta", "period", "period_s", "cap", "selection_delta", "conversion_delta", "reserve_fraction",
-        "reserve", "pool", "warn_at", "on_warning", "releases_per_period", "planned_total", "planned_epsilon",
-        "event_level", "horizon", "metrics",
+        "name",
+        "accounting",
+        "currency",
+        "epsilon",
+        "delta",
+        "period",
+        "period_s",
+        "cap",
+        "selection_delta",
+        "conversion_delta",
+        "reserve_fraction",
+        "reserve",
+        "pool",
+        "warn_at",
+        "on_warning",
+        "releases_per_period",
+        "planned_total",
+        "planned_epsilon",
+        "event_level",
+        "horizon",
+        "metrics",
     }
     assert set(scope["horizon"]) == {
-        "days", "periods", "rho", "epsilon", "delta", "epsilon_if_reserve_spent", "naive_epsilon", "naive_delta",
+        "days",
+        "periods",
+        "rho",
+        "epsilon",
+        "delta",
+        "epsilon_if_reserve_spent",
+        "naive_epsilon",
+        "naive_delta",
     }
     assert (scope["currency"], scope["period"], scope["horizon"]["periods"]) == ("rho", "1d", 30)
     metric = scope["metrics"][0]
     assert set(metric) == {
-        "name", "aggregate", "mechanism", "privacy_unit", "event_level", "window", "straddling_windows", "weight",
-        "weight_share", "releases_per_period", "per_release_cost", "per_release_epsilon", "per_period_cost",
-        "may_use_reserve", "group_by", "keys", "declared_keys", "partition_selection", "selection_delta", "k", "components",
+        "name",
+        "aggregate",
+        "mechanism",
+        "privacy_unit",
+        "event_level",
+        "window",
+        "straddling_windows",
+        "weight",
+        "weight_share",
+        "releases_per_period",
+        "per_release_cost",
+        "per_release_epsilon",
+        "per_period_cost",
+        "may_use_reserve",
+        "group_by",
+        "keys",
+        "declared_keys",
+        "partition_selection",
+        "selection_delta",
+        "k",
+        "components",
     }
     assert set(metric["window"]) == {"kind", "size_s", "every_s", "overlap"}
     assert set(metric["components"][0]) == {
-        "component", "mechanism", "sensitivity", "cost", "epsilon", "scale", "stddev", "ci95_half_width",
+        "component",
+        "mechanism",
+        "sensitivity",
+        "cost",
+        "epsilon",
+        "scale",
+        "stddev",
+        "ci95_half_width",
         "expected_abs_error",
     }
     assert metric["declared_keys"] == ["home", "search", "product", "cart", "checkout"]

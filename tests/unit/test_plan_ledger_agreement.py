@@ -32,7 +32,9 @@ def test_selection_delta_of_every_release_adds_up_to_the_set_aside():
     total = 0.0
     for metric in metrics:
         per_release = selection_delta_per_release(metric, budget, metrics)
-        assert per_release == pytest.approx(scope.metrics[[m.name for m in scope.metrics].index(metric.name)].selection_delta)
+        assert per_release == pytest.approx(
+            scope.metrics[[m.name for m in scope.metrics].index(metric.name)].selection_delta
+        )
         total += per_release * (metric.window.releases_per_period(budget.period_s) + metric.window.overlap - 1)
     assert total == pytest.approx(scope.selection_delta) and total > 0
     assert scope.conversion_delta + scope.selection_delta == pytest.approx(budget.delta)

@@ -18,6 +18,10 @@ def test_release_id_is_deterministic_sha256_hex():
 def test_release_id_changes_with_every_field():
     """Changing the topology version, metric, start or end names a different release."""
     base = release_id("v1", "m", 0, 60)
-    others = {release_id("v2", "m", 0, 60), release_id("v1", "n", 0, 60), release_id("v1", "m", 60, 120),
-              release_id("v1", "m", 0, 120)}
+    others = {
+        release_id("v2", "m", 0, 60),
+        release_id("v1", "n", 0, 60),
+        release_id("v1", "m", 60, 120),
+        release_id("v1", "m", 0, 120),
+    }
     assert base not in others and len(others) == 4

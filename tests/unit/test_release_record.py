@@ -70,8 +70,13 @@ def _record(topo, metric: str, cost: float = 0.01):
         window_start=1_796_044_800,
         window_end=1_796_044_860,
         cost=cost,
-        noise_fields={"values": {"a": 1.0}, "mechanism": "discrete_gaussian", "noise": {"scale": 2.0, "stddev": 2.0},
-                      "ci": {"level": 0.95, "half_width": 4.0}, "metric": "overwrite-attempt"},
+        noise_fields={
+            "values": {"a": 1.0},
+            "mechanism": "discrete_gaussian",
+            "noise": {"scale": 2.0, "stddev": 2.0},
+            "ci": {"level": 0.95, "half_width": 4.0},
+            "metric": "overwrite-attempt",
+        },
         built_at=1_796_044_870.4,
     )
 
@@ -79,12 +84,32 @@ def _record(topo, metric: str, cost: float = 0.01):
 def test_record_has_the_design_fields(topo):
     """Every DESIGN §6 field is present; windows carry ISO UTC and epoch; noise fields cannot overwrite ids."""
     rec = _record(topo, "hist")
-    for name in ("release_id", "topology_version", "metric", "window", "privacy_unit", "values", "mechanism",
-                 "noise", "cost", "ci", "bounds", "contribution", "budget", "published_at", "postprocess"):
+    for name in (
+        "release_id",
+        "topology_version",
+        "metric",
+        "window",
+        "privacy_unit",
+        "values",
+        "mechanism",
+        "noise",
+        "cost",
+        "ci",
+        "bounds",
+        "contribution",
+        "budget",
+        "published_at",
+        "postprocess",
+    ):
         assert name in rec
     assert rec["metric"] == "hist"
-    assert rec["window"] == {"start": "2026-11-30T13:20:00Z", "end": "2026-11-30T13:21:00Z",
-                             "start_epoch": 1_796_044_800, "end_epoch": 1_796_044_860, "kind": "tumbling"}
+    assert rec["window"] == {
+        "start": "2026-11-30T13:20:00Z",
+        "end": "2026-11-30T13:21:00Z",
+        "start_epoch": 1_796_044_800,
+        "end_epoch": 1_796_044_860,
+        "kind": "tumbling",
+    }
     assert rec["budget"] == {"scope": "z", "period": "2026-11-30", "ratio_after": None}
     assert rec["event_level"] is False and rec["privacy_unit"] == "user_id"
     assert rec["cost"]["rho"] == 0.01 and rec["cost"]["delta"] == 1e-6 and rec["cost"]["epsilon_equiv"] > 0.01

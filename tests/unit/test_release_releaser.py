@@ -263,8 +263,17 @@ def _straddle_fill(topo, start: int, cost_share: float):
 
     async def fill(ledger):
         cap = (await ledger.status("b")).cap
-        req = ReleaseRequest(f"fill-{start}", "b", period_id(3600, start), "hist", start, start + 120,
-                             cap * cost_share, b"{}", may_use_reserve=True)
+        req = ReleaseRequest(
+            f"fill-{start}",
+            "b",
+            period_id(3600, start),
+            "hist",
+            start,
+            start + 120,
+            cap * cost_share,
+            b"{}",
+            may_use_reserve=True,
+        )
         assert (await ledger.charge(req)).outcome.value == "granted"
 
     return fill

@@ -174,7 +174,9 @@ def test_a_full_day_releases_every_window_including_the_empty_ones_at_its_start(
     lines.append({"user_id": "early", "ts": day - 5})
     events.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
     out = tmp_path / "rel.jsonl"
-    code = main(["replay", str(topo_file), str(events), "--out", str(out), "--from", str(day), "--to", str(day + 86_400)])
+    code = main(
+        ["replay", str(topo_file), str(events), "--out", str(out), "--from", str(day), "--to", str(day + 86_400)]
+    )
     assert code == 0
     recs = [json.loads(line) for line in out.read_bytes().splitlines()]
     starts = {m: sorted(r["window"]["start_epoch"] for r in recs if r["metric"] == m) for m in ("views", "pages")}

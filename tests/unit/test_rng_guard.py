@@ -55,7 +55,12 @@ def violations(source: str) -> list[str]:
             if dotted.startswith(("np.random", "numpy.random")) or dotted.split(".")[0] == "random":
                 found.append(f"{node.lineno}: uses {dotted}")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAMPLER_ATTRS:
-            if node.func.attr in {"laplace", "normal", "gauss"} or _dotted(node.func).split(".")[0] in {"np", "numpy", "random", "rng"}:
+            if node.func.attr in {"laplace", "normal", "gauss"} or _dotted(node.func).split(".")[0] in {
+                "np",
+                "numpy",
+                "random",
+                "rng",
+            }:
                 found.append(f"{node.lineno}: calls .{node.func.attr}(")
     return found
 
@@ -66,11 +71,20 @@ def test_no_rng_in_published_paths(path: Path) -> None:
     assert violations(path.read_text()) == []
 
 
-@pytest.mark.parametrize("snippet", [
-    "import random", "import numpy.random", "from numpy import random", "from numpy.random import default_rng",
-    "import numpy as np\nx = np.random.default_rng()", "x = rng.normal(0, 1)", "y = gen.laplace(0.0, 1.0)",
-    "import random as r", "z = random.gauss(0, 1)",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import random",
+        "import numpy.random",
+        "from numpy import random",
+        "from numpy.random import default_rng",
+        "import numpy as np\nx = np.random.default_rng()",
+        "x = rng.normal(0, 1)",
+        "y = gen.laplace(0.0, 1.0)",
+        "import random as r",
+        "z = random.gauss(0, 1)",
+    ],
+)
 def test_guard_catches(snippet: str) -> None:
     """Each forbidden pattern is detected (the guard is not vacuous)."""
     assert violations(snippet)

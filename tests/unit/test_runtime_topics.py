@@ -17,8 +17,13 @@ def test_unkeyed_source_gets_a_by_unit_hop() -> None:
     source = topology.sources["clicks"]
     names = topic_names(topology)
     assert ingest_topic(source) == repartition_topic(source) == "web.clicks.by-unit"
-    assert names.all == ("web.clicks", "web.clicks.by-unit", "web.dp-releases.partials", "web.dp-releases",
-                         "web.dead-letter")
+    assert names.all == (
+        "web.clicks",
+        "web.clicks.by-unit",
+        "web.dp-releases.partials",
+        "web.dp-releases",
+        "web.dead-letter",
+    )
 
 
 def test_keyed_source_skips_the_hop() -> None:

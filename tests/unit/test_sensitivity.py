@@ -9,13 +9,31 @@ from dpstream.topology.model import Aggregate, Bounds, Contribution, Mechanism, 
 from dpstream.topology.sensitivity import release_sensitivities
 
 
-def _metric(aggregate: Aggregate, *, keys=2, per_key=3, group_by=None, bounds=None, denominator=None, k=None,
-            window=Window(60, 60)) -> Metric:
+def _metric(
+    aggregate: Aggregate,
+    *,
+    keys=2,
+    per_key=3,
+    group_by=None,
+    bounds=None,
+    denominator=None,
+    k=None,
+    window=Window(60, 60),
+) -> Metric:
     return Metric(
-        name="m", source="s", budget="b", weight=1.0, window=window, aggregate=aggregate,
+        name="m",
+        source="s",
+        budget="b",
+        weight=1.0,
+        window=window,
+        aggregate=aggregate,
         mechanism=Mechanism.EXPONENTIAL if aggregate is Aggregate.TOP_K else Mechanism.GAUSSIAN,
-        contribution=Contribution(max_keys=keys, max_per_key=per_key), value="v", bounds=bounds,
-        denominator=denominator, group_by=group_by, k=k,
+        contribution=Contribution(max_keys=keys, max_per_key=per_key),
+        value="v",
+        bounds=bounds,
+        denominator=denominator,
+        group_by=group_by,
+        k=k,
     )
 
 

@@ -68,9 +68,14 @@ def test_speedup_compresses_event_time(topology) -> None:  # noqa: ANN001
 def test_malformed_events_fail_validation_with_their_reason(topology) -> None:  # noqa: ANN001
     """Each malformation is dead-lettered by a live partition pipeline with the matching reason; good
     events are accepted."""
-    want = {Malformation.BAD_JSON: "not_json", Malformation.NOT_OBJECT: "not_object",
-            Malformation.MISSING_UNIT: "missing_unit", Malformation.NAN_VALUE: "bad_value",
-            Malformation.BAD_TIMESTAMP: "bad_timestamp", Malformation.FUTURE_TIMESTAMP: "future_timestamp"}
+    want = {
+        Malformation.BAD_JSON: "not_json",
+        Malformation.NOT_OBJECT: "not_object",
+        Malformation.MISSING_UNIT: "missing_unit",
+        Malformation.NAN_VALUE: "bad_value",
+        Malformation.BAD_TIMESTAMP: "bad_timestamp",
+        Malformation.FUTURE_TIMESTAMP: "future_timestamp",
+    }
     gen = EventGenerator(topology, config=GeneratorConfig(users=20, seed=5, malformed=0.5))
     events = list(gen.events(400))
     now = max(ev.ts for ev in events if ev.malformation is None)

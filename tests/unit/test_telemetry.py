@@ -162,14 +162,16 @@ def test_budget_reader_matches_status_and_sums_history_across_periods() -> None:
     async def body():
         ledger = await open_ledger("memory", topology, clock=clock)
         assert (await ledger.charge(_request("r1", "hourly", P0, P0 + HOUR, 1e-4))).outcome is Outcome.GRANTED
-        assert (await ledger.charge(_request("r2", "hourly", P0 + HOUR, P0 + 2 * HOUR, 2e-4))).outcome \
-            is Outcome.GRANTED
+        assert (
+            await ledger.charge(_request("r2", "hourly", P0 + HOUR, P0 + 2 * HOUR, 2e-4))
+        ).outcome is Outcome.GRANTED
         reader = BudgetReader(topology, clock=clock)
         first = (await reader.read(ledger))[0]
         status1 = await ledger.status("b")
         clock.t = P0 + DAY + 3 * HOUR  # next day
-        assert (await ledger.charge(_request("r3", "hourly", P0 + DAY, P0 + DAY + HOUR, 5e-5))).outcome \
-            is Outcome.GRANTED
+        assert (
+            await ledger.charge(_request("r3", "hourly", P0 + DAY, P0 + DAY + HOUR, 5e-5))
+        ).outcome is Outcome.GRANTED
         second = (await reader.read(ledger))[0]
         status2 = await ledger.status("b")
         history = await ledger.history("b", 100)
@@ -204,8 +206,11 @@ def test_budget_collector_renders_every_budget_family_and_ledger_up() -> None:
         return generate_latest(registry)
 
     text = asyncio.run(body()).decode()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
     assert samples[("dpstream_ledger_up", ())] == 1.0
     assert samples[("dpstream_budget_cap", (("currency", "epsilon"), ("scope", "b")))] == 1.0
     spent = samples[("dpstream_budget_spent", (("currency", "epsilon"), ("scope", "b")))]
@@ -215,8 +220,9 @@ def test_budget_collector_renders_every_budget_family_and_ledger_up() -> None:
     assert samples[("dpstream_budget_epsilon_spent", (("scope", "b"),))] == spent
     assert samples[("dpstream_budget_period_seconds", (("scope", "b"),))] == DAY
     assert samples[("dpstream_budget_period_end_timestamp_seconds", (("scope", "b"),))] == P0 + DAY
-    assert math.isclose(samples[("dpstream_budget_planned_spend_rate", (("currency", "epsilon"), ("scope", "b")))],
-                        0.8 / DAY)
+    assert math.isclose(
+        samples[("dpstream_budget_planned_spend_rate", (("currency", "epsilon"), ("scope", "b")))], 0.8 / DAY
+    )
     assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "normal")))] == 1.0
     assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "warning")))] == 0.0
     assert samples[("dpstream_budget_state", (("scope", "b"), ("state", "open")))] == 0.0
@@ -291,8 +297,11 @@ def _samples(collector) -> dict:  # noqa: ANN001
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_worker_collector_release_side() -> None:
@@ -333,8 +342,9 @@ def test_worker_collector_release_side() -> None:
 def test_worker_collector_events_stay_monotone_across_a_revoke() -> None:
     topology = _topology()
     ingest = _Ingest()
-    p0 = SimpleNamespace(source=SimpleNamespace(name="s"), counts=EventCounts(accepted=10, late=2,
-                                                                                invalid=Counter({"not_json": 3})))
+    p0 = SimpleNamespace(
+        source=SimpleNamespace(name="s"), counts=EventCounts(accepted=10, late=2, invalid=Counter({"not_json": 3}))
+    )
     p0.refresh_counts = lambda: p0.counts
     p1 = SimpleNamespace(source=SimpleNamespace(name="s"), counts=EventCounts(accepted=5, capped=4, clamped=1))
     p1.refresh_counts = lambda: p1.counts

@@ -66,7 +66,9 @@ def test_message_shape_matches_style_example() -> None:
     """Reversed bounds give exactly the STYLE.md message, prefixed by FILE:LINE."""
     with pytest.raises(ConfigError) as info:
         load_topology_text(
-            BASE.replace("  m:", "  basket_value:").replace(METRIC_SPOT, _metric("value: v", "bounds: [200, 0]", aggregate="sum")),
+            BASE.replace("  m:", "  basket_value:").replace(
+                METRIC_SPOT, _metric("value: v", "bounds: [200, 0]", aggregate="sum")
+            ),
             path="t.yaml",
         )
     assert str(info.value).startswith(
@@ -92,28 +94,52 @@ def test_message_shape_matches_style_example() -> None:
         ("period: 1d", "period: 1d\n    on_warning: {stretch: 0.5}", r"on_warning.stretch 0.5: must be > 1"),
         ("period: 1d", "period: 1d\n    on_warning: {thin: 1}", r"on_warning.thin 1: must be at least 2"),
         ("period: 1d", "period: 1d\n    on_warning: {stretch: 2, thin: 2}", r"give exactly one of stretch or thin"),
-        ("period: 1d", "period: 1d\n    on_warning: {strech: 2}", r"on_warning: unknown field 'strech'; did you mean 'stretch'\?"),
+        (
+            "period: 1d",
+            "period: 1d\n    on_warning: {strech: 2}",
+            r"on_warning: unknown field 'strech'; did you mean 'stretch'\?",
+        ),
         ("period: 1d", "period: 1d\n    expected_units: 0", r"expected_units 0: must be at least 1"),
         ("weight: 1", "weight: 0", r"t.yaml:16: metric 'm': weight 0: must be > 0"),
         ("weight: 1", "weight: -0.5", r"weight -0.5: must be > 0"),
         ("weight: 1", "weight: heavy", r"weight 'heavy': must be a number"),
         ("source: clicks", "source: click", r"metric 'm': source 'click': no such source; did you mean 'clicks'\?"),
         ("budget: daily", "budget: weekly", r"metric 'm': budget 'weekly': no such budget; valid: daily"),
-        ("{tumbling: 1m}", "{tumbling: 7m}", r"window \{tumbling: 7m\}: size 7m does not divide budget 'daily' period 1d"),
+        (
+            "{tumbling: 1m}",
+            "{tumbling: 7m}",
+            r"window \{tumbling: 7m\}: size 7m does not divide budget 'daily' period 1d",
+        ),
         ("{tumbling: 1m}", "{hopping: 6m, every: 4m}", r"every must divide the hopping size"),
         ("{tumbling: 1m}", "{hopping: 1m, every: 5m}", r"every must not exceed the hopping size"),
         ("{tumbling: 1m}", "{sliding: 1m}", r"window: unknown field 'sliding'"),
-        ("aggregate: count", "aggregate: average", r"aggregate 'average': unknown aggregate; .*valid: count, count_units, sum, mean, top_k"),
-        ("mechanism: gaussian", "mechanism: laplaсe", r"mechanism 'laplaсe': unknown mechanism; did you mean 'laplace'\?"),
+        (
+            "aggregate: count",
+            "aggregate: average",
+            r"aggregate 'average': unknown aggregate; .*valid: count, count_units, sum, mean, top_k",
+        ),
+        (
+            "mechanism: gaussian",
+            "mechanism: laplaсe",
+            r"mechanism 'laplaсe': unknown mechanism; did you mean 'laplace'\?",
+        ),
         ("accounting: zcdp", "accounting: pure", r"mechanism 'gaussian': budget 'daily' uses pure accounting"),
-        ("mechanism: gaussian", "mechanism: exponential", r"mechanism 'exponential': the exponential mechanism selects top-k keys only"),
+        (
+            "mechanism: gaussian",
+            "mechanism: exponential",
+            r"mechanism 'exponential': the exponential mechanism selects top-k keys only",
+        ),
         ("version: 1", "version: 2", r"t.yaml:1: version 2: unsupported"),
         ("version: 1", "version: '1'", r"version '1': unsupported"),
         ("privacy_unit: user_id", "privacy_unit: 42", r"privacy_unit 42: must be a string; quote it"),
         ("topic: web.clicks", "topic: ''", r"source 'clicks': topic is empty"),
         ("    topic: web.clicks\n", "", r"t.yaml:3: source 'clicks': missing field 'topic'"),
         ("privacy_unit: user_id", "privacy_unit: user_id\n    idle_timeout: 0s", r"idle_timeout '0s': not a duration"),
-        ("privacy_unit: user_id", "privacy_unit: user_id\n    keyed_by_unit: maybe", r"keyed_by_unit 'maybe': must be true or false"),
+        (
+            "privacy_unit: user_id",
+            "privacy_unit: user_id\n    keyed_by_unit: maybe",
+            r"keyed_by_unit 'maybe': must be true or false",
+        ),
         ("dead_letter: out.dlq", "dead_letter: out.releases", r"dead_letter 'out.releases': must differ from releases"),
         ("releases: out.releases", "releases: web.clicks", r"feedback loop"),
         ("  m:", "  m m:", r"metric 'm m': bad name"),
@@ -145,7 +171,12 @@ def test_field_rules(old: str, new: str, pattern: str) -> None:
         (["k: 3"], "top_k", "exponential", r"missing field 'group_by'; top_k needs"),
         (["k: 0", "group_by: p"], "top_k", "exponential", r"k 0: must be at least 1"),
         (["k: true", "group_by: p"], "top_k", "exponential", r"k true: must be a whole number"),
-        (["k: 3", "group_by: p"], "top_k", "gaussian", r"mechanism 'gaussian': top_k chooses its keys with the exponential mechanism"),
+        (
+            ["k: 3", "group_by: p"],
+            "top_k",
+            "gaussian",
+            r"mechanism 'gaussian': top_k chooses its keys with the exponential mechanism",
+        ),
         (["k: 3", "group_by: p", "keys: [a, b]"], "top_k", "exponential", r"k 3: exceeds the 2 declared keys"),
         (["k: 3"], "count", "gaussian", r"k 3: only top_k uses k"),
         (["keys: [a]"], "count", "gaussian", r"keys \[a\]: keys are values of group_by"),
@@ -155,8 +186,18 @@ def test_field_rules(old: str, new: str, pattern: str) -> None:
         (["contribution: {max_keys: 0}"], "count", "gaussian", r"contribution.max_keys 0: must be at least 1"),
         (["contribution: {max_per_key: -1}"], "count", "gaussian", r"contribution.max_per_key -1: must be at least 1"),
         (["contribution: {max_keys: 2}"], "count", "gaussian", r"max_keys bounds distinct group_by keys"),
-        (["contribution: {max_key: 2}"], "count", "gaussian", r"contribution: unknown field 'max_key'; did you mean 'max_keys'\?"),
-        (["postprocess: {round: yes please}"], "count", "gaussian", r"postprocess.round 'yes please': must be true or false"),
+        (
+            ["contribution: {max_key: 2}"],
+            "count",
+            "gaussian",
+            r"contribution: unknown field 'max_key'; did you mean 'max_keys'\?",
+        ),
+        (
+            ["postprocess: {round: yes please}"],
+            "count",
+            "gaussian",
+            r"postprocess.round 'yes please': must be true or false",
+        ),
         (["may_use_reserve: 1"], "count", "gaussian", r"may_use_reserve 1: must be true or false"),
         (["wieght: 2"], "count", "gaussian", r"metric 'm': unknown field 'wieght'; did you mean 'weight'\?"),
     ],
@@ -174,7 +215,10 @@ def test_metric_combination_rules(lines: list[str], aggregate: str, mechanism: s
     [
         ("", r"^t.yaml:1: empty topology"),
         ("- 1\n- 2\n", r"^t.yaml:1: topology \[1, 2\]: must be a mapping"),
-        (BASE.replace("sources:\n", "sources: [a]\nx:\n"), r"t.yaml:2: sources \[a\]: must be a mapping of source names"),
+        (
+            BASE.replace("sources:\n", "sources: [a]\nx:\n"),
+            r"t.yaml:2: sources \[a\]: must be a mapping of source names",
+        ),
         ("version: 1\n  bad: indent\n", r"^t.yaml:2: invalid YAML"),
         ("a: !!python/object:os.system x\n", r"^t.yaml:1: cannot read"),
         ("version: 1\nversion: 1\n", r"^t.yaml:2: duplicate key 'version'"),

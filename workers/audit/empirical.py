@@ -116,9 +116,14 @@ class AuditResult:
     def as_dict(self) -> dict[str, object]:
         """JSON-able view."""
         return {
-            "name": self.name, "trials": self.trials, "event": self.event, "delta": self.delta,
-            "claimed_epsilon": self.claimed_epsilon, "epsilon_lower_95": self.epsilon_lower_95,
-            "epsilon_lower_strict": self.epsilon_lower_strict, "passed": self.passed,
+            "name": self.name,
+            "trials": self.trials,
+            "event": self.event,
+            "delta": self.delta,
+            "claimed_epsilon": self.claimed_epsilon,
+            "epsilon_lower_95": self.epsilon_lower_95,
+            "epsilon_lower_strict": self.epsilon_lower_strict,
+            "passed": self.passed,
         }
 
 
@@ -199,8 +204,16 @@ _W = Window(60, 60)
 
 
 def _metric(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
-    return Metric(name=f"audit_{aggregate.value}_{mechanism.value}", source="audit", budget="audit", weight=1.0,
-                  window=_W, aggregate=aggregate, mechanism=mechanism, **kw)  # type: ignore[arg-type]
+    return Metric(
+        name=f"audit_{aggregate.value}_{mechanism.value}",
+        source="audit",
+        budget="audit",
+        weight=1.0,
+        window=_W,
+        aggregate=aggregate,
+        mechanism=mechanism,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def _value_case(name: str, mech: ReleaseMechanism, claim: Claim, x: float, x_prime: float) -> AuditCase:
@@ -213,7 +226,8 @@ def _histogram_case(name: str, mech: ReleaseMechanism, claim: Claim, keys: int, 
     def sampler(shift: int) -> Callable[[int], list[float]]:
         def draw(n: int) -> list[float]:
             flat = mech.noise_batch(100 + shift, keys * n)
-            return [sum(flat[i * keys:(i + 1) * keys]) for i in range(n)]
+            return [sum(flat[i * keys : (i + 1) * keys]) for i in range(n)]
+
         return draw
 
     return AuditCase(name, claim, sampler(0), sampler(per_key))
@@ -233,6 +247,7 @@ def _selection_case(name: str, mech: ReleaseMechanism, claim: Claim, per_key: in
     def draw(values: dict[str, int]) -> Callable[[int], list[float]]:
         def run(n: int) -> list[float]:
             return [mech.release(values).values.get("u", _NOT_RELEASED) for _ in range(n)]
+
         return run
 
     return AuditCase(name, claim, draw({"u": per_key}), draw({}), trial_share=0.2)
@@ -243,12 +258,19 @@ def _specs() -> list[tuple[str, ReleaseMechanism, Claim, Callable[[str, ReleaseM
     zcdp = Claim(rho=rho, scope_delta=_SCOPE_DELTA)
     count_l = _metric(Aggregate.COUNT, Mechanism.LAPLACE, contribution=Contribution(1, 3))
     count_g = _metric(Aggregate.COUNT, Mechanism.GAUSSIAN, contribution=Contribution(1, 3))
-    hist_g = _metric(Aggregate.COUNT, Mechanism.GAUSSIAN, contribution=Contribution(3, 2), group_by="page",
-                     keys=("a", "b", "c", "d", "e"))
-    sum_g = _metric(Aggregate.SUM, Mechanism.GAUSSIAN, contribution=Contribution(1, 2), value="v",
-                    bounds=Bounds(0.0, 200.0))
-    sum_l = _metric(Aggregate.SUM, Mechanism.LAPLACE, contribution=Contribution(1, 1), value="v",
-                    bounds=Bounds(-5.0, 10.0))
+    hist_g = _metric(
+        Aggregate.COUNT,
+        Mechanism.GAUSSIAN,
+        contribution=Contribution(3, 2),
+        group_by="page",
+        keys=("a", "b", "c", "d", "e"),
+    )
+    sum_g = _metric(
+        Aggregate.SUM, Mechanism.GAUSSIAN, contribution=Contribution(1, 2), value="v", bounds=Bounds(0.0, 200.0)
+    )
+    sum_l = _metric(
+        Aggregate.SUM, Mechanism.LAPLACE, contribution=Contribution(1, 1), value="v", bounds=Bounds(-5.0, 10.0)
+    )
     keys = tuple(f"c{i:02d}" for i in range(21))
     top_g = _metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, k=1, group_by="r", keys=keys)
     sel_g = _metric(Aggregate.COUNT, Mechanism.GAUSSIAN, contribution=Contribution(1, 3), group_by="page")
@@ -259,22 +281,54 @@ def _specs() -> list[tuple[str, ReleaseMechanism, Claim, Callable[[str, ReleaseM
     m_sel = build_release_mechanism(sel_g, Accounting.ZCDP, rho, delta=_SCOPE_DELTA)
     sel_claim = Claim(rho=rho, scope_delta=2 * _SCOPE_DELTA, extra_delta=m_sel.partition_selection["delta"])  # type: ignore[index]
     return [
-        ("count / discrete Laplace (pure, eps=1, max_per_key=3)", build_release_mechanism(count_l, Accounting.PURE, eps),
-         Claim(epsilon=eps), lambda n, m, c: _value_case(n, m, c, 50, 53)),
-        ("count / discrete Gaussian (zCDP, rho=0.5, max_per_key=3)", build_release_mechanism(count_g, Accounting.ZCDP, rho),
-         zcdp, lambda n, m, c: _value_case(n, m, c, 50, 53)),
-        ("histogram / discrete Gaussian (zCDP, rho=0.5, L0=3, Linf=2)", build_release_mechanism(hist_g, Accounting.ZCDP, rho),
-         zcdp, lambda n, m, c: _histogram_case(n, m, c, 3, 2)),
-        ("sum [0,200] / fixed-point Gaussian (zCDP, rho=0.5)", build_release_mechanism(sum_g, Accounting.ZCDP, rho),
-         zcdp, lambda n, m, c: _value_case(n, m, c, 1000.0, 1400.0)),
-        ("sum [-5,10] / fixed-point Laplace (pure, eps=1)", build_release_mechanism(sum_l, Accounting.PURE, eps),
-         Claim(epsilon=eps), lambda n, m, c: _value_case(n, m, c, -20.0, -10.0)),
-        ("top-1 of 21 / Gumbel (zCDP, rho=0.5)", m_top_z, Claim(epsilon=top_eps, rho=top_eps**2 / 8.0, scope_delta=_SCOPE_DELTA),
-         lambda n, m, c: _value_case(n, m, c, d, d_prime)),  # type: ignore[arg-type]
-        ("top-1 of 21 / permute-and-flip (pure, eps=2)", m_top_p, Claim(epsilon=top_eps),
-         lambda n, m, c: _value_case(n, m, c, d, d_prime)),  # type: ignore[arg-type]
-        ("partition selection / Gaussian threshold (zCDP, rho=0.5)", m_sel, sel_claim,
-         lambda n, m, c: _selection_case(n, m, c, 3)),
+        (
+            "count / discrete Laplace (pure, eps=1, max_per_key=3)",
+            build_release_mechanism(count_l, Accounting.PURE, eps),
+            Claim(epsilon=eps),
+            lambda n, m, c: _value_case(n, m, c, 50, 53),
+        ),
+        (
+            "count / discrete Gaussian (zCDP, rho=0.5, max_per_key=3)",
+            build_release_mechanism(count_g, Accounting.ZCDP, rho),
+            zcdp,
+            lambda n, m, c: _value_case(n, m, c, 50, 53),
+        ),
+        (
+            "histogram / discrete Gaussian (zCDP, rho=0.5, L0=3, Linf=2)",
+            build_release_mechanism(hist_g, Accounting.ZCDP, rho),
+            zcdp,
+            lambda n, m, c: _histogram_case(n, m, c, 3, 2),
+        ),
+        (
+            "sum [0,200] / fixed-point Gaussian (zCDP, rho=0.5)",
+            build_release_mechanism(sum_g, Accounting.ZCDP, rho),
+            zcdp,
+            lambda n, m, c: _value_case(n, m, c, 1000.0, 1400.0),
+        ),
+        (
+            "sum [-5,10] / fixed-point Laplace (pure, eps=1)",
+            build_release_mechanism(sum_l, Accounting.PURE, eps),
+            Claim(epsilon=eps),
+            lambda n, m, c: _value_case(n, m, c, -20.0, -10.0),
+        ),
+        (
+            "top-1 of 21 / Gumbel (zCDP, rho=0.5)",
+            m_top_z,
+            Claim(epsilon=top_eps, rho=top_eps**2 / 8.0, scope_delta=_SCOPE_DELTA),
+            lambda n, m, c: _value_case(n, m, c, d, d_prime),
+        ),  # type: ignore[arg-type]
+        (
+            "top-1 of 21 / permute-and-flip (pure, eps=2)",
+            m_top_p,
+            Claim(epsilon=top_eps),
+            lambda n, m, c: _value_case(n, m, c, d, d_prime),
+        ),  # type: ignore[arg-type]
+        (
+            "partition selection / Gaussian threshold (zCDP, rho=0.5)",
+            m_sel,
+            sel_claim,
+            lambda n, m, c: _selection_case(n, m, c, 3),
+        ),
     ]
 
 
@@ -293,7 +347,9 @@ class _Halved(ReleaseMechanism):
         domain = dp.vector_domain(dp.atom_domain(T="i64"))
         if top is not None:
             measure = dp.zero_concentrated_divergence() if "gumbel" in top.name else dp.max_divergence()
-            self._top_meas = dp.m.make_noisy_top_k(domain, dp.linf_distance(T="i64"), measure, k=top.k, scale=top.scale / 2)
+            self._top_meas = dp.m.make_noisy_top_k(
+                domain, dp.linf_distance(T="i64"), measure, k=top.k, scale=top.scale / 2
+            )
             self._keys = mech.metric.keys
         else:
             assert isinstance(noise, measurements.IntegerNoise)

@@ -17,9 +17,15 @@ import faust
 
 def main(bootstrap: str, topic: str, window_s: int, progress: str) -> None:
     """Start the app and run until terminated."""
-    app = faust.App(f"bench-naive-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}", store="memory://",
-                    web_enabled=False, consumer_auto_offset_reset="earliest", topic_partitions=4,
-                    datadir=tempfile.mkdtemp(prefix="bench-naive-"))
+    app = faust.App(
+        f"bench-naive-{uuid.uuid4().hex[:8]}",
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=4,
+        datadir=tempfile.mkdtemp(prefix="bench-naive-"),
+    )
     source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
     counts = app.Table("counts", default=int, partitions=4)
     seen = {"n": 0, "t": 0.0}

@@ -107,7 +107,9 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
     async def reserve(w: int, i: int) -> object:
         rid = f"{run}-{w}-{i}"
         return await ledger.charge(
-            ReleaseRequest(rid, "bench", pid, "bench", pstart, pstart + 60, 1e-9, _PAYLOAD % rid.encode(), actor="bench")
+            ReleaseRequest(
+                rid, "bench", pid, "bench", pstart, pstart + 60, 1e-9, _PAYLOAD % rid.encode(), actor="bench"
+            )
         )
 
     try:
@@ -143,7 +145,9 @@ def _main(args: argparse.Namespace) -> int:
     else:
         print(f"ledger bench: {result.clients} clients, {result.seconds:g} s per phase, {result.redis}")
         for name, p in (("INCRBY", result.incrby), ("reserve", result.reserve)):
-            print(f"  {name:<8} {p.per_second:10.0f} ops/s   p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)")
+            print(
+                f"  {name:<8} {p.per_second:10.0f} ops/s   p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)"
+            )
         print(f"  ratio reserve/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
     return 0
 

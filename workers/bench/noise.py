@@ -23,8 +23,16 @@ _W = Window(60, 60)
 
 
 def _metric(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
-    return Metric(name=f"bench_{aggregate.value}", source="bench", budget="bench", weight=1.0, window=_W,
-                  aggregate=aggregate, mechanism=mechanism, **kw)  # type: ignore[arg-type]
+    return Metric(
+        name=f"bench_{aggregate.value}",
+        source="bench",
+        budget="bench",
+        weight=1.0,
+        window=_W,
+        aggregate=aggregate,
+        mechanism=mechanism,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def _percentiles(fn: Callable[[], object], reps: int) -> tuple[float, float]:
@@ -48,19 +56,41 @@ def measure(n: int, reps: int) -> list[dict[str, object]]:
     rng = np.random.default_rng()
     count_g = build_release_mechanism(_metric(Aggregate.COUNT, Mechanism.GAUSSIAN), Accounting.ZCDP, 0.01)
     count_l = build_release_mechanism(_metric(Aggregate.COUNT, Mechanism.LAPLACE), Accounting.PURE, 0.1)
-    sum_g = build_release_mechanism(_metric(Aggregate.SUM, Mechanism.GAUSSIAN, value="v", bounds=Bounds(0, 200),
-                                            contribution=Contribution(1, 2)), Accounting.ZCDP, 0.01)
+    sum_g = build_release_mechanism(
+        _metric(Aggregate.SUM, Mechanism.GAUSSIAN, value="v", bounds=Bounds(0, 200), contribution=Contribution(1, 2)),
+        Accounting.ZCDP,
+        0.01,
+    )
     keys = tuple(f"k{i}" for i in range(50))
-    top = build_release_mechanism(_metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, k=5, group_by="r", keys=keys),
-                                  Accounting.ZCDP, 0.01)
+    top = build_release_mechanism(
+        _metric(Aggregate.TOP_K, Mechanism.EXPONENTIAL, k=5, group_by="r", keys=keys), Accounting.ZCDP, 0.01
+    )
     scores = {k: 10 * i for i, k in enumerate(keys)}
     cases = [
-        ("discrete Gaussian (count)", count_g, 1000, "normal",
-         lambda: rng.normal(1000.0, 10.0), lambda m: rng.normal(0.0, 10.0, m)),
-        ("discrete Laplace (count)", count_l, 1000, "laplace",
-         lambda: rng.laplace(1000.0, 10.0), lambda m: rng.laplace(0.0, 10.0, m)),
-        ("fixed-point Gaussian (sum)", sum_g, 12345.5, "normal",
-         lambda: rng.normal(12345.5, 10.0), lambda m: rng.normal(0.0, 10.0, m)),
+        (
+            "discrete Gaussian (count)",
+            count_g,
+            1000,
+            "normal",
+            lambda: rng.normal(1000.0, 10.0),
+            lambda m: rng.normal(0.0, 10.0, m),
+        ),
+        (
+            "discrete Laplace (count)",
+            count_l,
+            1000,
+            "laplace",
+            lambda: rng.laplace(1000.0, 10.0),
+            lambda m: rng.laplace(0.0, 10.0, m),
+        ),
+        (
+            "fixed-point Gaussian (sum)",
+            sum_g,
+            12345.5,
+            "normal",
+            lambda: rng.normal(12345.5, 10.0),
+            lambda m: rng.normal(0.0, 10.0, m),
+        ),
     ]
     rows: list[dict[str, object]] = []
     for name, mech, value, base, base_scalar, base_vector in cases:
@@ -68,18 +98,36 @@ def measure(n: int, reps: int) -> list[dict[str, object]]:
         b50, b99 = _percentiles(base_scalar, reps)
         rate = _throughput(lambda m: mech.noise_batch(value, m), n)
         brate = _throughput(base_vector, n)
-        rows.append({"mechanism": name, "p50_us": p50, "p99_us": p99, "samples_per_s": rate,
-                     "baseline": f"numpy {base}", "baseline_p50_us": b50, "baseline_p99_us": b99,
-                     "baseline_samples_per_s": brate})
+        rows.append(
+            {
+                "mechanism": name,
+                "p50_us": p50,
+                "p99_us": p99,
+                "samples_per_s": rate,
+                "baseline": f"numpy {base}",
+                "baseline_p50_us": b50,
+                "baseline_p99_us": b99,
+                "baseline_samples_per_s": brate,
+            }
+        )
     p50, p99 = _percentiles(lambda: top.release(scores), reps)
     gumbel = lambda: int(np.argmax(np.fromiter(scores.values(), float) + rng.gumbel(0.0, 1.0, len(scores))))  # noqa: E731
     b50, b99 = _percentiles(gumbel, reps)
     top_reps = max(1, n // 100)
     rate = top_reps * 5 / max(1e-9, _elapsed(lambda: [top.release(scores) for _ in range(top_reps)]))
     brate = top_reps / max(1e-9, _elapsed(lambda: [gumbel() for _ in range(top_reps)]))
-    rows.append({"mechanism": "noisy top-5 of 50 (Gumbel)", "p50_us": p50, "p99_us": p99, "samples_per_s": rate,
-                 "baseline": "numpy gumbel argmax (top-1)", "baseline_p50_us": b50, "baseline_p99_us": b99,
-                 "baseline_samples_per_s": brate})
+    rows.append(
+        {
+            "mechanism": "noisy top-5 of 50 (Gumbel)",
+            "p50_us": p50,
+            "p99_us": p99,
+            "samples_per_s": rate,
+            "baseline": "numpy gumbel argmax (top-1)",
+            "baseline_p50_us": b50,
+            "baseline_p99_us": b99,
+            "baseline_samples_per_s": brate,
+        }
+    )
     return rows
 
 
@@ -104,12 +152,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"n": args.n, "reps": args.reps, "rows": rows}, indent=2))
         return 0
-    print(f"{'mechanism':<28} {'p50 µs':>8} {'p99 µs':>8} {'samples/s':>11} | {'baseline':<28} {'p50 µs':>7} "
-          f"{'p99 µs':>7} {'samples/s':>11} | {'p50 ×':>6} {'rate ÷':>7}")
+    print(
+        f"{'mechanism':<28} {'p50 µs':>8} {'p99 µs':>8} {'samples/s':>11} | {'baseline':<28} {'p50 µs':>7} "
+        f"{'p99 µs':>7} {'samples/s':>11} | {'p50 ×':>6} {'rate ÷':>7}"
+    )
     for r in rows:
-        print(f"{r['mechanism']:<28} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['samples_per_s']:>11,.0f} | "
-              f"{r['baseline']:<28} {r['baseline_p50_us']:>7.2f} {r['baseline_p99_us']:>7.2f} "
-              f"{r['baseline_samples_per_s']:>11,.0f} | {r['p50_us'] / r['baseline_p50_us']:>6.0f} "
-              f"{r['baseline_samples_per_s'] / r['samples_per_s']:>7.0f}")
+        print(
+            f"{r['mechanism']:<28} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['samples_per_s']:>11,.0f} | "
+            f"{r['baseline']:<28} {r['baseline_p50_us']:>7.2f} {r['baseline_p99_us']:>7.2f} "
+            f"{r['baseline_samples_per_s']:>11,.0f} | {r['p50_us'] / r['baseline_p50_us']:>6.0f} "
+            f"{r['baseline_samples_per_s'] / r['samples_per_s']:>7.0f}"
+        )
     print("p50 × = OpenDP scalar latency / numpy's; rate ÷ = numpy throughput / OpenDP's (top-k rate: keys selected/s)")
     return 0

@@ -76,10 +76,18 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: start a local stack)")
     parser.add_argument("--redis", default=None, help="Redis URL (default: start a local stack)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--single-process", action="store_true",
-                        help="one `worker --role all` process instead of an ingest and a release process")
-    parser.add_argument("--ingest-nice", type=int, default=19, metavar="N",
-                        help="`worker --nice N` for the ingest process (default 19; 0 = same priority as the rest)")
+    parser.add_argument(
+        "--single-process",
+        action="store_true",
+        help="one `worker --role all` process instead of an ingest and a release process",
+    )
+    parser.add_argument(
+        "--ingest-nice",
+        type=int,
+        default=19,
+        metavar="N",
+        help="`worker --nice N` for the ingest process (default 19; 0 = same priority as the rest)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -97,7 +105,12 @@ def _events(n: int, windows: int, t0: int) -> list[tuple[bytes, bytes, int]]:
     for i in range(n):
         unit = f"h{int(rng.integers(heavy_units))}" if i % 2 == 0 else f"l{int(rng.integers(light_units))}"
         ts = t0 + span * i / n
-        doc = {"user_id": unit, "ts": round(ts, 3), "page": pages[i % 5], "basket_eur": round(float(rng.random()) * 250, 2)}
+        doc = {
+            "user_id": unit,
+            "ts": round(ts, 3),
+            "page": pages[i % 5],
+            "basket_eur": round(float(rng.random()) * 250, 2),
+        }
         out.append((unit.encode(), json.dumps(doc, separators=(",", ":")).encode(), int(round(ts, 3) * 1000)))
     return out
 
@@ -128,8 +141,12 @@ async def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
         from orjson import loads
     except ImportError:  # pragma: no cover
         from json import loads
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=32 * 1024 * 1024,
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(4)]
@@ -149,8 +166,11 @@ async def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
 
 def _naive_rate(bootstrap: str, topic: str, count: int, workdir: Path) -> float:
     progress = workdir / "naive.progress"
-    proc = subprocess.Popen([sys.executable, "-m", "dpstream.workers.bench._faust_count", bootstrap, topic, str(_WINDOW_S),
-                             str(progress)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpstream.workers.bench._faust_count", bootstrap, topic, str(_WINDOW_S), str(progress)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     first: tuple[int, float] | None = None
     last: tuple[int, float] = (0, 0.0)
     deadline = time.monotonic() + 600
@@ -188,8 +208,14 @@ def _proc_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-async def _follow(bootstrap: str, group: str, releases_topic: str, expected: set[tuple[str, int]],
-                  procs: list[subprocess.Popen], deadline: float) -> tuple[float | None, float, float]:
+async def _follow(
+    bootstrap: str,
+    group: str,
+    releases_topic: str,
+    expected: set[tuple[str, int]],
+    procs: list[subprocess.Popen],
+    deadline: float,
+) -> tuple[float | None, float, float]:
     """Wait for the worker's first commit (start), then follow the releases topic until every expected
     window is in (end). One admin client and one consumer for the whole run, so the bench driver
     takes little CPU from the worker it measures. Returns (start, worker CPU s at start, end)."""
@@ -215,8 +241,9 @@ async def _follow(bootstrap: str, group: str, releases_topic: str, expected: set
                 await asyncio.sleep(0.02)
     finally:
         await admin.close()
-    consumer = AIOKafkaConsumer(releases_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        releases_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     await consumer.start()
     released: set[tuple[str, int]] = set()
     try:
@@ -291,20 +318,43 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         # the release process is started first and measured once ready, as in a running deployment
         # (its Faust group join and table recovery are startup, not close→publish latency)
         log_path = workdir / f"worker-{role}.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "dpstream.workers.cli", "worker", str(path), "--bootstrap", bootstrap, "--redis", redis_url,
-             "--worker-id", f"bench-{role}", "--role", role, "--loglevel", "INFO", *nice.get(role, [])],
-            stdout=log_path.open("wb"), stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dpstream.workers.cli",
+                    "worker",
+                    str(path),
+                    "--bootstrap",
+                    bootstrap,
+                    "--redis",
+                    redis_url,
+                    "--worker-id",
+                    f"bench-{role}",
+                    "--role",
+                    role,
+                    "--loglevel",
+                    "INFO",
+                    *nice.get(role, []),
+                ],
+                stdout=log_path.open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         if role == "release":
             _wait_ready(procs[-1], log_path, timeout_s=120)
     try:
         start, cpu0, end = asyncio.run(
-            _follow(bootstrap, group, topology.sinks.releases, expected, procs, time.monotonic() + 900))
+            _follow(bootstrap, group, topology.sinks.releases, expected, procs, time.monotonic() + 900)
+        )
         elapsed = end - start if start else float("nan")
         cpu = sum(_proc_cpu(p.pid) for p in procs) - (cpu0 or 0.0)
         rss = sum(_proc_hwm_mb(p.pid) for p in procs)
-        released = {(r["metric"], r["window"]["start_epoch"])
-                    for r in (json.loads(rec.value) for rec in _read(bootstrap, topology.sinks.releases))}
+        released = {
+            (r["metric"], r["window"]["start_epoch"])
+            for r in (json.loads(rec.value) for rec in _read(bootstrap, topology.sinks.releases))
+        }
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -47,8 +47,14 @@ def _events(n: int, seed: int = 7) -> list[bytes]:
         unit = f"h{heavy[i]}" if use_heavy[i] else f"u{light[i]}"
         out.append(
             json.dumps(
-                {"user_id": unit, "ts": t0 + i // 10, "page": pages[page[i]], "referrer": f"r{ref[i]}.example",
-                 "basket_eur": float(eur[i]), "session_s": float(sess[i])},
+                {
+                    "user_id": unit,
+                    "ts": t0 + i // 10,
+                    "page": pages[page[i]],
+                    "referrer": f"r{ref[i]}.example",
+                    "basket_eur": float(eur[i]),
+                    "session_s": float(sess[i]),
+                },
                 separators=(",", ":"),
             ).encode()
         )
@@ -92,7 +98,9 @@ def _print(result: dict[str, float], as_json: bool) -> None:
         print(json.dumps(result, sort_keys=True))
         return
     print(f"events                {result['events']:>12,}")
-    print(f"core process_batch    {result['core_events_per_s']:>12,.0f} events/s ({result['us_per_event']:.2f} µs/event)")
+    print(
+        f"core process_batch    {result['core_events_per_s']:>12,.0f} events/s ({result['us_per_event']:.2f} µs/event)"
+    )
     print(f"JSON decode only      {result['decode_only_events_per_s']:>12,.0f} events/s")
     print(f"core / decode ratio   {result['core_vs_decode_ratio']:>12.2f}")
     print(f"CPU s per 1M events   {result['cpu_s_per_million']:>12.2f}")

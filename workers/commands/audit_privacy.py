@@ -35,8 +35,17 @@ def run(args: argparse.Namespace) -> int:
     broken = [] if args.no_power_check else [audit(case, args.trials) for case in broken_cases()]
     ok = all(r.passed for r in real) and all(not r.passed for r in broken)
     if args.json:
-        print(json.dumps({"ok": ok, "strict_alpha": STRICT_ALPHA, "mechanisms": [r.as_dict() for r in real],
-                          "power_check": [r.as_dict() for r in broken]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "strict_alpha": STRICT_ALPHA,
+                    "mechanisms": [r.as_dict() for r in real],
+                    "power_check": [r.as_dict() for r in broken],
+                },
+                indent=2,
+            )
+        )
     else:
         _table("mechanisms (must pass)", real, expect_pass=True)
         if broken:
@@ -51,5 +60,7 @@ def _table(title: str, results: list[AuditResult], expect_pass: bool) -> None:
     for r in results:
         verdict = "pass" if r.passed else "FLAGGED"
         mark = "" if r.passed == expect_pass else "  <-- unexpected"
-        print(f"  {r.name:<84} {r.trials:>7} {r.delta:>8.0e} {r.claimed_epsilon:>8.3f} "
-              f"{r.epsilon_lower_95:>7.3f} {r.epsilon_lower_strict:>9.3f}  {verdict}{mark}")
+        print(
+            f"  {r.name:<84} {r.trials:>7} {r.delta:>8.0e} {r.claimed_epsilon:>8.3f} "
+            f"{r.epsilon_lower_95:>7.3f} {r.epsilon_lower_strict:>9.3f}  {verdict}{mark}"
+        )

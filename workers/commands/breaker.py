@@ -30,8 +30,10 @@ def _act(args: argparse.Namespace) -> int:
             print(json.dumps({"scope": args.scope, "action": args.action, "changed": changed, "state": state}))
         else:
             verb = "opened" if args.action == "open" else "closed"
-            print(f"{args.scope}: breaker {verb}" if changed else f"{args.scope}: breaker was already {verb}",
-                  f"(state now {state})")
+            print(
+                f"{args.scope}: breaker {verb}" if changed else f"{args.scope}: breaker was already {verb}",
+                f"(state now {state})",
+            )
         return 0
 
     return asyncio.run(main())

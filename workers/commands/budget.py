@@ -32,7 +32,9 @@ _DEFAULT_REDIS = "redis://localhost:6379/0"
 
 def add_ledger_args(parser: argparse.ArgumentParser) -> None:
     """--redis, --topology, --allow-volatile, --json: how every ledger command finds and prints."""
-    parser.add_argument("--redis", metavar="URL", help="ledger Redis (default: the topology's, $DPSTREAM_REDIS, localhost)")
+    parser.add_argument(
+        "--redis", metavar="URL", help="ledger Redis (default: the topology's, $DPSTREAM_REDIS, localhost)"
+    )
     parser.add_argument("--topology", metavar="FILE", help="topology file: its redis.url and budget scopes")
     parser.add_argument("--allow-volatile", action="store_true", help="accept a Redis without AOF fsync always (loud)")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -87,7 +89,9 @@ def _status_text(s: ScopeStatus) -> str:
     ]
     if s.breaker is not None:
         kind = "manual" if s.breaker.manual else "automatic"
-        lines.append(f"  breaker OPEN ({kind}) by {s.breaker.actor} at {iso(s.breaker.at_ms / 1000)}: {s.breaker.reason}")
+        lines.append(
+            f"  breaker OPEN ({kind}) by {s.breaker.actor} at {iso(s.breaker.at_ms / 1000)}: {s.breaker.reason}"
+        )
     return "\n".join(lines)
 
 
@@ -108,10 +112,16 @@ def _history(args: argparse.Namespace) -> int:
         out: dict[str, list[dict[str, Any]]] = {}
         for scope in await _scopes(ledger, args, topo_scopes):
             out[scope] = [
-                {"period": p.period_id, "start": iso(p.start), "cap": units_to_float(p.cap_units),
-                 "spent": units_to_float(p.spent_units),
-                 "ratio": p.spent_units / p.cap_units if p.cap_units else 0.0,
-                 "granted": p.granted, "refused": p.refused, "reserve_granted": units_to_float(p.grant_units)}
+                {
+                    "period": p.period_id,
+                    "start": iso(p.start),
+                    "cap": units_to_float(p.cap_units),
+                    "spent": units_to_float(p.spent_units),
+                    "ratio": p.spent_units / p.cap_units if p.cap_units else 0.0,
+                    "granted": p.granted,
+                    "refused": p.refused,
+                    "reserve_granted": units_to_float(p.grant_units),
+                }
                 for p in await ledger.history(scope, args.limit)
             ]
         if args.json:
@@ -120,8 +130,10 @@ def _history(args: argparse.Namespace) -> int:
         for scope, rows in out.items():
             print(scope)
             for r in rows:
-                print(f"  {r['period']:<20} spent {r['spent']:.6g} / {r['cap']:.6g}  ratio {r['ratio']:.4f}  "
-                      f"granted {r['granted']}  refused {r['refused']}")
+                print(
+                    f"  {r['period']:<20} spent {r['spent']:.6g} / {r['cap']:.6g}  ratio {r['ratio']:.4f}  "
+                    f"granted {r['granted']}  refused {r['refused']}"
+                )
         return 0
 
     return _run(args, body)
@@ -151,14 +163,21 @@ def _audit(args: argparse.Namespace) -> int:
         entries = []
         for scope in await _scopes(ledger, args, topo_scopes):
             for e in await ledger.audit(scope, since, args.limit):
-                entries.append({"scope": scope, "id": e.id, "at": iso(e.at_ms / 1000),
-                                **{k: v for k, v in e.fields.items() if v != ""}})
+                entries.append(
+                    {
+                        "scope": scope,
+                        "id": e.id,
+                        "at": iso(e.at_ms / 1000),
+                        **{k: v for k, v in e.fields.items() if v != ""},
+                    }
+                )
         if args.json:
             print(json.dumps({"entries": entries}, indent=2))
             return 0
         for e in entries:
-            detail = " ".join(f"{k}={e[k]}" for k in ("period", "metric", "release_id", "cost", "ratio", "state", "actor")
-                              if k in e)
+            detail = " ".join(
+                f"{k}={e[k]}" for k in ("period", "metric", "release_id", "cost", "ratio", "state", "actor") if k in e
+            )
             reason = f"  ({e['reason']})" if "reason" in e else ""
             print(f"{e['at']} {e['scope']} {e['kind']:<13} {detail}{reason}")
         return 0
@@ -170,17 +189,40 @@ def _reconcile(args: argparse.Namespace) -> int:
     async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
         reports = [await ledger.reconcile(scope) for scope in await _scopes(ledger, args, topo_scopes)]
         if args.json:
-            print(json.dumps({"ok": all(r.ok for r in reports), "scopes": [
-                {"scope": r.scope, "ok": r.ok, "periods": [
-                    {"period": p.period_id, "ok": p.ok, "stored_units": p.stored_units,
-                     "audited_units": p.audited_units, "stored_granted": p.stored_granted,
-                     "audited_charges": p.audited_charges} for p in r.periods]} for r in reports]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "ok": all(r.ok for r in reports),
+                        "scopes": [
+                            {
+                                "scope": r.scope,
+                                "ok": r.ok,
+                                "periods": [
+                                    {
+                                        "period": p.period_id,
+                                        "ok": p.ok,
+                                        "stored_units": p.stored_units,
+                                        "audited_units": p.audited_units,
+                                        "stored_granted": p.stored_granted,
+                                        "audited_charges": p.audited_charges,
+                                    }
+                                    for p in r.periods
+                                ],
+                            }
+                            for r in reports
+                        ],
+                    },
+                    indent=2,
+                )
+            )
         else:
             for r in reports:
                 for p in r.periods:
                     mark = "ok" if p.ok else "MISMATCH"
-                    print(f"{r.scope} {p.period_id}: stored {p.stored_units} units / {p.stored_granted} charges, "
-                          f"audit {p.audited_units} units / {p.audited_charges} charges: {mark}")
+                    print(
+                        f"{r.scope} {p.period_id}: stored {p.stored_units} units / {p.stored_granted} charges, "
+                        f"audit {p.audited_units} units / {p.audited_charges} charges: {mark}"
+                    )
                 if not r.periods:
                     print(f"{r.scope}: no periods yet: ok")
         return 0 if all(r.ok for r in reports) else 1

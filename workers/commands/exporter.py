@@ -32,8 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to listen on (default 127.0.0.1); metrics are curator-side: bind wider only on a "
         "network that only the curator reaches",
     )
-    parser.add_argument("--allow-volatile", action="store_true",
-                        help="read a Redis without AOF fsync always (loud); otherwise it counts as unavailable")
+    parser.add_argument(
+        "--allow-volatile",
+        action="store_true",
+        help="read a Redis without AOF fsync always (loud); otherwise it counts as unavailable",
+    )
     parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
     parser.set_defaults(func=_run)
 
@@ -55,8 +58,11 @@ def _run(args: argparse.Namespace) -> int:
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
     telemetry = exporter_telemetry(topology, url, allow_volatile=args.allow_volatile)
-    print(f"dpstream exporter: serving http://{args.bind}:{args.port}/metrics "
-          f"({len(topology.budgets)} budget scope(s))", file=sys.stderr, flush=True)
+    print(
+        f"dpstream exporter: serving http://{args.bind}:{args.port}/metrics ({len(topology.budgets)} budget scope(s))",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         asyncio.run(serve(telemetry, args.bind, args.port))
     except OSError as exc:

@@ -25,9 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration", default="10s", help="how long to send, e.g. 30s, 5m (default 10s)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the synthetic RNG (events only, never noise)")
     parser.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed events (default 0)")
-    parser.add_argument("--speedup", type=float, default=1.0, help="event-time seconds per wall second (e.g. 60); a live worker dead-letters "
-                        "events more than the source's max_future (default 1h) ahead of its clock, so raise "
-                        "max_future for long accelerated feeds (the demo does)")
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="event-time seconds per wall second (e.g. 60); a live worker dead-letters "
+        "events more than the source's max_future (default 1h) ahead of its clock, so raise "
+        "max_future for long accelerated feeds (the demo does)",
+    )
     parser.add_argument("--source", default=None, help="source name when the topology has several")
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the topology's)")
     parser.add_argument("--jsonl", default=None, help="write the events to this JSONL file instead of Kafka")

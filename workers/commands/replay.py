@@ -40,7 +40,9 @@ def parse_utc(text: str, flag: str) -> int:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
     except ValueError:
-        raise ConfigError(f"{flag} {text!r}: not a time; give ISO-8601 UTC (2026-11-30T00:00:00Z), a date or epoch seconds") from None
+        raise ConfigError(
+            f"{flag} {text!r}: not a time; give ISO-8601 UTC (2026-11-30T00:00:00Z), a date or epoch seconds"
+        ) from None
     if parsed.tzinfo is None:
         if len(value) == 10:  # a plain date: midnight UTC
             parsed = parsed.replace(tzinfo=timezone.utc)
@@ -71,7 +73,13 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         with events:
             summary = await replay_lines(
-                topology, events, ledger, publish, start=span[0], end=span[1], source=args.source,
+                topology,
+                events,
+                ledger,
+                publish,
+                start=span[0],
+                end=span[1],
+                source=args.source,
                 partitions=args.partitions,
             )
     finally:
@@ -119,10 +127,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, help="where to write release records (JSON lines; default stdout)")
     parser.add_argument("--partitions", type=int, default=1, help="partitions to spread units over (default 1)")
     parser.add_argument("--source", default=None, help="source of the events (needed when the topology has several)")
-    parser.add_argument("--from", dest="start", default=None,
-                        help="first window start, UTC (ISO-8601 with Z, a date, or epoch s); events before it are "
-                        "dead-lettered as out_of_range")
-    parser.add_argument("--to", dest="end", default=None,
-                        help="end of the last window, UTC; without --from/--to the whole budget periods the events "
-                        "span are used (derived from the data, and said so)")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default=None,
+        help="first window start, UTC (ISO-8601 with Z, a date, or epoch s); events before it are "
+        "dead-lettered as out_of_range",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        default=None,
+        help="end of the last window, UTC; without --from/--to the whole budget periods the events "
+        "span are used (derived from the data, and said so)",
+    )
     parser.set_defaults(func=lambda args: asyncio.run(_run(args)))

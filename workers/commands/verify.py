@@ -26,18 +26,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--topology", required=True, metavar="FILE", help="the deployment's topology YAML")
     parser.add_argument("--bootstrap", default=None, metavar="HOST:PORT", help="Kafka (default: the topology's)")
     parser.add_argument("--redis", default=None, metavar="URL", help="ledger Redis (default: the topology's)")
-    parser.add_argument("--grace", type=float, default=60.0, metavar="SECONDS",
-                        help="a window must be released once its close time plus this has passed (default 60)")
-    parser.add_argument("--since", default=None, metavar="TIME",
-                        help="check only windows starting at or after TIME (ISO-8601 UTC or epoch seconds); "
-                        "default: the deployment start")
-    parser.add_argument("--compare-to", default=None, metavar="TOPIC",
-                        help="another run's releases topic (same broker): with ε large, every window both "
-                        "released must carry matching values")
-    parser.add_argument("--tolerance", type=float, default=None, metavar="X",
-                        help="absolute tolerance of --compare-to (default: 3 × both releases' 95 %% CI half-widths)")
-    parser.add_argument("--allow-volatile", action="store_true",
-                        help="do not count a ledger Redis without AOF fsync always as a violation")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a window must be released once its close time plus this has passed (default 60)",
+    )
+    parser.add_argument(
+        "--since",
+        default=None,
+        metavar="TIME",
+        help="check only windows starting at or after TIME (ISO-8601 UTC or epoch seconds); "
+        "default: the deployment start",
+    )
+    parser.add_argument(
+        "--compare-to",
+        default=None,
+        metavar="TOPIC",
+        help="another run's releases topic (same broker): with ε large, every window both "
+        "released must carry matching values",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        metavar="X",
+        help="absolute tolerance of --compare-to (default: 3 × both releases' 95 %% CI half-widths)",
+    )
+    parser.add_argument(
+        "--allow-volatile",
+        action="store_true",
+        help="do not count a ledger Redis without AOF fsync always as a violation",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (verify_version 1)")
     parser.set_defaults(func=_run)
 

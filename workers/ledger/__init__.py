@@ -93,8 +93,9 @@ async def open_ledger(
         from dpstream.workers.ledger.durability import check_durability
         from dpstream.workers.ledger.redis_backend import RedisLedger, connect
 
-        redis_ledger = RedisLedger(connect(where, max_connections), where, configs, clock=clock,
-                                   retention_s=retention_s)
+        redis_ledger = RedisLedger(
+            connect(where, max_connections), where, configs, clock=clock, retention_s=retention_s
+        )
         try:
             check_durability(where, await redis_ledger.server_settings(), allow_volatile)
             await redis_ledger.load_scripts()

@@ -102,8 +102,13 @@ def _adaptive_units(
                 total += ks[p.name] * left
         if total > 0:
             return max(0, min(pool_left, pool_left * ks[metric] // total))
-    return _units(adaptive_release_cost(Fraction(pool_left, UNITS_PER_CURRENCY), metric,  # type: ignore[arg-type]
-                                        _demands(cfg, snap, metric, period_start, window_end)))
+    return _units(
+        adaptive_release_cost(
+            Fraction(pool_left, UNITS_PER_CURRENCY),
+            metric,  # type: ignore[arg-type]
+            _demands(cfg, snap, metric, period_start, window_end),
+        )
+    )
 
 
 def _demands(
@@ -134,8 +139,14 @@ def price(
 
     def quote(units: int, **kw: object) -> Quote:
         return Quote(
-            metric, cfg.name, period_id, _grantable(units), units, state,
-            may_use_reserve=plan.may_use_reserve, **kw,  # type: ignore[arg-type]
+            metric,
+            cfg.name,
+            period_id,
+            _grantable(units),
+            units,
+            state,
+            may_use_reserve=plan.may_use_reserve,
+            **kw,  # type: ignore[arg-type]
         )
 
     if snap.breaker is not None:

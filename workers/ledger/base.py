@@ -107,8 +107,11 @@ class RawRegister:
 
 def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, int, int]:
     """(cap, reserve, warn) units of a period: its block's once opened, else the registered config's."""
-    return (int(period.get("cap", stored["cap"])), int(period.get("reserve", stored["reserve"])),
-            int(period.get("warn", stored["warn"])))
+    return (
+        int(period.get("cap", stored["cap"])),
+        int(period.get("reserve", stored["reserve"])),
+        int(period.get("warn", stored["warn"])),
+    )
 
 
 def _iso(ts: int) -> str:
@@ -499,8 +502,9 @@ def _need_reason(reason: str, actor: str) -> None:
 def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
     """The breaker that holds period `pid` open: the manual one, or an automatic open of this period."""
     if fields.get("manual") == "1":
-        return BreakerInfo(True, fields.get("manual_reason", ""), fields.get("manual_actor", ""),
-                           int(fields.get("manual_at", 0)))
+        return BreakerInfo(
+            True, fields.get("manual_reason", ""), fields.get("manual_actor", ""), int(fields.get("manual_at", 0))
+        )
     if fields.get("auto_period") == pid:
         return BreakerInfo(False, fields.get("auto_reason", ""), "ledger", int(fields.get("auto_at", 0)), pid)
     return None

@@ -30,7 +30,9 @@ def deployment_start_key(topology_version: str) -> str:
 def check_scope_name(scope: str) -> str:
     """A scope name usable inside a hash tag: non-empty, no braces, no whitespace."""
     if not scope or any(ch in scope for ch in "{}:") or any(ch.isspace() for ch in scope):
-        raise ConfigError(f"budget scope {scope!r}: the ledger needs a name without braces, colons or spaces: rename it")
+        raise ConfigError(
+            f"budget scope {scope!r}: the ledger needs a name without braces, colons or spaces: rename it"
+        )
     return scope
 
 

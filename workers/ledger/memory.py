@@ -166,9 +166,16 @@ class MemoryLedger(Ledger):
         def load_period(p_id: str, p_start: int) -> _Period:
             f = s.periods.get(p_id, {})
             return _Period(
-                p_id, p_start, f.get("cap", cfg["cap"]), f.get("reserve", cfg["reserve"]), f.get("warn", cfg["warn"]),
-                f.get("accounting", cfg.get("accounting", "")), f.get("delta_cap", cfg.get("delta_cap", "0")),
-                int(f.get("spent", 0)), int(f.get("grant", 0)), int(f.get("delta_spent", 0)),
+                p_id,
+                p_start,
+                f.get("cap", cfg["cap"]),
+                f.get("reserve", cfg["reserve"]),
+                f.get("warn", cfg["warn"]),
+                f.get("accounting", cfg.get("accounting", "")),
+                f.get("delta_cap", cfg.get("delta_cap", "0")),
+                int(f.get("spent", 0)),
+                int(f.get("grant", 0)),
+                int(f.get("delta_spent", 0)),
             )
 
         P = [load_period(pid, pstart)] + [load_period(p_id, int(p_start)) for p_id, p_start in req.extra_periods]
@@ -187,12 +194,24 @@ class MemoryLedger(Ledger):
 
         known = s.releases.get(rid)
         if known is not None:
-            return RawCharge("duplicate", known["payload"], "", main.spent, main.cap,  # type: ignore[arg-type]
-                              state_of(main, main.spent, manual or auto_here), 0)
+            return RawCharge(
+                "duplicate",
+                known["payload"],
+                "",
+                main.spent,
+                main.cap,  # type: ignore[arg-type]
+                state_of(main, main.spent, manual or auto_here),
+                0,
+            )
 
         def audit(p: _Period, kind: str, **fields: str) -> None:
-            base = {"kind": kind, "period": p.pid, "spent": str(p.spent), "ratio": ratio_of(p, p.spent),
-                    "actor": req.actor}
+            base = {
+                "kind": kind,
+                "period": p.pid,
+                "spent": str(p.spent),
+                "ratio": ratio_of(p, p.spent),
+                "actor": req.actor,
+            }
             base.update(fields)
             self._xadd(s, now_ms, base)
 
@@ -200,8 +219,14 @@ class MemoryLedger(Ledger):
             block = s.periods.setdefault(p.pid, {})
             if p.pid not in s.period_index:
                 s.period_index[p.pid] = p.pstart
-                block.update(cap=p.cap_s, reserve=p.reserve_s, warn=p.warn_s, accounting=p.acc, delta_cap=p.dcap_s,
-                             start=str(p.pstart))
+                block.update(
+                    cap=p.cap_s,
+                    reserve=p.reserve_s,
+                    warn=p.warn_s,
+                    accounting=p.acc,
+                    delta_cap=p.dcap_s,
+                    start=str(p.pstart),
+                )
                 audit(p, "period", reason="period block opened", actor="ledger", state=state_of(p, p.spent, manual))
             return block
 
@@ -209,15 +234,28 @@ class MemoryLedger(Ledger):
             old = br["auto_period"]
             for name in ("auto_period", "auto_start", "auto_reason", "auto_at"):
                 br.pop(name, None)
-            audit(main, "breaker_close", reason=f"period rollover: automatic open of {old} ends", actor="ledger",
-                  state=state_of(main, main.spent, manual))
+            audit(
+                main,
+                "breaker_close",
+                reason=f"period rollover: automatic open of {old} ends",
+                actor="ledger",
+                state=state_of(main, main.spent, manual),
+            )
 
         def refuse(p: _Period, reason: str, open_now: bool) -> RawCharge:
             block = touch_period(p)
             _incr(block, "refused", 1)
             is_open = manual or br.get("auto_period") == p.pid or open_now
-            audit(p, "refusal", release_id=rid, metric=req.metric, cost=cost_s, delta=delta_s, reason=reason,
-                  state=state_of(p, p.spent, is_open))
+            audit(
+                p,
+                "refusal",
+                release_id=rid,
+                metric=req.metric,
+                cost=cost_s,
+                delta=delta_s,
+                reason=reason,
+                state=state_of(p, p.spent, is_open),
+            )
             if open_now and not (manual or auto_touched is not None):
                 br.update(auto_period=p.pid, auto_start=str(p.pstart), auto_reason=reason, auto_at=str(now_ms))
                 audit(p, "breaker_open", reason=reason, actor="ledger", state="open")
@@ -228,17 +266,25 @@ class MemoryLedger(Ledger):
 
         if digest != cfg.get("digest"):
             registered = cfg.get("digest", "?")
-            return refuse(main, f"topology disagrees with the scope's registered terms (digest {registered}, "
-                                f"this worker {digest}): restart it with the current topology", False)
+            return refuse(
+                main,
+                f"topology disagrees with the scope's registered terms (digest {registered}, "
+                f"this worker {digest}): restart it with the current topology",
+                False,
+            )
         if manual:
             return refuse(main, "breaker open (manual): " + br.get("manual_reason", ""), False)
         if auto_touched is not None:
-            return refuse(auto_touched, "breaker open (automatic): " + br.get("auto_reason", "") + where(auto_touched),
-                          False)
+            return refuse(
+                auto_touched, "breaker open (automatic): " + br.get("auto_reason", "") + where(auto_touched), False
+            )
         for p in P:
             if p.spent + cost > p.cap:
-                return refuse(p, f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap"
-                              + where(p), True)
+                return refuse(
+                    p,
+                    f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap" + where(p),
+                    True,
+                )
             limit = p.cap - p.reserve + p.grant
             if req.may_use_reserve or limit > p.cap:
                 limit = p.cap
@@ -270,9 +316,16 @@ class MemoryLedger(Ledger):
         ratio = ratio_of(main, main.spent)
         payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
         s.releases[rid] = {
-            "state": "reserved", "period": pid, "metric": req.metric, "window_start": str(req.window_start),
-            "window_end": str(req.window_end), "cost": cost_s, "delta": delta_s,
-            "extra_periods": " ".join(p.pid for p in P[1:]), "payload": payload, "ratio_after": ratio,
+            "state": "reserved",
+            "period": pid,
+            "metric": req.metric,
+            "window_start": str(req.window_start),
+            "window_end": str(req.window_end),
+            "cost": cost_s,
+            "delta": delta_s,
+            "extra_periods": " ".join(p.pid for p in P[1:]),
+            "payload": payload,
+            "ratio_after": ratio,
             "reserved_at": str(now_ms),
         }
         s.pending[rid] = now_ms
@@ -280,8 +333,9 @@ class MemoryLedger(Ledger):
             after = state_of(p, p.spent, False)
             audit(p, "charge", release_id=rid, metric=req.metric, cost=cost_s, delta=delta_s, state=after)
             if after != was:
-                audit(p, "state", reason=f"{was} -> {after} at ratio {ratio_of(p, p.spent)}", actor="ledger",
-                      state=after)
+                audit(
+                    p, "state", reason=f"{was} -> {after} at ratio {ratio_of(p, p.spent)}", actor="ledger", state=after
+                )
         return RawCharge("granted", payload, "", main.spent, main.cap, state_of(main, main.spent, False), cost)
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
@@ -321,18 +375,29 @@ class MemoryLedger(Ledger):
             if pid not in s.period_index:  # a block opened here takes the config's terms, as reserve's would
                 s.period_index[pid] = pstart
                 cfg = s.config
-                block.update(cap=cfg["cap"], reserve=cfg["reserve"], warn=cfg["warn"],
-                             accounting=cfg.get("accounting", ""), delta_cap=cfg.get("delta_cap", "0"),
-                             start=str(pstart))
-                self._xadd(s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened",
-                                       "actor": "ledger"})
+                block.update(
+                    cap=cfg["cap"],
+                    reserve=cfg["reserve"],
+                    warn=cfg["warn"],
+                    accounting=cfg.get("accounting", ""),
+                    delta_cap=cfg.get("delta_cap", "0"),
+                    start=str(pstart),
+                )
+                self._xadd(
+                    s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened", "actor": "ledger"}
+                )
             total = _incr(block, "grant", units)
-            self._xadd(s, now_ms, {"kind": "grant", "period": pid, "cost": str(units), "reason": reason, "actor": actor})
+            self._xadd(
+                s, now_ms, {"kind": "grant", "period": pid, "cost": str(units), "reason": reason, "actor": actor}
+            )
             if s.breaker.get("auto_period") == pid:
                 for name in ("auto_period", "auto_start", "auto_reason", "auto_at"):
                     s.breaker.pop(name, None)
-                self._xadd(s, now_ms, {"kind": "breaker_close", "period": pid, "reason": "reserve granted: " + reason,
-                                       "actor": actor})
+                self._xadd(
+                    s,
+                    now_ms,
+                    {"kind": "breaker_close", "period": pid, "reason": "reserve granted: " + reason, "actor": actor},
+                )
             return total
 
     # ---- reads -----------------------------------------------------------------------------------
@@ -358,8 +423,19 @@ class MemoryLedger(Ledger):
                 if at > before_ms:
                     continue
                 r = s.releases[rid]
-                out.append(PendingRelease(rid, scope, str(r["period"]), str(r["metric"]), int(r["window_start"]),  # type: ignore[arg-type]
-                                          int(r["window_end"]), int(r["cost"]), at, r["payload"]))  # type: ignore[arg-type]
+                out.append(
+                    PendingRelease(
+                        rid,
+                        scope,
+                        str(r["period"]),
+                        str(r["metric"]),
+                        int(r["window_start"]),  # type: ignore[arg-type]
+                        int(r["window_end"]),
+                        int(r["cost"]),
+                        at,
+                        r["payload"],
+                    )
+                )  # type: ignore[arg-type]
             return out
 
     async def _config_fields(self, scope: str) -> dict[str, str]:

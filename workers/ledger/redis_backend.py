@@ -119,13 +119,29 @@ class RedisLedger(Ledger):
     ) -> RawCharge:
         k = _keys(req.scope)
         keys = [
-            k.config, k.breaker, k.period(req.period_id), k.release(req.release_id),
-            k.ends(req.period_id, req.metric), k.audit, k.pending, k.periods,
+            k.config,
+            k.breaker,
+            k.period(req.period_id),
+            k.release(req.release_id),
+            k.ends(req.period_id, req.metric),
+            k.audit,
+            k.pending,
+            k.periods,
         ]
         fields = [
-            req.release_id, req.period_id, str(period_start), req.metric, str(int(req.window_start)),
-            str(int(req.window_end)), str(cost_units), "1" if req.may_use_reserve else "0", str(now_ms),
-            str(self._retention_s), req.actor, digest, str(delta_units),
+            req.release_id,
+            req.period_id,
+            str(period_start),
+            req.metric,
+            str(int(req.window_start)),
+            str(int(req.window_end)),
+            str(cost_units),
+            "1" if req.may_use_reserve else "0",
+            str(now_ms),
+            str(self._retention_s),
+            req.actor,
+            digest,
+            str(delta_units),
         ]
         for pid, pstart in req.extra_periods:
             keys += [k.period(pid), k.ends(pid, req.metric)]
@@ -139,20 +155,25 @@ class RedisLedger(Ledger):
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         k = ScopeKeys(scope)
-        return int(await self._guard(self._scripts["commit"](keys=[k.release(release_id), k.pending],
-                                                             args=[release_id, now_ms])))
+        return int(
+            await self._guard(
+                self._scripts["commit"](keys=[k.release(release_id), k.pending], args=[release_id, now_ms])
+            )
+        )
 
     async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool:
         k = ScopeKeys(scope)
-        out = await self._guard(self._scripts["breaker"](keys=[k.breaker, k.audit],
-                                                         args=[action, reason, actor, now_ms, pid]))
+        out = await self._guard(
+            self._scripts["breaker"](keys=[k.breaker, k.audit], args=[action, reason, actor, now_ms, pid])
+        )
         return int(out[0]) == 1
 
     async def _grant(self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int) -> int:
         k = ScopeKeys(scope)
         keys = [k.period(pid), k.breaker, k.audit, k.config, k.periods]
-        return int(await self._guard(self._scripts["grant"](keys=keys,
-                                                            args=[units, reason, actor, now_ms, pid, pstart])))
+        return int(
+            await self._guard(self._scripts["grant"](keys=keys, args=[units, reason, actor, now_ms, pid, pstart]))
+        )
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -184,9 +205,19 @@ class RedisLedger(Ledger):
             if not r:
                 continue  # expired past retention
             f = {_s(a): b for a, b in r.items()}
-            out.append(PendingRelease(rid, scope, _s(f["period"]), _s(f["metric"]),
-                                      int(f["window_start"]), int(f["window_end"]), int(f["cost"]), int(score),
-                                      bytes(f["payload"])))
+            out.append(
+                PendingRelease(
+                    rid,
+                    scope,
+                    _s(f["period"]),
+                    _s(f["metric"]),
+                    int(f["window_start"]),
+                    int(f["window_end"]),
+                    int(f["cost"]),
+                    int(score),
+                    bytes(f["payload"]),
+                )
+            )
         return out
 
     async def _config_fields(self, scope: str) -> dict[str, str]:

@@ -37,21 +37,31 @@ def status_json(s: ScopeStatus) -> dict[str, Any]:
         "scope": s.scope,
         "accounting": s.accounting,
         "state": s.state.value,
-        "period": {"id": s.period_id, "start": iso(s.period_start), "end": iso(s.period_end),
-                   "seconds_left": s.seconds_to_period_end},
+        "period": {
+            "id": s.period_id,
+            "start": iso(s.period_start),
+            "end": iso(s.period_end),
+            "seconds_left": s.seconds_to_period_end,
+        },
         "cap": s.cap,
         "spent": s.spent,
         "ratio": s.ratio,
         "epsilon_equiv": s.epsilon_equiv,
         "delta": s.delta,
-        "delta_spent": s.delta_spent, "delta_cap": s.delta_cap,  # partition-selection δ of the period
+        "delta_spent": s.delta_spent,
+        "delta_cap": s.delta_cap,  # partition-selection δ of the period
         "warn_at": s.warn_at,
         "releases": {"granted": s.granted, "refused": s.refused},
         "reserve_left": s.reserve_left,
         "pool_left": s.pool_left,
         "projected": {"spend": s.projected_spend, "ratio": s.projected_ratio},
-        "breaker": None if s.breaker is None else {
-            "manual": s.breaker.manual, "reason": s.breaker.reason, "actor": s.breaker.actor,
-            "at": iso(s.breaker.at_ms / 1000)},
+        "breaker": None
+        if s.breaker is None
+        else {
+            "manual": s.breaker.manual,
+            "reason": s.breaker.reason,
+            "actor": s.breaker.actor,
+            "at": iso(s.breaker.at_ms / 1000),
+        },
         "units": {"cap": s.cap_units, "spent": s.spent_units},
     }

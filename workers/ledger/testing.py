@@ -54,11 +54,13 @@ def one_scope_topology(
     return Topology(
         version=1,
         sources={"src": Source("src", "events", "user_id")},
-        budgets={scope: Budget(scope, epsilon, delta, accounting, period_s, reserve, warn_at,
-                               on_warning or WarningPolicy())},
+        budgets={
+            scope: Budget(scope, epsilon, delta, accounting, period_s, reserve, warn_at, on_warning or WarningPolicy())
+        },
         metrics={
-            name: Metric(name, "src", scope, weight, Window(size, every), Aggregate.COUNT, mech,
-                         may_use_reserve=may_use)
+            name: Metric(
+                name, "src", scope, weight, Window(size, every), Aggregate.COUNT, mech, may_use_reserve=may_use
+            )
             for name, weight, size, every, may_use in metrics
         },
         sinks=Sinks("releases", "dead"),

@@ -31,13 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SERVICE",
         help="kafka, redis, prometheus, alertmanager (default for up: kafka redis; for status/down: all)",
     )
-    parser.add_argument("--home", type=Path, default=None, help="state directory (default $DPSTREAM_HOME or ~/.cache/dpstream)")
+    parser.add_argument(
+        "--home", type=Path, default=None, help="state directory (default $DPSTREAM_HOME or ~/.cache/dpstream)"
+    )
     parser.add_argument("--with-monitoring", action="store_true", help="up: also Prometheus and Alertmanager")
     for name in ("kafka", "kafka_controller", "redis", "prometheus", "alertmanager", "worker_metrics"):
         flag = "--" + name.replace("_", "-") + "-port"
         parser.add_argument(flag, dest=f"{name}_port", type=int, default=getattr(_DEFAULTS, name), metavar="N")
-    parser.add_argument("--prometheus-config", type=Path, default=None, help="prometheus.yml to use instead of the default")
-    parser.add_argument("--alertmanager-config", type=Path, default=None, help="alertmanager.yml to use instead of the default")
+    parser.add_argument(
+        "--prometheus-config", type=Path, default=None, help="prometheus.yml to use instead of the default"
+    )
+    parser.add_argument(
+        "--alertmanager-config", type=Path, default=None, help="alertmanager.yml to use instead of the default"
+    )
     return parser
 
 

@@ -34,7 +34,9 @@ class ServiceHandle(ABC):
         self.start_timeout = start_timeout
         self.progress = progress
         self._port = port
-        self._process = ManagedProcess(self.name, self.data_dir / f"{self.name}.run.json", self.log_file, self._marker())
+        self._process = ManagedProcess(
+            self.name, self.data_dir / f"{self.name}.run.json", self.log_file, self._marker()
+        )
 
     @property
     def log_file(self) -> Path:
@@ -94,9 +96,7 @@ class ServiceHandle(ABC):
         while True:
             if self._process.exited():
                 self._process.stop(1.0)
-                raise ServiceStartError(
-                    f"{self.name} exited during start-up (log {self.log_file}):\n{self.log_tail()}"
-                )
+                raise ServiceStartError(f"{self.name} exited during start-up (log {self.log_file}):\n{self.log_tail()}")
             if self._ready():
                 return
             if time.monotonic() >= deadline:

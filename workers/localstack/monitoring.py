@@ -42,7 +42,9 @@ def _check(argv: list[str], config: Path) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - fixed argv
     if result.returncode != 0:
         lines = [ln.strip() for ln in (result.stderr + result.stdout).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "FAILED" in ln or "error" in ln.lower()), lines[-1] if lines else "invalid")
+        reason = next(
+            (ln for ln in lines if "FAILED" in ln or "error" in ln.lower()), lines[-1] if lines else "invalid"
+        )
         raise ConfigError(f"{config}: rejected by {Path(argv[0]).name}: {reason}: fix the file and run again")
 
 
@@ -88,7 +90,9 @@ class PrometheusHandle(ServiceHandle):
                 encoding="utf-8",
             )
         elif not self.user_config.is_file():
-            raise ConfigError(f"--prometheus-config {self.user_config}: no such file: give the path of a prometheus.yml")
+            raise ConfigError(
+                f"--prometheus-config {self.user_config}: no such file: give the path of a prometheus.yml"
+            )
         _check([shutil.which("promtool") or "promtool", "check", "config", str(self.config_file)], self.config_file)
 
     def _argv(self) -> list[str]:

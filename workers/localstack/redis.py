@@ -25,7 +25,9 @@ class RedisHandle(ServiceHandle):
     name = "redis"
     port_flag = "--redis-port"
 
-    def __init__(self, port: int, data_dir: Path, start_timeout: float = 20.0, progress: Progress = no_progress) -> None:
+    def __init__(
+        self, port: int, data_dir: Path, start_timeout: float = 20.0, progress: Progress = no_progress
+    ) -> None:
         super().__init__(port, data_dir, start_timeout, progress)
 
     @property

@@ -49,7 +49,9 @@ class ServiceStatus:
     def line(self) -> str:
         """One aligned line: service, up/down, pid, port, address, note."""
         pid = str(self.pid) if self.pid is not None else "-"
-        text = f"{self.service.value:<13} {'up' if self.up else 'down':<5} pid {pid:<8} port {self.port:<6} {self.address}"
+        text = (
+            f"{self.service.value:<13} {'up' if self.up else 'down':<5} pid {pid:<8} port {self.port:<6} {self.address}"
+        )
         return f"{text}  ({self.note})" if self.note else text
 
 

@@ -29,7 +29,9 @@ PROMTOOL = Requirement("promtool", "prometheus")
 ALERTMANAGER = Requirement("prometheus-alertmanager", "prometheus-alertmanager")
 
 
-def missing(requirements: Iterable[Requirement], which: Callable[[str], str | None] = shutil.which) -> list[Requirement]:
+def missing(
+    requirements: Iterable[Requirement], which: Callable[[str], str | None] = shutil.which
+) -> list[Requirement]:
     """The requirements whose binary is not on PATH, in order, without duplicates."""
     out: list[Requirement] = []
     for req in requirements:

@@ -58,7 +58,9 @@ class FixedPointGrid:
 def choose_grid(per_key_sensitivity: float, noise_scale: float) -> FixedPointGrid:
     """The grid for a sum whose one-key sensitivity and (real) noise scale are given."""
     if per_key_sensitivity <= 0 or noise_scale <= 0:
-        raise InternalError(f"fixed-point grid needs positive sensitivity and scale, got {per_key_sensitivity}, {noise_scale}")
+        raise InternalError(
+            f"fixed-point grid needs positive sensitivity and scale, got {per_key_sensitivity}, {noise_scale}"
+        )
     exponent = math.floor(math.log2(min(per_key_sensitivity, noise_scale))) - GRID_BITS
     step = math.ldexp(1.0, exponent)
     units = math.ceil(Fraction(per_key_sensitivity) / Fraction(step)) + 1

@@ -121,9 +121,9 @@ class NoisePool:
                 # an int64 array skips OpenDP's per-element type check of a list (~2 µs each)
                 fresh = list(self._meas(np.zeros(want, dtype=np.int64) if want >= 64 else [0] * want))
                 self._drawn += len(fresh)
-                self._buf = self._buf[self._pos:] + fresh
+                self._buf = self._buf[self._pos :] + fresh
                 self._pos = 0
-            out = self._buf[self._pos:self._pos + n]
+            out = self._buf[self._pos : self._pos + n]
             self._pos += n
             return out
 
@@ -194,15 +194,31 @@ def _integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1
         scale = _scale_within(gauss_map, acc.gaussian_sigma_for_rho(l2, cost), cost)
         meas, pool = _measurement(mechanism, scale)
         check_within_charge("discrete Gaussian", meas.map(l2), cost)
-        return IntegerNoise(mechanism, scale, l2, cost, discrete.gaussian_stddev(scale),
-                            discrete.gaussian_ci_half_width(scale), meas, pool)
+        return IntegerNoise(
+            mechanism,
+            scale,
+            l2,
+            cost,
+            discrete.gaussian_stddev(scale),
+            discrete.gaussian_ci_half_width(scale),
+            meas,
+            pool,
+        )
     eps = cost if accounting is Accounting.PURE else acc.rho_to_pure(cost)
     lap_map = lambda s: _charged(accounting, _measurement(mechanism, s)[0].map(l1))  # noqa: E731
     scale = _scale_within(lap_map, acc.laplace_scale_for_epsilon(l1, eps), cost)
     meas, pool = _measurement(mechanism, scale)
     check_within_charge("discrete Laplace", _charged(accounting, meas.map(l1)), cost)
-    return IntegerNoise(mechanism, scale, float(l1), cost, discrete.laplace_stddev(scale),
-                        discrete.laplace_ci_half_width(scale), meas, pool)
+    return IntegerNoise(
+        mechanism,
+        scale,
+        float(l1),
+        cost,
+        discrete.laplace_stddev(scale),
+        discrete.laplace_ci_half_width(scale),
+        meas,
+        pool,
+    )
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,9 @@ def _build(metric: Metric, accounting: Accounting, cost: float, delta: float) ->
     return _ValueRelease(metric, accounting, cost, delta)
 
 
-def build_release_mechanism(metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0) -> ReleaseMechanism:
+def build_release_mechanism(
+    metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0
+) -> ReleaseMechanism:
     """The (cached) mechanism releasing `metric` at `cost`; `delta` is its partition-selection δ.
 
     Raises InternalError if any OpenDP privacy map disagrees with the charge (1e-9 relative),

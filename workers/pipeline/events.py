@@ -137,7 +137,9 @@ class EventParser:
         value_fields, key_fields = self._value_fields, self._key_fields
         loads, isfinite, ms, general = decode_json, math.isfinite, _MS_THRESHOLD, self._parse_object
 
-        def parse_fast(raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> tuple[str, float, dict[str, Any]]:
+        def parse_fast(
+            raw: bytes, record_time_ms: int | None = None, offset: int = 0
+        ) -> tuple[str, float, dict[str, Any]]:
             try:
                 obj = loads(raw)
             except _DECODE_ERRORS:

@@ -91,8 +91,9 @@ class PartitionPipeline:
         metrics = [m for m in topology.metrics.values() if m.source == source]
         resume = resume or {}
         self._accs = [
-            MetricAccumulator(m, self.source, max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf)),
-                              until=until)
+            MetricAccumulator(
+                m, self.source, max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf)), until=until
+            )
             for m in metrics
         ]
         self._parser = EventParser(
@@ -238,6 +239,12 @@ class PartitionPipeline:
     # -- internals ---------------------------------------------------------------------
     def _partial(self, acc: MetricAccumulator, start: int, values: dict) -> WindowPartial:
         return WindowPartial(
-            acc.metric.name, start, start + acc.size, self.source.name, self.topic, self.partition, values,
+            acc.metric.name,
+            start,
+            start + acc.size,
+            self.source.name,
+            self.topic,
+            self.partition,
+            values,
             partitions=self.partitions,
         )

@@ -61,9 +61,7 @@ class MetricReleaseState:
         }
 
     @classmethod
-    def from_state(
-        cls, metric: str, partitions: Iterable[int], state: dict[str, Any] | None
-    ) -> MetricReleaseState:
+    def from_state(cls, metric: str, partitions: Iterable[int], state: dict[str, Any] | None) -> MetricReleaseState:
         """Rebuild from `to_state` (None: a fresh metric)."""
         if state is None:
             return cls(PartialMerger(metric, partitions))

@@ -36,4 +36,6 @@ class ReleaseMechanism(Protocol):
 class MechanismFactory(Protocol):
     """build_release_mechanism(metric, accounting, cost, delta=...): the mechanism at a charged cost."""
 
-    def __call__(self, metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0) -> ReleaseMechanism: ...
+    def __call__(
+        self, metric: Metric, accounting: Accounting, cost: float, *, delta: float = 0.0
+    ) -> ReleaseMechanism: ...

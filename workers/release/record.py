@@ -8,11 +8,20 @@ release_id is never seen by anyone.
 
 from __future__ import annotations
 
-__all__ = ["RATIO_PLACEHOLDER", "build_record", "canonical_bytes", "cost_fields", "iso_utc", "true_values_for"]
+__all__ = [
+    "RATIO_PLACEHOLDER",
+    "build_record",
+    "canonical_bytes",
+    "cost_fields",
+    "iso_utc",
+    "record_bytes",
+    "true_values_for",
+]
 
 import json
 from datetime import datetime, timezone
 from functools import lru_cache
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # json's own C encoder
 from typing import Any
 
 from dpstream.topology.accounting import epsilon_from_rho
@@ -53,10 +62,25 @@ def iso_utc(ts: float) -> str:
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 """One encoder with the canonical options, built once (what `json.dumps` would build per call)."""
 
+_C_ENCODE = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _ENCODER.default, encode_basestring, None, ":", ",", True, False, False)
+)
+"""The C encoder `json.dumps` makes with those options on every call (same arguments: markers=None
+only skips the check for circular structures, which a record built here cannot have)."""
+
+
+def _encode(value: Any) -> str:
+    """The canonical JSON text of `value` (what `_ENCODER.encode` returns)."""
+    if _C_ENCODE is None:  # pragma: no cover - CPython always has the C encoder
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
+
 
 def canonical_bytes(record: dict[str, Any]) -> bytes:
     """Sorted keys, no spaces, no NaN: one record has one byte form."""
-    return _ENCODER.encode(record).encode()
+    return _encode(record).encode()
 
 
 def cost_fields(budget: Budget, cost: float) -> dict[str, float]:
@@ -145,3 +169,74 @@ def build_record(
         if name not in _PROTECTED:
             record[name] = value
     return record
+
+
+_FIXED: dict[tuple[str, int, int, int, type, float], tuple[Metric, Source, Budget, dict[str, str]]] = {}
+"""Per (topology version, metric, source, budget, cost): the JSON text of the record fields those
+fix, holding the (immutable) objects so their ids name them while cached."""
+
+
+def _fixed_fields(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, str]:
+    key = (topology_version, id(metric), id(source), id(budget), type(cost), cost)
+    hit = _FIXED.get(key)
+    if hit is not None and hit[0] is metric and hit[1] is source and hit[2] is budget:
+        return hit[3]
+    fixed: dict[str, Any] = {
+        "topology_version": topology_version,
+        "metric": metric.name,
+        "aggregate": metric.aggregate.value,
+        "privacy_unit": source.privacy_unit,
+        "event_level": source.event_level,
+        "cost": cost_fields(budget, cost),
+        "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
+        "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
+        "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
+    }
+    if source.event_level:
+        fixed["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
+    texts = {name: _encode(value) for name, value in fixed.items()}
+    if len(_FIXED) >= 1024:
+        _FIXED.clear()
+    _FIXED[key] = (metric, source, budget, texts)
+    return texts
+
+
+@lru_cache(maxsize=256)
+def _key_text(name: str) -> str:
+    return encode_basestring(name) + ":"
+
+
+def record_bytes(
+    *,
+    release_id: str,
+    topology_version: str,
+    metric: Metric,
+    source: Source,
+    budget: Budget,
+    period_id: str,
+    window_start: int,
+    window_end: int,
+    cost: float,
+    noise_fields: dict[str, Any],
+    built_at: float,
+) -> bytes:
+    """`canonical_bytes(build_record(...))` with the same arguments, byte for byte, without
+    re-encoding per release the fields that the topology, the metric and the cost fix (text
+    kept per cost; the top level joined in sorted key order as the canonical encoder does)."""
+    parts = dict(_fixed_fields(topology_version, metric, source, budget, cost))
+    parts["release_id"] = _encode(release_id)
+    parts["window"] = _encode(
+        {
+            "start": iso_utc(window_start),
+            "end": iso_utc(window_end),
+            "start_epoch": int(window_start),
+            "end_epoch": int(window_end),
+            "kind": metric.window.kind.value,
+        }
+    )
+    parts["budget"] = _encode({"scope": budget.name, "period": period_id, "ratio_after": None})
+    parts["published_at"] = _encode(iso_utc(built_at))
+    for name, value in noise_fields.items():
+        if name not in _PROTECTED:
+            parts[name] = _encode(value)
+    return ("{" + ",".join([_key_text(name) + parts[name] for name in sorted(parts)]) + "}").encode()

@@ -10,7 +10,8 @@ propagate (fail closed), counted as ledger_unavailable; any other error as faile
 Per release the releaser reuses what only depends on the topology and the cost: the mechanism
 of each (metric, cost) it was quoted (the factory's own cache would hash the whole metric, its
 declared keys included, on every release), each metric's selection δ, and the later periods of
-a window that cannot reach past its own period (none).
+a window that cannot reach past its own period (none), and the JSON text of the record fields
+the topology, the metric and the cost fix (`record_bytes`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
-from dpstream.workers.release.record import build_record, canonical_bytes, true_values_for
+from dpstream.workers.release.record import record_bytes, true_values_for
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
@@ -84,7 +85,8 @@ class Releaser:
         delta = self._selection_deltas.get(metric.name)
         if delta is None:
             delta = self._selection_deltas[metric.name] = ledger_delta(
-                selection_delta_per_release(metric, budget, self._metrics))
+                selection_delta_per_release(metric, budget, self._metrics)
+            )
         return delta
 
     def _mechanism(self, m: Metric, budget: Budget, cost: float, selection_delta: float) -> ReleaseMechanism:
@@ -154,7 +156,6 @@ class Releaser:
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
-
     def _pricing_lock(self, scope: str) -> asyncio.Lock:
         """Quote → charge of one scope run one at a time, so concurrent releases are priced as if
         they ran in turn (a quote never misses a charge that is about to land before it)."""
@@ -185,7 +186,7 @@ class Releaser:
         selection_delta = self._selection_delta(m, budget)
         mechanism = self._mechanism(m, budget, cost, selection_delta)
         noisy = mechanism.release(true_values)
-        record = build_record(
+        payload = record_bytes(  # = canonical_bytes(build_record(...)), the fixed fields' text kept per cost
             release_id=rid,
             topology_version=self.version,
             metric=m,
@@ -206,7 +207,7 @@ class Releaser:
             window_start=start,
             window_end=end,
             cost=cost,
-            payload=canonical_bytes(record),
+            payload=payload,
             may_use_reserve=m.may_use_reserve,
             delta=selection_delta,
             # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
@@ -227,7 +228,9 @@ def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int]
     return tuple((period_id(period_s, p), p) for p in periods_touched(period_s, start, end)[1:])
 
 
-async def sweep(ledger: ReleaseLedger, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None) -> int:
+async def sweep(
+    ledger: ReleaseLedger, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None
+) -> int:
     """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
     done = 0
     for pending in await ledger.pending(older_than_s):

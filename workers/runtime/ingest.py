@@ -175,8 +175,9 @@ class IngestService(Service):
                 core = self._cores.pop(tp, None)
                 if core is not None:
                     self.stats.revoked += 1
-                    fold_event_counts(self.revoked_counts.setdefault(core.source.name, EventCounts()),
-                                      core.refresh_counts())
+                    fold_event_counts(
+                        self.revoked_counts.setdefault(core.source.name, EventCounts()), core.refresh_counts()
+                    )
 
     def pipelines(self) -> list[PartitionPipeline]:
         """The pipelines of the partitions this worker owns now (their `refresh_counts()` feed /metrics)."""
@@ -234,7 +235,8 @@ class IngestService(Service):
         if getattr(record, "timestamp_type", 1) != 1:
             _log.warning(
                 "ingest: topic %s uses CreateTime; set message.timestamp.type=LogAppendTime on it so that "
-                "an event's inclusion follows its broker append time (DESIGN §3)", topic
+                "an event's inclusion follows its broker append time (DESIGN §3)",
+                topic,
             )
 
     async def _close_forever(self) -> None:
@@ -291,7 +293,10 @@ class IngestService(Service):
                 _log.error(
                     "ingest: topic %s changed from %d to %d partitions mid-deployment: a unit would be bounded once "
                     "per partition, so the release side refuses these partials; restore the count or deploy a new "
-                    "topology version on a new topic", topic, count, len(now)
+                    "topology version on a new topic",
+                    topic,
+                    count,
+                    len(now),
                 )
 
     async def _core(self, tp: TopicPartition) -> PartitionPipeline:
@@ -310,8 +315,15 @@ class IngestService(Service):
             offset = (await self._consumer.beginning_offsets([tp]))[tp]
         source = self._by_topic[tp.topic]
         core = self._cores[tp] = PartitionPipeline(
-            self.topology, source.name, tp.partition, schedule_start=self.schedule_start, topic=tp.topic,
-            partitions=self._counts.get(tp.topic) or 1, resume=resume, start_offset=offset, check_keys=True,
+            self.topology,
+            source.name,
+            tp.partition,
+            schedule_start=self.schedule_start,
+            topic=tp.topic,
+            partitions=self._counts.get(tp.topic) or 1,
+            resume=resume,
+            start_offset=offset,
+            check_keys=True,
         )
         self._committed[tp] = (offset, meta.metadata if meta is not None else "")
         return core

@@ -76,7 +76,9 @@ class ReleaseStats:
 class ReleaseSide:
     """Agent, table, tick and sweeper timers of one Faust app, bound to one ledger."""
 
-    def __init__(self, app: faust.App, topology: Topology, settings: RuntimeSettings, partitions: dict[str, int]) -> None:
+    def __init__(
+        self, app: faust.App, topology: Topology, settings: RuntimeSettings, partitions: dict[str, int]
+    ) -> None:
         self.app = app
         self.topology = topology
         self.settings = settings
@@ -100,7 +102,11 @@ class ReleaseSide:
         self._dispatcher = ReleaseDispatcher(self._release, self._finished, MAX_CONCURRENT_RELEASES)
         self._ready = asyncio.Event()
         self.topic = app.topic(
-            topology.sinks.partials_topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+            topology.sinks.partials_topic,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
         )
         self.table = app.Table("dpstream-mergers", default=None, partitions=settings.partitions)
         app.agent(self.topic, name="dpstream-release")(self._agent)
@@ -129,10 +135,12 @@ class ReleaseSide:
         now = int(time.time())
         metrics = list(self.topology.metrics.values())
         picks = [metrics[i % len(metrics)] for i in range(max(len(metrics), MAX_CONCURRENT_RELEASES))]
-        quotes = await asyncio.gather(*(
-            self._ledger.quote(m.name, now - now % m.window.size_s, now - now % m.window.size_s + m.window.size_s)
-            for m in picks
-        ))
+        quotes = await asyncio.gather(
+            *(
+                self._ledger.quote(m.name, now - now % m.window.size_s, now - now % m.window.size_s + m.window.size_s)
+                for m in picks
+            )
+        )
         for metric, quote in zip(metrics, quotes):  # picks start with every metric once, in order
             self._releaser.prepare(metric, quote.cost)
 
@@ -208,8 +216,14 @@ class ReleaseSide:
             self.stats.failed += 1
             self.stats.retries[merged.metric] += 1
             self.stats.outcomes[(merged.metric, _error_outcome(error))] += 1
-            _log.error("release of %s [%d, %d) failed (attempt %d, retried later): %s", merged.metric, merged.start,
-                       merged.end, self._dispatcher.failures(merged.metric, merged.start), type(error).__name__)
+            _log.error(
+                "release of %s [%d, %d) failed (attempt %d, retried later): %s",
+                merged.metric,
+                merged.start,
+                merged.end,
+                self._dispatcher.failures(merged.metric, merged.start),
+                type(error).__name__,
+            )
             return
         self.stats.released += 1
         self.stats.outcomes[(merged.metric, result.outcome.value)] += 1
@@ -217,8 +231,9 @@ class ReleaseSide:
         if result.payload:
             self.stats.last_payload[merged.metric] = result.payload
         closed = self._closed_at.pop((merged.metric, merged.start), None)
-        _log.info("release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value,
-                  result.reason)
+        _log.info(
+            "release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value, result.reason
+        )
         self.stats.last.append(result)
         del self.stats.last[:-100]
         if result.payload and closed:

@@ -96,8 +96,9 @@ async def replay_lines(
         raise ConfigError(f"replay range [{start}, {end}): --to must be after --from")
     src = _pick_source(topology, source)
     pipes = [
-        PartitionPipeline(topology, src, p, schedule_start=start, until=end, partitions=partitions,
-                          event_range=(start, end))
+        PartitionPipeline(
+            topology, src, p, schedule_start=start, until=end, partitions=partitions, event_range=(start, end)
+        )
         for p in range(partitions)
     ]
     metrics = [m for m in topology.metrics.values() if m.source == src]

@@ -198,7 +198,10 @@ class LedgerSource:
         from dpstream.workers.ledger import open_ledger
 
         self._ledger = await open_ledger(
-            self.where, None, allow_volatile=self._allow_volatile, actor="telemetry",
+            self.where,
+            None,
+            allow_volatile=self._allow_volatile,
+            actor="telemetry",
             max_connections=self._max_connections,
         )
         return self._ledger
@@ -280,8 +283,9 @@ class BudgetReader:
             projected_ratio=float(status.projected_ratio),
             spent_total=self._totals.units(scope) / UNITS_PER_CURRENCY,
             reserve_ratio=reserve_ratio,
-            planned_ratio=(planned_ratio(plan, status.period_start, status.period_end, now)
-                           if plan is not None else None),
+            planned_ratio=(
+                planned_ratio(plan, status.period_start, status.period_end, now) if plan is not None else None
+            ),
             planned_spend_rate=planned_spend_rate(plan) if plan is not None else None,
         )
 
@@ -334,8 +338,11 @@ class BudgetCollector(Collector):
         return await self.reader.read(ledger)
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("dpstream_ledger_up", "1 if the budget ledger answered this scrape, else 0.",
-                                value=1.0 if self.ledger_up else 0.0)
+        yield GaugeMetricFamily(
+            "dpstream_ledger_up",
+            "1 if the budget ledger answered this scrape, else 0.",
+            value=1.0 if self.ledger_up else 0.0,
+        )
         if self.figures:
             yield from budget_families(self.figures)
 
@@ -346,34 +353,63 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
     def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, doc, labels=labels)
 
-    cap = gauge("dpstream_budget_cap", "Cap of the scope's current period in its currency (rho for zCDP, "
-                "epsilon for pure).", ["scope", "currency"])
-    spent = gauge("dpstream_budget_spent", "Spent in the scope's current period, in its currency.",
-                  ["scope", "currency"])
-    ratio = gauge("dpstream_budget_spent_ratio", "Spent / cap of the current period (as `dpstream budget "
-                  "status --json` ratio).", ["scope"])
-    warn = gauge("dpstream_budget_warn_ratio", "The scope's warn_at: spent_ratio at or above it is the "
-                 "warning state (the reserve is being drawn).", ["scope"])
-    planned = gauge("dpstream_budget_planned_ratio", "What the static plan has spent by now in the current "
-                    "period (releases whose windows ended), over the cap.", ["scope"])
-    total = CounterMetricFamily("dpstream_budget_spent_total", "Spend summed over every period block of "
-                                "the scope, in its currency (for rate()).", labels=["scope", "currency"])
-    rate = gauge("dpstream_budget_planned_spend_rate", "Currency per second the plan spends: pool / period "
-                 "seconds.", ["scope", "currency"])
-    eps = gauge("dpstream_budget_epsilon_spent", "Epsilon-equivalent of the current period's spend "
-                "(zCDP converted at the scope's delta; pure: the spend itself).", ["scope"])
-    end = gauge("dpstream_budget_period_end_timestamp_seconds", "End of the scope's current period, Unix "
-                "seconds (UTC boundary).", ["scope"])
-    length = gauge("dpstream_budget_period_seconds", "Length of the scope's budget period in seconds.",
-                   ["scope"])
-    reserve = gauge("dpstream_budget_reserve_ratio", "Reserve / cap of the current period (never planned).",
-                    ["scope"])
-    projected = gauge("dpstream_budget_projected_ratio", "Spend at the current period's average rate, "
-                      "extrapolated to its end, over the cap.", ["scope"])
-    state = gauge("dpstream_budget_state", "1 for the scope's current state (normal, warning, open), 0 for "
-                  "the others.", ["scope", "state"])
-    breaker = gauge("dpstream_breaker_open", "1 while the scope's breaker is open (nothing is released).",
-                    ["scope"])
+    cap = gauge(
+        "dpstream_budget_cap",
+        "Cap of the scope's current period in its currency (rho for zCDP, epsilon for pure).",
+        ["scope", "currency"],
+    )
+    spent = gauge(
+        "dpstream_budget_spent", "Spent in the scope's current period, in its currency.", ["scope", "currency"]
+    )
+    ratio = gauge(
+        "dpstream_budget_spent_ratio",
+        "Spent / cap of the current period (as `dpstream budget status --json` ratio).",
+        ["scope"],
+    )
+    warn = gauge(
+        "dpstream_budget_warn_ratio",
+        "The scope's warn_at: spent_ratio at or above it is the warning state (the reserve is being drawn).",
+        ["scope"],
+    )
+    planned = gauge(
+        "dpstream_budget_planned_ratio",
+        "What the static plan has spent by now in the current period (releases whose windows ended), over the cap.",
+        ["scope"],
+    )
+    total = CounterMetricFamily(
+        "dpstream_budget_spent_total",
+        "Spend summed over every period block of the scope, in its currency (for rate()).",
+        labels=["scope", "currency"],
+    )
+    rate = gauge(
+        "dpstream_budget_planned_spend_rate",
+        "Currency per second the plan spends: pool / period seconds.",
+        ["scope", "currency"],
+    )
+    eps = gauge(
+        "dpstream_budget_epsilon_spent",
+        "Epsilon-equivalent of the current period's spend "
+        "(zCDP converted at the scope's delta; pure: the spend itself).",
+        ["scope"],
+    )
+    end = gauge(
+        "dpstream_budget_period_end_timestamp_seconds",
+        "End of the scope's current period, Unix seconds (UTC boundary).",
+        ["scope"],
+    )
+    length = gauge("dpstream_budget_period_seconds", "Length of the scope's budget period in seconds.", ["scope"])
+    reserve = gauge("dpstream_budget_reserve_ratio", "Reserve / cap of the current period (never planned).", ["scope"])
+    projected = gauge(
+        "dpstream_budget_projected_ratio",
+        "Spend at the current period's average rate, extrapolated to its end, over the cap.",
+        ["scope"],
+    )
+    state = gauge(
+        "dpstream_budget_state",
+        "1 for the scope's current state (normal, warning, open), 0 for the others.",
+        ["scope", "state"],
+    )
+    breaker = gauge("dpstream_breaker_open", "1 while the scope's breaker is open (nothing is released).", ["scope"])
     for f in figures:
         cap.add_metric([f.scope, f.currency], f.cap)
         spent.add_metric([f.scope, f.currency], f.spent)

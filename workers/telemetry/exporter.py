@@ -33,8 +33,11 @@ class _BuildInfo(Collector):
         self._labels = [build_version(), topology.topology_version]
 
     def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily("dpstream_build_info", "dpstream version and the topology version this "
-                                 "process runs (always 1).", labels=["version", "topology_version"])
+        info = GaugeMetricFamily(
+            "dpstream_build_info",
+            "dpstream version and the topology version this process runs (always 1).",
+            labels=["version", "topology_version"],
+        )
         info.add_metric(self._labels, 1.0)
         yield info
 

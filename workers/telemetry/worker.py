@@ -117,12 +117,16 @@ class WorkerCollector(Collector):
         self._clock = clock
         self._version = build_version()
         self._noise: dict[str, tuple[bytes, float | None]] = {}
-        self._lateness = {name: float(topology.sources[m.source].allowed_lateness_s)
-                          for name, m in topology.metrics.items()}
+        self._lateness = {
+            name: float(topology.sources[m.source].allowed_lateness_s) for name, m in topology.metrics.items()
+        }
 
     def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily("dpstream_build_info", "dpstream version and the topology version this "
-                                 "process runs (always 1).", labels=["version", "topology_version"])
+        info = GaugeMetricFamily(
+            "dpstream_build_info",
+            "dpstream version and the topology version this process runs (always 1).",
+            labels=["version", "topology_version"],
+        )
         info.add_metric([self._version, self.topology.topology_version], 1.0)
         yield info
         if self.releases is not None:
@@ -137,28 +141,38 @@ class WorkerCollector(Collector):
         metrics = list(self.topology.metrics)
         stats = side.stats
         outcomes = _copy(stats.outcomes)
-        total = CounterMetricFamily("dpstream_releases_total", "Release attempts by outcome (published, "
-                                    "duplicate, refused_budget, refused_breaker, ledger_unavailable, failed).",
-                                    labels=["metric", "outcome"])
+        total = CounterMetricFamily(
+            "dpstream_releases_total",
+            "Release attempts by outcome (published, "
+            "duplicate, refused_budget, refused_breaker, ledger_unavailable, failed).",
+            labels=["metric", "outcome"],
+        )
         for m in metrics:
             for o in ReleaseOutcome:
                 total.add_metric([m, o.value], float(outcomes.get((m, o.value), 0)))
         yield total
 
-        retries = CounterMetricFamily("dpstream_release_retries_total", "Failed release attempts, each "
-                                      "dispatched again after a backoff (the stored bytes if charged).",
-                                      labels=["metric"])
+        retries = CounterMetricFamily(
+            "dpstream_release_retries_total",
+            "Failed release attempts, each dispatched again after a backoff (the stored bytes if charged).",
+            labels=["metric"],
+        )
         failed = _copy(stats.retries)
         for m in metrics:
             retries.add_metric([m], float(failed.get(m, 0)))
         yield retries
 
-        yield side.latency.family("dpstream_release_latency_seconds",
-                                  "Window close (its last partial appended) to release published, seconds.")
+        yield side.latency.family(
+            "dpstream_release_latency_seconds",
+            "Window close (its last partial appended) to release published, seconds.",
+        )
 
-        stddev = GaugeMetricFamily("dpstream_release_noise_stddev", "Noise standard deviation of the last "
-                                   "release published by this process, in value units (a mean: its sum's).",
-                                   labels=["metric"])
+        stddev = GaugeMetricFamily(
+            "dpstream_release_noise_stddev",
+            "Noise standard deviation of the last "
+            "release published by this process, in value units (a mean: its sum's).",
+            labels=["metric"],
+        )
         for m, payload in list(stats.last_payload.items()):
             value = self._stddev(m, payload)
             if value is not None:
@@ -167,10 +181,16 @@ class WorkerCollector(Collector):
 
         now = self._clock()
         open_windows = side.open_windows()
-        lag = GaugeMetricFamily("dpstream_release_lag_seconds", "Age of the oldest window closed but not "
-                                "released (now − (end + allowed_lateness)); 0 when none.", labels=["metric"])
-        pending = GaugeMetricFamily("dpstream_windows_pending", "Windows closed but not yet released "
-                                    "(waiting for partials or being released).", labels=["metric"])
+        lag = GaugeMetricFamily(
+            "dpstream_release_lag_seconds",
+            "Age of the oldest window closed but not released (now − (end + allowed_lateness)); 0 when none.",
+            labels=["metric"],
+        )
+        pending = GaugeMetricFamily(
+            "dpstream_windows_pending",
+            "Windows closed but not yet released (waiting for partials or being released).",
+            labels=["metric"],
+        )
         for m in metrics:
             ends = open_windows.get(m, [])
             age = max(0.0, now - (min(ends) + self._lateness.get(m, 0.0))) if ends else 0.0
@@ -180,16 +200,19 @@ class WorkerCollector(Collector):
         yield pending
 
         releaser = side.releaser
-        swept = CounterMetricFamily("dpstream_releases_swept", "Reserved releases the sweeper republished "
-                                    "with their stored bytes.")
+        swept = CounterMetricFamily(
+            "dpstream_releases_swept", "Reserved releases the sweeper republished with their stored bytes."
+        )
         swept.add_metric([], float(releaser.counts.swept if releaser is not None else 0))
         yield swept
 
         timings = side.ledger_timings
-        yield timings.durations.family("dpstream_ledger_request_duration_seconds",
-                                       "Duration of the release side's ledger calls, seconds, by op.")
-        errors = CounterMetricFamily("dpstream_ledger_errors_total", "Release-side ledger calls that raised, "
-                                     "by op.", labels=["op"])
+        yield timings.durations.family(
+            "dpstream_ledger_request_duration_seconds", "Duration of the release side's ledger calls, seconds, by op."
+        )
+        errors = CounterMetricFamily(
+            "dpstream_ledger_errors_total", "Release-side ledger calls that raised, by op.", labels=["op"]
+        )
         for op, n in sorted(_copy(timings.errors).items()):
             errors.add_metric([op], float(n))
         yield errors
@@ -206,17 +229,28 @@ class WorkerCollector(Collector):
 
     def _event_families(self) -> Iterator[Metric]:
         totals = self.event_totals()
-        events = CounterMetricFamily("dpstream_events_total", "Events read by this worker's ingest, by "
-                                     "outcome (late events are also accepted; capped and clamped count "
-                                     "contributions dropped by L0/L-inf caps and values clamped to bounds).",
-                                     labels=["source", "outcome"])
-        dead = CounterMetricFamily("dpstream_dead_letters_total", "Events sent to the dead-letter topic, by "
-                                   "reason.", labels=["source", "reason"])
+        events = CounterMetricFamily(
+            "dpstream_events_total",
+            "Events read by this worker's ingest, by "
+            "outcome (late events are also accepted; capped and clamped count "
+            "contributions dropped by L0/L-inf caps and values clamped to bounds).",
+            labels=["source", "outcome"],
+        )
+        dead = CounterMetricFamily(
+            "dpstream_dead_letters_total",
+            "Events sent to the dead-letter topic, by reason.",
+            labels=["source", "reason"],
+        )
         for source in self.topology.sources:
             c = totals.get(source) or EventCounts()
             invalid = _copy(c.invalid)
-            figures = {"accepted": c.accepted, "invalid": sum(invalid.values()), "late": c.late,
-                       "capped": c.capped, "clamped": c.clamped}
+            figures = {
+                "accepted": c.accepted,
+                "invalid": sum(invalid.values()),
+                "late": c.late,
+                "capped": c.capped,
+                "clamped": c.clamped,
+            }
             for outcome in EVENT_OUTCOMES:
                 events.add_metric([source, outcome], float(figures[outcome]))
             for reason in REASONS:  # the fixed vocabulary; nothing else is ever a reason

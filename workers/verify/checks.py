@@ -105,14 +105,22 @@ def index_releases(
                 doc = None
         rid = doc.get("release_id") if isinstance(doc, dict) else None
         if not isinstance(rid, str) or not rid:
-            violations.append(Violation("malformed_release", f"releases topic {rec.where}: not a release record "
-                                        "(no JSON object with a release_id)", {"partition": rec.partition,
-                                                                                "offset": rec.offset}))
+            violations.append(
+                Violation(
+                    "malformed_release",
+                    f"releases topic {rec.where}: not a release record (no JSON object with a release_id)",
+                    {"partition": rec.partition, "offset": rec.offset},
+                )
+            )
             continue
         if rec.key != rid.encode():
-            violations.append(Violation("release_key", f"release_id {rid} at {rec.where}: the Kafka key is not "
-                                        "the release_id (consumers dedupe by key)",
-                                        {"release_id": rid, "partition": rec.partition, "offset": rec.offset}))
+            violations.append(
+                Violation(
+                    "release_key",
+                    f"release_id {rid} at {rec.where}: the Kafka key is not the release_id (consumers dedupe by key)",
+                    {"release_id": rid, "partition": rec.partition, "offset": rec.offset},
+                )
+            )
         pub = out.get(rid)
         if pub is None:
             out[rid] = Published(rid, doc, rec, {rec.value: rec}, 1)  # type: ignore[dict-item]
@@ -123,20 +131,23 @@ def index_releases(
             continue
         first = pub.first
         pub.payloads[rec.value] = rec  # type: ignore[index]
-        violations.append(Violation(
-            "two_payloads",
-            f"{pub.label()} published with two different payloads ({first.where} and {rec.where}; "
-            f"they differ in: {_differing_fields(first.value or b'', rec.value or b'')})",
-            {"release_id": rid, "first": [first.partition, first.offset], "other": [rec.partition, rec.offset]},
-        ))
+        violations.append(
+            Violation(
+                "two_payloads",
+                f"{pub.label()} published with two different payloads ({first.where} and {rec.where}; "
+                f"they differ in: {_differing_fields(first.value or b'', rec.value or b'')})",
+                {"release_id": rid, "first": [first.partition, first.offset], "other": [rec.partition, rec.offset]},
+            )
+        )
     counts["releases"] = n
     counts["release_ids"] = len(out)
     counts["duplicates_identical"] = dup
     return out, violations
 
 
-def check_this_version(topology: Topology, published: Mapping[str, Published], start_s: int | None,
-                       counts: dict[str, Any]) -> list[Violation]:
+def check_this_version(
+    topology: Topology, published: Mapping[str, Published], start_s: int | None, counts: dict[str, Any]
+) -> list[Violation]:
     """Releases of this topology version: the id is derived from metric and window, and the window
     is one of the public schedule's (on the metric's grid, not before S)."""
     version = topology.topology_version
@@ -150,25 +161,41 @@ def check_this_version(topology: Topology, published: Mapping[str, Published], s
         metric = topology.metrics.get(pub.metric)
         w = pub.window
         if metric is None or w is None:
-            violations.append(Violation("unscheduled_release", f"{pub.label()}: names no metric and window of this "
-                                        "topology", {"release_id": pub.release_id}))
+            violations.append(
+                Violation(
+                    "unscheduled_release",
+                    f"{pub.label()}: names no metric and window of this topology",
+                    {"release_id": pub.release_id},
+                )
+            )
             continue
         if pub.release_id != make_release_id(version, metric.name, w[0], w[1]):
-            violations.append(Violation("wrong_release_id", f"{pub.label()}: the release_id is not "
-                                        "sha256(topology_version, metric, window)", {"release_id": pub.release_id}))
+            violations.append(
+                Violation(
+                    "wrong_release_id",
+                    f"{pub.label()}: the release_id is not sha256(topology_version, metric, window)",
+                    {"release_id": pub.release_id},
+                )
+            )
         size, every = metric.window.size_s, metric.window.every_s
         first = first_window_start(metric, start_s) if start_s is not None else None
         if w[1] - w[0] != size or w[0] % every or (first is not None and w[0] < first):
             why = "before the deployment start" if first is not None and w[0] < first else "off the window grid"
-            violations.append(Violation("unscheduled_release", f"{pub.label()}: not a window of the public "
-                                        f"schedule ({why})", {"release_id": pub.release_id}))
+            violations.append(
+                Violation(
+                    "unscheduled_release",
+                    f"{pub.label()}: not a window of the public schedule ({why})",
+                    {"release_id": pub.release_id},
+                )
+            )
     counts["releases_this_version"] = mine
     counts["releases_other_versions"] = other
     return violations
 
 
-def check_charges(published: Mapping[str, Published], found: Mapping[str, LedgerRelease | None],
-                  counts: dict[str, Any]) -> list[Violation]:
+def check_charges(
+    published: Mapping[str, Published], found: Mapping[str, LedgerRelease | None], counts: dict[str, Any]
+) -> list[Violation]:
     """Every published release_id has a reserved or published charge, and every published payload is
     the one the ledger stored with the charge (byte comparison)."""
     violations: list[Violation] = []
@@ -176,23 +203,37 @@ def check_charges(published: Mapping[str, Published], found: Mapping[str, Ledger
     for rid, pub in published.items():
         rec = found.get(rid)
         if rec is None:
-            violations.append(Violation("uncharged", f"{pub.label()} is on the releases topic ({pub.first.where}) "
-                                        f"but the ledger has no charge for it (scope {pub.scope or '?'})",
-                                        {"release_id": rid}))
+            violations.append(
+                Violation(
+                    "uncharged",
+                    f"{pub.label()} is on the releases topic ({pub.first.where}) "
+                    f"but the ledger has no charge for it (scope {pub.scope or '?'})",
+                    {"release_id": rid},
+                )
+            )
             continue
         if rec.state not in RELEASE_STATES:
-            violations.append(Violation("charge_state", f"{pub.label()}: the ledger's record is in state "
-                                        f"{rec.state or '(none)'!r}, not reserved or published",
-                                        {"release_id": rid, "state": rec.state}))
+            violations.append(
+                Violation(
+                    "charge_state",
+                    f"{pub.label()}: the ledger's record is in state "
+                    f"{rec.state or '(none)'!r}, not reserved or published",
+                    {"release_id": rid, "state": rec.state},
+                )
+            )
             continue
         charged += 1
         for payload, where in pub.payloads.items():
             if payload != rec.payload:
-                violations.append(Violation("payload_mismatch", f"{pub.label()}: the bytes published at "
-                                            f"{where.where} differ from the payload the ledger stored with its "
-                                            f"charge (scope {rec.scope})", {"release_id": rid,
-                                                                           "partition": where.partition,
-                                                                           "offset": where.offset}))
+                violations.append(
+                    Violation(
+                        "payload_mismatch",
+                        f"{pub.label()}: the bytes published at "
+                        f"{where.where} differ from the payload the ledger stored with its "
+                        f"charge (scope {rec.scope})",
+                        {"release_id": rid, "partition": where.partition, "offset": where.offset},
+                    )
+                )
     counts["release_ids_charged"] = charged
     return violations
 
@@ -203,28 +244,46 @@ def check_budget(report: ReconcileReport, blocks: Iterable[PeriodSummary], count
     scope = report.scope
     for p in report.periods:
         if not p.ok:
-            violations.append(Violation(
-                "spend_mismatch",
-                f"scope {scope} period {p.period_id}: stored spend {p.stored_units} units in {p.stored_granted} "
-                f"charges, the audit stream's charges add up to {p.audited_units} units in {p.audited_charges}",
-                {"scope": scope, "period": p.period_id, "stored_units": p.stored_units,
-                 "audited_units": p.audited_units, "stored_granted": p.stored_granted,
-                 "audited_charges": p.audited_charges},
-            ))
+            violations.append(
+                Violation(
+                    "spend_mismatch",
+                    f"scope {scope} period {p.period_id}: stored spend {p.stored_units} units in {p.stored_granted} "
+                    f"charges, the audit stream's charges add up to {p.audited_units} units in {p.audited_charges}",
+                    {
+                        "scope": scope,
+                        "period": p.period_id,
+                        "stored_units": p.stored_units,
+                        "audited_units": p.audited_units,
+                        "stored_granted": p.stored_granted,
+                        "audited_charges": p.audited_charges,
+                    },
+                )
+            )
     n = 0
     for b in blocks:
         n += 1
         if b.spent_units > b.cap_units:
-            violations.append(Violation("over_cap", f"scope {scope} period {b.period_id}: spent {b.spent_units} "
-                                        f"units, above the cap of {b.cap_units}",
-                                        {"scope": scope, "period": b.period_id, "spent_units": b.spent_units,
-                                         "cap_units": b.cap_units}))
+            violations.append(
+                Violation(
+                    "over_cap",
+                    f"scope {scope} period {b.period_id}: spent {b.spent_units} units, above the cap of {b.cap_units}",
+                    {"scope": scope, "period": b.period_id, "spent_units": b.spent_units, "cap_units": b.cap_units},
+                )
+            )
         if b.delta_spent_units > b.delta_cap_units:
-            violations.append(Violation("delta_over_cap", f"scope {scope} period {b.period_id}: selection δ spent "
-                                        f"{b.delta_spent_units} units (1e-18), above its cap of {b.delta_cap_units}",
-                                        {"scope": scope, "period": b.period_id,
-                                         "delta_spent_units": b.delta_spent_units,
-                                         "delta_cap_units": b.delta_cap_units}))
+            violations.append(
+                Violation(
+                    "delta_over_cap",
+                    f"scope {scope} period {b.period_id}: selection δ spent "
+                    f"{b.delta_spent_units} units (1e-18), above its cap of {b.delta_cap_units}",
+                    {
+                        "scope": scope,
+                        "period": b.period_id,
+                        "delta_spent_units": b.delta_spent_units,
+                        "delta_cap_units": b.delta_cap_units,
+                    },
+                )
+            )
     counts["periods_checked"] = counts.get("periods_checked", 0) + max(n, len(report.periods))
     return violations
 
@@ -253,14 +312,20 @@ def scheduled_windows(
         if since_s is not None and since_s > s:
             s = -(-int(since_s) // every) * every
         while s + size + lateness <= until_s:
-            yield ScheduledWindow(metric.name, s, s + size, s + size + lateness,
-                                  make_release_id(version, metric.name, s, s + size))
+            yield ScheduledWindow(
+                metric.name, s, s + size, s + size + lateness, make_release_id(version, metric.name, s, s + size)
+            )
             s += every
 
 
-def check_schedule(topology: Topology, windows: Iterable[ScheduledWindow], published: Mapping[str, Published],
-                   refusals: Mapping[str, str], ledger: Mapping[str, LedgerRelease | None],
-                   counts: dict[str, Any]) -> list[Violation]:
+def check_schedule(
+    topology: Topology,
+    windows: Iterable[ScheduledWindow],
+    published: Mapping[str, Published],
+    refusals: Mapping[str, str],
+    ledger: Mapping[str, LedgerRelease | None],
+    counts: dict[str, Any],
+) -> list[Violation]:
     """Each scheduled window is published, or refused by the ledger with a reason (its audit entry)."""
     violations: list[Violation] = []
     checked = released = refused = 0
@@ -284,12 +349,14 @@ def check_schedule(topology: Topology, windows: Iterable[ScheduledWindow], publi
             why = "the ledger says published, but it is not on the releases topic"
         else:
             why = f"ledger state {rec.state!r}"
-        violations.append(Violation(
-            "missing_window",
-            f"metric {w.metric} window [{iso(w.start)}, {iso(w.end)}) (release_id {w.release_id}, closed "
-            f"{iso(w.close)}) is neither published nor refused: {why}",
-            {"metric": w.metric, "window_start": w.start, "window_end": w.end, "release_id": w.release_id},
-        ))
+        violations.append(
+            Violation(
+                "missing_window",
+                f"metric {w.metric} window [{iso(w.start)}, {iso(w.end)}) (release_id {w.release_id}, closed "
+                f"{iso(w.close)}) is neither published nor refused: {why}",
+                {"metric": w.metric, "window_start": w.start, "window_end": w.end, "release_id": w.release_id},
+            )
+        )
     counts["windows_checked"] = checked
     counts["windows_released"] = released
     counts["windows_refused"] = refused
@@ -312,10 +379,18 @@ def check_dead_letters(records: Iterable[TopicRecord], counts: dict[str, Any]) -
         reason = doc.get("reason") if isinstance(doc, dict) else None
         if reason not in REASONS:
             shown = reason if isinstance(reason, str) and len(reason) <= 40 and reason.isidentifier() else "?"
-            violations.append(Violation("bad_dead_letter", f"dead-letter topic {rec.where}: "
-                                        + ("not a dead-letter record" if doc is None or reason is None
-                                           else f"reason {shown!r} is not one of the fixed reasons"),
-                                        {"partition": rec.partition, "offset": rec.offset}))
+            violations.append(
+                Violation(
+                    "bad_dead_letter",
+                    f"dead-letter topic {rec.where}: "
+                    + (
+                        "not a dead-letter record"
+                        if doc is None or reason is None
+                        else f"reason {shown!r} is not one of the fixed reasons"
+                    ),
+                    {"partition": rec.partition, "offset": rec.offset},
+                )
+            )
             continue
         reasons[reason] += 1
     counts["dead_letters"] = n
@@ -370,8 +445,13 @@ def _value_problems(a: Mapping[str, Any], b: Mapping[str, Any], tolerance: float
     return problems
 
 
-def check_compare(published: Mapping[str, Published], theirs: Mapping[str, Published], topic: str,
-                  tolerance: float | None, counts: dict[str, Any]) -> list[Violation]:
+def check_compare(
+    published: Mapping[str, Published],
+    theirs: Mapping[str, Published],
+    topic: str,
+    tolerance: float | None,
+    counts: dict[str, Any],
+) -> list[Violation]:
     """Every window released by both runs (same metric and window) carries matching values."""
     by_window: dict[tuple[str, int, int], Published] = {}
     for pub in theirs.values():
@@ -388,11 +468,20 @@ def check_compare(published: Mapping[str, Published], theirs: Mapping[str, Publi
         compared += 1
         problems = _value_problems(pub.doc, other.doc, tolerance)
         if problems:
-            violations.append(Violation("value_mismatch", f"{pub.label()} differs from {topic}'s release "
-                                        f"{other.release_id}: " + "; ".join(problems),
-                                        {"release_id": pub.release_id, "other_release_id": other.release_id}))
+            violations.append(
+                Violation(
+                    "value_mismatch",
+                    f"{pub.label()} differs from {topic}'s release {other.release_id}: " + "; ".join(problems),
+                    {"release_id": pub.release_id, "other_release_id": other.release_id},
+                )
+            )
     counts["compared_windows"] = compared
     if compared == 0:
-        violations.append(Violation("compare_empty", f"--compare-to {topic}: no window released by both runs "
-                                    f"({len(published)} release_ids here, {len(theirs)} there)"))
+        violations.append(
+            Violation(
+                "compare_empty",
+                f"--compare-to {topic}: no window released by both runs "
+                f"({len(published)} release_ids here, {len(theirs)} there)",
+            )
+        )
     return violations

@@ -112,8 +112,15 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
         settings = await ledger.server_settings()
         problem = durability_problem(settings)
         if problem is not None and not options.allow_volatile:
-            report.add([Violation("ledger_not_durable", f"ledger Redis: {problem}: an acknowledged charge could "
-                                  "be lost on a crash (pass --allow-volatile to accept it)")])
+            report.add(
+                [
+                    Violation(
+                        "ledger_not_durable",
+                        f"ledger Redis: {problem}: an acknowledged charge could "
+                        "be lost on a crash (pass --allow-volatile to accept it)",
+                    )
+                ]
+            )
         registered = set(await ledger.scopes())
         scopes = sorted(topology.budgets)
         counts["scopes_checked"] = 0
@@ -121,9 +128,16 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
         refusals: dict[str, str] = {}
         for scope in scopes:
             if scope not in registered:
-                report.add([Violation("scope_not_registered", f"budget scope {scope} is not registered in the "
-                                      "ledger: no worker of this topology has started against it",
-                                      {"scope": scope})])
+                report.add(
+                    [
+                        Violation(
+                            "scope_not_registered",
+                            f"budget scope {scope} is not registered in the "
+                            "ledger: no worker of this topology has started against it",
+                            {"scope": scope},
+                        )
+                    ]
+                )
                 continue
             counts["scopes_checked"] += 1
             reconciled = await _reconcile(ledger, scope)
@@ -152,9 +166,16 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
             "grace_s": options.grace_s,
         }
         if start is None:
-            report.add([Violation("no_deployment_start", f"topology version {version} has no `start:` and the "
-                                  "ledger recorded no deployment start for it: no worker of this version has "
-                                  "started, so the schedule cannot be checked")])
+            report.add(
+                [
+                    Violation(
+                        "no_deployment_start",
+                        f"topology version {version} has no `start:` and the "
+                        "ledger recorded no deployment start for it: no worker of this version has "
+                        "started, so the schedule cannot be checked",
+                    )
+                ]
+            )
             counts.update(windows_checked=0, windows_released=0, windows_refused=0, windows_missing=0)
         else:
             windows = list(checks.scheduled_windows(topology, start, until, options.since_s))

@@ -86,11 +86,15 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> li
             await consumer.start()
             partitions = await partition_count(bootstrap, topic)
         except (KafkaError, OSError) as exc:
-            raise ConfigError(f"--bootstrap {bootstrap}: cannot read Kafka ({type(exc).__name__}); "
-                              "check the address and that the broker runs") from None
+            raise ConfigError(
+                f"--bootstrap {bootstrap}: cannot read Kafka ({type(exc).__name__}); "
+                "check the address and that the broker runs"
+            ) from None
         if partitions == 0:
-            raise ConfigError(f"topic {topic!r} does not exist on {bootstrap}: check the topology's sinks "
-                              "(or --compare-to) and --bootstrap")
+            raise ConfigError(
+                f"topic {topic!r} does not exist on {bootstrap}: check the topology's sinks "
+                "(or --compare-to) and --bootstrap"
+            )
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
@@ -101,14 +105,17 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> li
         while todo:
             if time.monotonic() > deadline:
                 missing = ", ".join(str(tp.partition) for tp in sorted(todo, key=lambda t: t.partition))
-                raise ConfigError(f"topic {topic!r}: partitions {missing} not read to their end within "
-                                  f"{timeout_s:.0f} s; is the broker healthy?")
+                raise ConfigError(
+                    f"topic {topic!r}: partitions {missing} not read to their end within "
+                    f"{timeout_s:.0f} s; is the broker healthy?"
+                )
             batches = await consumer.getmany(*todo, timeout_ms=500)
             for tp, records in batches.items():
                 for r in records:
                     if r.offset < ends[tp]:
                         out[tp.partition].append(
-                            TopicRecord(tp.partition, r.offset, r.key, r.value, int(r.timestamp or 0)))
+                            TopicRecord(tp.partition, r.offset, r.key, r.value, int(r.timestamp or 0))
+                        )
             for tp in list(todo):
                 if await consumer.position(tp) >= ends[tp]:
                     todo.discard(tp)
@@ -151,8 +158,13 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
             if state is None and payload is None:
                 continue
             found[(scope, rid)] = LedgerRelease(
-                scope, rid, _s(state) if state is not None else "", bytes(payload) if payload is not None else None,
-                _s(metric) if metric is not None else "", _int_or_none(ws), _int_or_none(we),
+                scope,
+                rid,
+                _s(state) if state is not None else "",
+                bytes(payload) if payload is not None else None,
+                _s(metric) if metric is not None else "",
+                _int_or_none(ws),
+                _int_or_none(we),
             )
         await asyncio.sleep(0)
     return found
