@@ -54,7 +54,7 @@ def dump_topology(topology: Topology) -> str:
 
 def format_start(start_s: int) -> str:
     """`start:` as the loader reads it back: ISO-8601 UTC with Z (1796083200 -> '2026-12-01T00:00:00Z')."""
-    return dt.datetime.fromtimestamp(start_s, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(start_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _source(source: Source) -> dict[str, Any]:

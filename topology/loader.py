@@ -183,7 +183,7 @@ def _read_file(path: str | os.PathLike[str]) -> str:
 class _Fields:
     """The fields of one entity: reads each with its reader, recording every problem."""
 
-    def __init__(self, loader: "_Loader", kind: str, name: str, subject: str, node: Node, line: int) -> None:
+    def __init__(self, loader: _Loader, kind: str, name: str, subject: str, node: Node, line: int) -> None:
         self.loader = loader
         self.subject = subject
         self.line = line

@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["period_start", "period_end", "period_id", "periods_touched", "period_ids_touched"]
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from dpstream.topology.errors import InternalError
 
@@ -46,7 +46,7 @@ def period_id(period_s: int, ts: float) -> str:
     Whole-day periods are named by their first day (`2026-11-30`); shorter ones by their UTC
     start to the minute (`2026-11-30T13:00Z`), or to the second if not minute-aligned.
     """
-    start = datetime.fromtimestamp(period_start(period_s, ts), tz=timezone.utc)
+    start = datetime.fromtimestamp(period_start(period_s, ts), tz=UTC)
     if period_s % _DAY_S == 0:
         return start.strftime("%Y-%m-%d")
     if period_s % _MINUTE_S == 0:

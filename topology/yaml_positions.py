@@ -39,7 +39,7 @@ class Scalar:
 class Seq:
     """A YAML sequence."""
 
-    items: tuple["Node", ...]
+    items: tuple[Node, ...]
     line: int
 
 
@@ -47,10 +47,10 @@ class Seq:
 class Map:
     """A YAML mapping; `entries` keeps file order as (key, key line, value)."""
 
-    entries: tuple[tuple[str, int, "Node"], ...]
+    entries: tuple[tuple[str, int, Node], ...]
     line: int
 
-    def get(self, key: str) -> "Node | None":
+    def get(self, key: str) -> Node | None:
         """The value node of `key`, or None."""
         for name, _, node in self.entries:
             if name == key:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import deploy, event, poll, releases, send
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.ledger.units import grantable_float
+from tests.e2e.harness import deploy, event, poll, releases, send
 
 pytestmark = pytest.mark.e2e
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import faust
 import pytest
 
-from tests.e2e.harness import Deployment, deploy, event, poll, releases, send
 from dpstream.workers.localstack import free_port
 from dpstream.workers.runtime.app import new_app, web_settings
 from dpstream.workers.runtime.settings import RuntimeSettings
+from tests.e2e.harness import Deployment, deploy, event, poll, releases, send
 
 METRIC = "views"
 TABLE = "dpstream-mergers"

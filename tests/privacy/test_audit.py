@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpstream.workers.cli import main
 from dpstream.workers.audit.empirical import Claim, audit, broken_cases, standard_cases
+from dpstream.workers.cli import main
 
 CI_TRIALS = 10_000
 POWER_TRIALS = 20_000

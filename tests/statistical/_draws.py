@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def draws_needed(case: Case) -> int:
     return max(MIN_DRAWS, math.ceil((Z * math.sqrt(kurtosis(case) - 1.0) / (2 * SIGMA_RTOL)) ** 2))
 
 
-@lru_cache(maxsize=None)
+@cache
 def noise(case_index: int) -> np.ndarray:
     """Noise of n independent releases of case `case_index` (release − true value)."""
     case = CASES[case_index]

@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from tests.statistical._draws import CASES, Z, noise
 from dpstream.topology.model import Accounting, Aggregate, Bounds, Mechanism, Metric, Window
 from dpstream.workers.noise import build_release_mechanism, discrete
+from tests.statistical._draws import CASES, Z, noise
 
 IDS = [c.name for c in CASES]
 

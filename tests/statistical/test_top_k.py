@@ -14,8 +14,8 @@ import math
 import pytest
 
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric, Window
-from dpstream.workers.noise import build_release_mechanism
 from dpstream.workers.audit.stats import chi2_sf
+from dpstream.workers.noise import build_release_mechanism
 
 KEYS = ("a", "b", "c", "d", "e")
 SCORES = {"a": 6, "b": 5, "c": 3, "d": 3, "e": 0}

@@ -324,7 +324,7 @@ def test_panels_have_queries_unique_ids_and_fit_the_grid(path: Path):
         ref_ids = [target["refId"] for target in targets]
         assert len(ref_ids) == len(set(ref_ids)), f"panel {panel['id']}: duplicate refIds"
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
         repeat = panel.get("repeat")
         if repeat:
             assert repeat in EXPECTED_VARIABLES[dashboard["uid"]]

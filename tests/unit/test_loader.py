@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from _topology_strategies import valid_topologies
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _topology_strategies import valid_topologies
 from dpstream.topology.dumper import dump_topology, format_start
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.loader import (

@@ -6,9 +6,10 @@ import json
 from enum import Enum
 
 from dpstream.topology.model import (
+    Accounting,
     Aggregate,
     Budget,
-    Accounting,
+    KafkaSettings,
     Mechanism,
     Metric,
     Sinks,
@@ -16,7 +17,6 @@ from dpstream.topology.model import (
     Topology,
     Window,
     WindowKind,
-    KafkaSettings,
 )
 
 

@@ -1,6 +1,6 @@
 """Tests of topology.periods: UTC-aligned budget periods, their names, and windows across boundaries."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -12,7 +12,7 @@ HOUR = 3_600
 
 
 def _ts(*args: int) -> float:
-    return datetime(*args, tzinfo=timezone.utc).timestamp()
+    return datetime(*args, tzinfo=UTC).timestamp()
 
 
 def test_daily_period_starts_at_utc_midnight():
@@ -42,9 +42,7 @@ def test_period_id_names_days_by_date_and_shorter_periods_by_minute():
     assert period_id(HOUR, ts) == "2026-11-30T13:00Z"
     assert period_id(15 * 60, ts) == "2026-11-30T13:15Z"
     assert period_id(5, ts) == "2026-11-30T13:20:05Z"
-    assert period_id(7 * DAY, ts) == datetime.fromtimestamp(period_start(7 * DAY, ts), tz=timezone.utc).strftime(
-        "%Y-%m-%d"
-    )
+    assert period_id(7 * DAY, ts) == datetime.fromtimestamp(period_start(7 * DAY, ts), tz=UTC).strftime("%Y-%m-%d")
 
 
 def test_period_ids_sort_in_time_order():

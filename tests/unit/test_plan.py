@@ -11,9 +11,7 @@ from dpstream.topology.loader import load_topology
 from dpstream.topology.model import (
     Accounting,
     Aggregate,
-    Bounds,
     Budget,
-    Contribution,
     Mechanism,
     Metric,
     Sinks,

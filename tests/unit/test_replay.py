@@ -10,9 +10,9 @@ import pytest
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.cli import main
-from dpstream.workers.runtime.replay import replay_lines
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.release import ReleaseOutcome, release_id
+from dpstream.workers.runtime.replay import replay_lines
 
 _YAML = """
 version: 1

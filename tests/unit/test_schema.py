@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
+from _topology_strategies import valid_topologies
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _topology_strategies import valid_topologies
 from dpstream.topology.dumper import topology_document
 from dpstream.topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS, START_MAX_S, START_MIN_S, load_topology_text
 from dpstream.topology.model import Accounting, Aggregate, Mechanism

@@ -39,9 +39,9 @@ import opendp.prelude as dp
 
 from dpstream.topology.accounting import epsilon_from_rho
 from dpstream.topology.model import Accounting, Aggregate, Bounds, Contribution, Mechanism, Metric, Window
+from dpstream.workers.audit.stats import clopper_pearson
 from dpstream.workers.noise import measurements
 from dpstream.workers.noise.mechanisms import ReleaseMechanism, build_release_mechanism
-from dpstream.workers.audit.stats import clopper_pearson
 
 STRICT_ALPHA = 1e-7
 """Total error probability of the verdict's bound: a correct mechanism fails with probability < 1e-7."""

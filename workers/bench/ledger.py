@@ -22,7 +22,6 @@ from pathlib import Path
 
 from dpstream.topology.model import Topology
 from dpstream.topology.periods import period_id, period_start
-
 from dpstream.workers.ledger import ReleaseRequest, open_ledger
 from dpstream.workers.ledger.redis_backend import connect
 from dpstream.workers.ledger.testing import one_scope_topology

@@ -17,12 +17,11 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.topology.durations import parse_duration
 from dpstream.topology.errors import ConfigError
-
 from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
 from dpstream.workers.ledger.reporting import iso, status_json
 from dpstream.workers.ledger.units import units_to_float
@@ -152,7 +151,7 @@ def _since_ms(text: str | None) -> int:
     except ValueError:
         raise ConfigError(f"--since {text!r}: not a duration (1h, 2d) or ISO-8601 time (2026-11-30T00:00Z)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
 
 

@@ -16,7 +16,7 @@ __all__ = ["register", "parse_utc", "replay_lines"]
 import argparse
 import asyncio
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import BinaryIO
 
 from dpstream.topology.errors import ConfigError
@@ -45,7 +45,7 @@ def parse_utc(text: str, flag: str) -> int:
         ) from None
     if parsed.tzinfo is None:
         if len(value) == 10:  # a plain date: midnight UTC
-            parsed = parsed.replace(tzinfo=timezone.utc)
+            parsed = parsed.replace(tzinfo=UTC)
         else:
             raise ConfigError(f"{flag} {text!r}: no UTC offset; add Z (e.g. {value}Z)")
     if parsed.utcoffset() != timedelta(0):

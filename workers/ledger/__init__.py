@@ -46,7 +46,6 @@ import time
 from collections.abc import Callable
 
 from dpstream.topology.model import Topology
-
 from dpstream.workers.ledger.base import DEFAULT_RETENTION_S, Ledger
 from dpstream.workers.ledger.config import scope_configs
 from dpstream.workers.ledger.errors import LedgerUnavailable
@@ -54,13 +53,13 @@ from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
     BreakerInfo,
+    ChargeResult,
     Outcome,
     PendingRelease,
     PeriodSummary,
     Quote,
     ReconcileReport,
     ReleaseRequest,
-    ChargeResult,
     ScopeStatus,
     State,
 )

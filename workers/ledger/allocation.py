@@ -27,7 +27,6 @@ from dpstream.topology.allocation import (
     warning_cost_factor,
     windows_left,
 )
-
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float

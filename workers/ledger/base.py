@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 
 from dpstream.topology.accounting import epsilon_from_rho
@@ -29,7 +29,6 @@ from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
-
 from dpstream.workers.ledger.allocation import Snapshot, price, state_of
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.keys import check_scope_name, deployment_start_key
@@ -37,6 +36,7 @@ from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
     BreakerInfo,
+    ChargeResult,
     Outcome,
     PendingRelease,
     PeriodReconcile,
@@ -44,7 +44,6 @@ from dpstream.workers.ledger.types import (
     Quote,
     ReconcileReport,
     ReleaseRequest,
-    ChargeResult,
     ScopeStatus,
     State,
 )
@@ -115,7 +114,7 @@ def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, i
 
 
 def _iso(ts: int) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @lru_cache(maxsize=1024)

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from dpstream.topology.selection import scope_cap, selection_delta_total
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
-
+from dpstream.topology.selection import scope_cap, selection_delta_total
 from dpstream.workers.ledger.keys import check_scope_name
 from dpstream.workers.ledger.units import cap_to_units, delta_cap_to_units, share_of_units
 

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dpstream.topology.errors import InternalError
-
-from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawRegister, RawCharge
+from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawCharge, RawRegister
 from dpstream.workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")

@@ -17,8 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from dpstream.topology.errors import InternalError
-
-from dpstream.workers.ledger.base import Ledger, RawRegister, RawCharge
+from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 __all__ = ["iso", "status_json"]
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.workers.ledger.types import ScopeStatus
@@ -28,7 +28,7 @@ from dpstream.workers.ledger.types import ScopeStatus
 
 def iso(ts: float) -> str:
     """UTC ISO-8601 with a Z, to the second: `iso(0) == "1970-01-01T00:00:00Z"`."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def status_json(s: ScopeStatus) -> dict[str, Any]:

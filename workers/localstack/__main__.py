@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError, DpstreamError
-
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import Ports
 from dpstream.workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig

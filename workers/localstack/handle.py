@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError
-
 from dpstream.workers.localstack.errors import ServiceStartError
 from dpstream.workers.localstack.paths import tail
 from dpstream.workers.localstack.ports import port_open

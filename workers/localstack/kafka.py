@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError
-
 from dpstream.workers.localstack import sysdeps
 from dpstream.workers.localstack.errors import ServiceStartError
 from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress

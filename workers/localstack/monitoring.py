@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError
-
 from dpstream.workers.localstack import sysdeps
 from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
 from dpstream.workers.localstack.paths import render_template, template_path

@@ -31,7 +31,6 @@ from dpstream.workers.noise import discrete, measurements
 from dpstream.workers.noise.grid import FixedPointGrid, choose_grid
 from dpstream.workers.noise.release import NoisyRelease, apply_postprocess
 
-
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
 _I64 = 2**63
 

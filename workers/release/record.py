@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # json's own C encoder
 from typing import Any
@@ -45,7 +45,7 @@ time has no leap seconds, so a day is 86,400 s and only the date part needs the 
 
 @lru_cache(maxsize=1024)
 def _iso_day(day: int) -> str:
-    return datetime.fromtimestamp(day * 86_400, tz=timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(day * 86_400, tz=UTC).strftime("%Y-%m-%d")
 
 
 def iso_utc(ts: float) -> str:
@@ -56,7 +56,7 @@ def iso_utc(ts: float) -> str:
         hour, rest = divmod(rest, 3_600)
         minute, second = divmod(rest, 60)
         return f"{_iso_day(day)}T{hour:02d}:{minute:02d}:{second:02d}Z"
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

@@ -28,12 +28,12 @@ from dpstream.topology.periods import period_id, period_start, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.selection import selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
-from dpstream.workers.ledger.types import Outcome, ReleaseRequest, ChargeResult
+from dpstream.workers.ledger.types import ChargeResult, Outcome, ReleaseRequest
 from dpstream.workers.ledger.units import ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release.ids import release_id as make_release_id
-from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
+from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.record import record_bytes, true_values_for
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]

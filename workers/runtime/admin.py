@@ -43,7 +43,7 @@ async def _broker_ready_async(bootstrap: str, timeout_ms: int) -> bool:
         await admin.start()
         cluster = await admin.describe_cluster()
         return bool(cluster.get("brokers")) and cluster.get("controller_id", -1) != -1
-    except (KafkaError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, KafkaError, OSError):
         return False
     finally:
         await admin.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 __all__ = ["Role", "Runtime", "build_runtime", "new_app", "run_worker", "web_settings"]
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
