@@ -594,7 +594,8 @@ def _read_policy(node: Node, subject: str, key: str) -> WarningPolicy:
     if len(given) != 1:
         raise FieldProblem(
             node.line,
-            f"{subject}: on_warning {show(node)}: give exactly one of stretch or thin, e.g. {{stretch: 1.5}} or {{thin: 2}}",
+            f"{subject}: on_warning {show(node)}: give exactly one of stretch or thin, "
+            "e.g. {stretch: 1.5} or {thin: 2}",
         )
     value = mapping.get(given[0])
     assert value is not None
@@ -689,7 +690,8 @@ def _check_metric_combination(
         if group_by is None:
             f.fail(
                 f.line,
-                f"{f.subject}: missing field 'group_by'; top_k needs the field whose values it ranks, e.g. group_by: page",
+                f"{f.subject}: missing field 'group_by'; top_k needs the field whose values it ranks, "
+                "e.g. group_by: page",
             )
         if k is not None and keys is not None and k > len(keys):
             f.bad("k", f"exceeds the {len(keys)} declared keys; lower k or declare more keys")

@@ -36,10 +36,11 @@ def _scope_lines(s: ScopePlan) -> list[str]:
     promise = f"ε={_num(s.epsilon)}" + (f", δ={s.delta:g}" if s.delta else " (pure)")
     lines = [
         f"scope {s.name}: {s.accounting.value}, {promise} per {format_duration(s.period_s)} (UTC periods)",
-        f"  cap {'ρ*' if s.currency == 'rho' else 'ε'}={_num(s.cap)}  reserve {s.reserve_fraction:g} ({cur}={_num(s.reserve)})  "
+        f"  cap {'ρ*' if s.currency == 'rho' else 'ε'}={_num(s.cap)}  "
+        f"reserve {s.reserve_fraction:g} ({cur}={_num(s.reserve)})  "
         f"pool {cur}={_num(s.pool)}  warn_at {s.warn_at:g}  releases/period {s.releases_per_period}",
-        f"  planned {cur}={_num(s.planned_total)}{' (= pool)' if s.metrics else ''}, ε-equivalent {_num(s.planned_epsilon)}"
-        + (f" at δ={s.delta:g}" if s.delta else ""),
+        f"  planned {cur}={_num(s.planned_total)}{' (= pool)' if s.metrics else ''}, "
+        f"ε-equivalent {_num(s.planned_epsilon)}" + (f" at δ={s.delta:g}" if s.delta else ""),
     ]
     h = s.horizon
     if h.rho is not None:

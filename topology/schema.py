@@ -112,7 +112,8 @@ _LIMITS: dict[tuple[type, str], dict[str, Any]] = {
 _YAML_ONLY: dict[type, dict[str, dict[str, Any]]] = {
     Budget: {
         "expected_units": {
-            "description": "Roughly how many privacy units the stream has (only used to warn when δ is not far below 1/N).",
+            "description": "Roughly how many privacy units the stream has "
+            "(only used to warn when δ is not far below 1/N).",
             "anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/env"}],
         }
     }
@@ -237,8 +238,9 @@ def _yaml_shapes() -> dict[str, Any]:
         },
         "duration": duration,
         "start": {
-            "description": "A UTC instant in whole seconds, from 2000-01-01 up to 2100-01-01: ISO-8601 with Z or a zero "
-            "offset (2026-12-01T00:00:00Z, no fraction) or integer epoch seconds (1796083200).",
+            "description": "A UTC instant in whole seconds, from 2000-01-01 up to 2100-01-01: "
+            "ISO-8601 with Z or a zero offset (2026-12-01T00:00:00Z, no fraction) "
+            "or integer epoch seconds (1796083200).",
             "anyOf": [
                 {"type": "string", "pattern": _START_PATTERN},
                 {"type": "integer", "minimum": START_MIN_S, "exclusiveMaximum": START_MAX_S},

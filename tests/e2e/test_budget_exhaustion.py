@@ -1,4 +1,5 @@
-"""Budget exhaustion end to end: once a scope's cap is spent, releases stop, are refused and counted, nothing is published."""
+"""Budget exhaustion end to end: once a scope's cap is spent, releases stop, are refused and counted,
+nothing is published."""
 
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
 
 
 def test_seed_002_sequence(where: str) -> None:
-    """The worked budget example (four metrics, weights 4:3:2:1): grants 0.64, 0.48, 0.32, 0.16, ratio 0.8 is warning, a next 0.1 is refused unless from the reserve."""
+    """The worked budget example (four metrics, weights 4:3:2:1): grants 0.64, 0.48, 0.32, 0.16, ratio 0.8
+    is warning, a next 0.1 is refused unless from the reserve."""
 
     async def body() -> None:
         ledger, quotes, results = await _seed(where)

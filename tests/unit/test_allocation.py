@@ -94,7 +94,8 @@ def test_overspend_is_absorbed_by_all_later_releases():
 
 
 def test_seed_002_sequence_is_064_048_032_016():
-    """The worked budget example: pool 1.6 over weights 4:3:2:1, one release each, gives 0.64, 0.48, 0.32, 0.16 and keeps the reserve."""
+    """The worked budget example: pool 1.6 over weights 4:3:2:1, one release each, gives 0.64, 0.48, 0.32,
+    0.16 and keeps the reserve."""
     scope = {
         n: (w, Window(DAY, DAY)) for n, w in (("diagnosis", 4.0), ("income", 3.0), ("postcode", 2.0), ("tier", 1.0))
     }

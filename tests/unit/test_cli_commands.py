@@ -1,4 +1,5 @@
-"""The CLI's command table (workers/cli.py): every listed command loads, a missing one fails loudly, checkout tools say so."""
+"""The CLI's command table (workers/cli.py): every listed command loads, a missing one fails loudly,
+checkout tools say so."""
 
 from __future__ import annotations
 

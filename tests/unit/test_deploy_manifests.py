@@ -122,7 +122,8 @@ def test_named_volumes_are_declared():
 
 
 def test_monitoring_services_mount_the_shared_configs():
-    """Prometheus and Alertmanager read deploy/prometheus/{prometheus,rules}.yml and deploy/alertmanager/alertmanager.yml."""
+    """Prometheus and Alertmanager read deploy/prometheus/{prometheus,rules}.yml and
+    deploy/alertmanager/alertmanager.yml."""
     for name, expected in MONITORING_MOUNTS.items():
         sources = {source for source, _ in bind_mounts(services()[name])}
         assert expected <= sources, f"{name}: mounts {sorted(sources)}"

@@ -446,7 +446,8 @@ def test_promtool_parses_every_query(tmp_path: Path):
 
 
 def test_datasource_provisioning():
-    """One Prometheus data source with the fixed uid; its URL comes from $PROMETHEUS_URL, whose default is documented."""
+    """One Prometheus data source with the fixed uid; its URL comes from $PROMETHEUS_URL, whose default is
+    documented."""
     path = PROVISIONING / "datasources" / "prometheus.yaml"
     text = path.read_text(encoding="utf-8")
     document = yaml.safe_load(text)
@@ -475,7 +476,8 @@ def test_dashboard_provider_points_at_the_mounted_dashboards():
 
 
 def test_alert_rules_provisioning_shape():
-    """Grafana alerting file provisioning: the six budget alerts, each a query on dpstream-prometheus, reduce, threshold."""
+    """Grafana alerting file provisioning: the six budget alerts, each a query on dpstream-prometheus, reduce,
+    threshold."""
     document = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
     assert document["apiVersion"] == 1
     for group in document["groups"]:

@@ -1,4 +1,5 @@
-"""Arrows point down (DESIGN §2): the shipped layers never import the CLI or the checkout-only tools, topology imports no I/O.
+"""Arrows point down (DESIGN §2): the shipped layers never import the CLI or the checkout-only tools,
+topology imports no I/O.
 
 Static, with `ast`, over every module file: module-level and function-local imports, relative
 imports, and `importlib.import_module("…")` / `__import__("…")` with a literal name all count.

@@ -57,7 +57,8 @@ def test_skipped_release_leaves_its_share_to_the_rest() -> None:
 
 
 def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> None:
-    """web-analytics over one day, some releases skipped or cheaper: spend ends within one release of cap − reserve, never above."""
+    """web-analytics over one day, some releases skipped or cheaper: spend ends within one release of
+    cap − reserve, never above."""
 
     async def body() -> None:
         topo = load_topology("topology/examples/web-analytics.yaml")

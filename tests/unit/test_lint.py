@@ -122,7 +122,8 @@ def test_lint_without_source_map_names_the_file() -> None:
 
 
 def test_examples_warnings() -> None:
-    """The examples warn exactly where expected: seed-example's zero reserve (its δ serves top-5's key selection), web-analytics' hopping window."""
+    """The examples warn exactly where expected: seed-example's zero reserve (its δ serves top-5's key
+    selection), web-analytics' hopping window."""
     _, web = load_with_warnings(EXAMPLES / "web-analytics.yaml", env={})
     _, seed = load_with_warnings(EXAMPLES / "seed-example.yaml", env={})
     _, adaptive = load_with_warnings(EXAMPLES / "seed-adaptive.yaml", env={})

@@ -125,7 +125,8 @@ def test_replaying_twice_on_one_ledger_returns_identical_bytes(topo):
 
 
 def test_refused_releases_publish_nothing(topo):
-    """With the scope's breaker open every window is refused (refused_breaker) with a reason and nothing is published."""
+    """With the scope's breaker open every window is refused (refused_breaker) with a reason and nothing is
+    published."""
 
     async def go():
         ledger = await open_ledger("memory", topo)

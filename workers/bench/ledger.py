@@ -1,8 +1,9 @@
 """`dpstream bench ledger`: reserves/s and latency of the ledger next to a plain INCRBY, same client, same run.
 
 Both phases use one client built by `workers.ledger.redis_backend.connect` (same pool, timeouts)
-with N concurrent asyncio tasks, `--seconds` per operation, measured in two alternating halves. Without `--redis` a throwaway durable
-Redis (AOF, appendfsync always) is started in a temporary directory and stopped afterwards.
+with N concurrent asyncio tasks, `--seconds` per operation, measured in two alternating halves.
+Without `--redis` a throwaway durable Redis (AOF, appendfsync always) is started in a temporary
+directory and stopped afterwards.
 Target: charge/INCRBY throughput ratio ≥ 0.5 at 16 clients (the atomic script costs at most twice a bare INCRBY).
 """
 
@@ -145,7 +146,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"ledger bench: {result.clients} clients, {result.seconds:g} s per phase, {result.redis}")
         for name, p in (("INCRBY", result.incrby), ("reserve", result.reserve)):
             print(
-                f"  {name:<8} {p.per_second:10.0f} ops/s   p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)"
+                f"  {name:<8} {p.per_second:10.0f} ops/s   "
+                f"p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)"
             )
         print(f"  ratio reserve/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
     return 0

@@ -56,7 +56,8 @@ def cap_to_units(cap: float, where: str) -> int:
     units = math.floor(Fraction(cap) * UNITS_PER_CURRENCY)
     if units > MAX_UNITS or units < 1:
         raise ConfigError(
-            f"{where}: cap {cap!r} is outside the ledger's exact range (1e-12 .. {MAX_UNITS / UNITS_PER_CURRENCY:.0f}): "
+            f"{where}: cap {cap!r} is outside the ledger's exact range "
+            f"(1e-12 .. {MAX_UNITS / UNITS_PER_CURRENCY:.0f}): "
             "choose a smaller epsilon"
         )
     return units

@@ -1,4 +1,5 @@
-"""`python -m dpstream.workers.localstack up|status|down`: the local stack from the command line (also `deploy/local/stack`)."""
+"""`python -m dpstream.workers.localstack up|status|down`: the local stack from the command line
+(also `deploy/local/stack`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Kafka's jars from Maven Central, fetched once by `deploy/local/pom.xml`; a marker file makes later starts skip mvn."""
+"""Kafka's jars from Maven Central, fetched once by `deploy/local/pom.xml`; a marker file makes later
+starts skip mvn."""
 
 from __future__ import annotations
 

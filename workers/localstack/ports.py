@@ -32,7 +32,8 @@ class Ports:
                 raise ConfigError(f"{flag} {value!r}: not a TCP port: use an integer in 1..65535")
             if value in seen:
                 raise ConfigError(
-                    f"{flag} {value}: already used by --{seen[value].replace('_', '-')}-port: give each service its own port"
+                    f"{flag} {value}: already used by --{seen[value].replace('_', '-')}-port: "
+                    "give each service its own port"
                 )
             seen[value] = field.name
 
