@@ -362,12 +362,11 @@ class _Loader:
                 f.bad("delta", "zcdp accounting needs 0 < delta < 1, e.g. delta: 1.0e-6; or use accounting: pure")
             elif delta is not None and not 0 < delta < 1:
                 f.bad("delta", "must be in (0, 1), and far below 1/number of units; e.g. delta: 1.0e-6")
-        elif accounting is Accounting.PURE and delta is not None and delta_node is not None:
-            if not 0 <= delta < 1:
-                f.bad(
-                    "delta",
-                    "must be in [0, 1); pure accounting uses δ only for partition selection of data-derived keys",
-                )
+        elif accounting is Accounting.PURE and delta is not None and delta_node is not None and not 0 <= delta < 1:
+            f.bad(
+                "delta",
+                "must be in [0, 1); pure accounting uses δ only for partition selection of data-derived keys",
+            )
         if not f.ok:
             return None
         if units is not None:

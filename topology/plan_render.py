@@ -21,7 +21,10 @@ def _num(x: float | None) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def line(cells: list[str]) -> str:  # every row has one cell per column
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 

@@ -16,6 +16,7 @@ import types
 import typing
 from enum import Enum
 from functools import cache
+from itertools import pairwise
 from typing import Any
 
 from dpstream.topology import model
@@ -322,7 +323,7 @@ def _attribute_docs(class_name: str) -> dict[str, str]:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             docs: dict[str, str] = {}
             body = node.body
-            for stmt, nxt in zip(body, body[1:]):
+            for stmt, nxt in pairwise(body):
                 target = (
                     stmt.target
                     if isinstance(stmt, ast.AnnAssign)

@@ -135,15 +135,14 @@ class _Builder:
         plain = node.style is None
         text = node.value
         substituted = False
-        if node.tag == _STR_TAG or plain:
-            if has_reference(text):
-                try:
-                    text = substitute_env(text, self._env)
-                except SubstitutionError as exc:
-                    raise LocatedError(line, str(exc)) from exc
-                tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
-                node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
-                substituted = True
+        if (node.tag == _STR_TAG or plain) and has_reference(text):
+            try:
+                text = substitute_env(text, self._env)
+            except SubstitutionError as exc:
+                raise LocatedError(line, str(exc)) from exc
+            tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
+            node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
+            substituted = True
         try:
             value = self._constructor.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError) as exc:  # ValueError: an impossible unquoted date (2026-02-30)

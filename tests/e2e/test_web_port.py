@@ -8,6 +8,7 @@ runs a real `dpstream worker --web-port` that has released windows and asks its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -191,10 +192,8 @@ def _listeners(port: int) -> list[str]:
 
 def _non_loopback_addresses() -> list[str]:
     addrs: set[str] = set()
-    try:
+    with contextlib.suppress(OSError):
         addrs.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
-    except OSError:
-        pass
     try:  # the address of the default route's interface (UDP connect sends nothing)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(("192.0.2.1", 9))

@@ -295,11 +295,11 @@ def matches(selector: dict, labels: dict) -> bool:
     for expression in selector.get("matchExpressions", []):
         key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
         ok = {
-            "In": lambda: labels.get(key) in values,
-            "NotIn": lambda: labels.get(key) not in values,
-            "Exists": lambda: key in labels,
-            "DoesNotExist": lambda: key not in labels,
-        }[operator]()
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
         if not ok:
             return False
     return True
@@ -356,7 +356,7 @@ def test_deployments_select_their_own_pods():
         selector = document["spec"]["selector"]
         labels = document["spec"]["template"]["metadata"]["labels"]
         assert matches(selector, labels), document["metadata"]["name"]
-    for name, template in pod_templates():
+    for name, _template in pod_templates():
         others = [
             n
             for n, t in pod_templates()

@@ -161,7 +161,7 @@ def test_merge_keys_are_honoured() -> None:
     assert isinstance(root, Map)
     e = root.get("e")
     assert isinstance(e, Map)
-    assert {k: e.get(k).value for k in e.keys()} == {"y": 3, "x": 1}
+    assert {k: e.get(k).value for k in e.keys()} == {"y": 3, "x": 1}  # noqa: SIM118 - Map is not a dict: keys() is its API
 
 
 def test_all_problems_listed_first_in_file_order() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from dpstream.topology.loader import load_topology_text
@@ -181,10 +182,8 @@ def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge
             raise asyncio.CancelledError  # the process died between reserve and publish
 
         owner_a = Releaser(topo, ledger)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await owner_a.release_merged(window, crash)
-        except asyncio.CancelledError:
-            pass
         sent: list[tuple[bytes, bytes]] = []
 
         async def sink(value: bytes, key: bytes) -> None:

@@ -54,14 +54,16 @@ def violations(source: str) -> list[str]:
             dotted = _dotted(node)
             if dotted.startswith(("np.random", "numpy.random")) or dotted.split(".")[0] == "random":
                 found.append(f"{node.lineno}: uses {dotted}")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAMPLER_ATTRS:
-            if node.func.attr in {"laplace", "normal", "gauss"} or _dotted(node.func).split(".")[0] in {
-                "np",
-                "numpy",
-                "random",
-                "rng",
-            }:
-                found.append(f"{node.lineno}: calls .{node.func.attr}(")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _SAMPLER_ATTRS
+            and (
+                node.func.attr in {"laplace", "normal", "gauss"}
+                or _dotted(node.func).split(".")[0] in {"np", "numpy", "random", "rng"}
+            )
+        ):
+            found.append(f"{node.lineno}: calls .{node.func.attr}(")
     return found
 
 

@@ -94,9 +94,9 @@ def measure(n: int, reps: int) -> list[dict[str, object]]:
     ]
     rows: list[dict[str, object]] = []
     for name, mech, value, base, base_scalar, base_vector in cases:
-        p50, p99 = _percentiles(lambda: mech.release({"": value}), reps)
+        p50, p99 = _percentiles(lambda mech=mech, value=value: mech.release({"": value}), reps)
         b50, b99 = _percentiles(base_scalar, reps)
-        rate = _throughput(lambda m: mech.noise_batch(value, m), n)
+        rate = _throughput(lambda m, mech=mech, value=value: mech.noise_batch(value, m), n)
         brate = _throughput(base_vector, n)
         rows.append(
             {

@@ -61,10 +61,10 @@ async def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--partitions {args.partitions}: need at least 1")
     span = _schedule(args, topology)
     try:
-        events: BinaryIO = open(args.events, "rb")
+        events: BinaryIO = open(args.events, "rb")  # noqa: SIM115 - closed by `with events:` below
     except OSError as exc:
         raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
-    out: BinaryIO = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")
+    out: BinaryIO = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - closed in finally
     ledger = await open_ledger(args.ledger, topology)
 
     async def publish(value: bytes, key: bytes) -> None:

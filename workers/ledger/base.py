@@ -372,7 +372,7 @@ class Ledger(ABC):
             scope, _period_id(period_s, pstart), pstart, cost_to_units(amount), reason, actor, self._now_ms()
         )
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless a backend holds connections
         """Release connections (no-op for the in-process backend)."""
 
     # ---- helpers -------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ class RedisLedger(Ledger):
         for m in metrics:
             pipe.zcount(k.ends(pid, m), window_end, "+inf")
         out = await self._guard(pipe.execute())
-        counts = {m: int(c) for m, c in zip(metrics, out[3:])}
+        counts = {m: int(c) for m, c in zip(metrics, out[3:], strict=True)}
         return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["RunRecord", "ManagedProcess", "pid_alive"]
 
+import contextlib
 import json
 import os
 import signal
@@ -53,10 +54,8 @@ def _proc_state(pid: int) -> str | None:
 
 def _reap(pid: int) -> None:
     """Collect a dead child of this process so it does not linger as a zombie."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def pid_alive(pid: int, marker: str | None = None) -> bool:

@@ -232,7 +232,7 @@ class _RatioMeanRelease(ReleaseMechanism):
         pairs = [true_values.get(k, (0.0, 0)) for k in keys]
         sum_units = self._sum.draw([self._centred_units(_exact(s), int(c)) for s, c in pairs]) if keys else []
         raw, halves = {}, {}
-        for key, su, cu in zip(keys, sum_units, count_units):
+        for key, su, cu in zip(keys, sum_units, count_units, strict=True):
             raw[key], halves[key] = self._finish(su, cu)
         values, flags = apply_postprocess(raw, self.metric.postprocess)
         flags["clamp_bounds"] = True
@@ -251,7 +251,7 @@ class _RatioMeanRelease(ReleaseMechanism):
         total, count = true_value
         sums = self._sum.draw([self._centred_units(_exact(total), int(count))] * n)
         counts = self._count.draw([int(count)] * n)
-        return [self._finish(s, c)[0] for s, c in zip(sums, counts)]
+        return [self._finish(s, c)[0] for s, c in zip(sums, counts, strict=True)]
 
 
 class _TopKRelease(ReleaseMechanism):

@@ -97,7 +97,7 @@ def _parse_time(raw: object) -> float:
             except ValueError:
                 raise EventError("bad_timestamp", "not epoch or ISO-8601") from None
             if parsed.tzinfo is None:
-                raise EventError("bad_timestamp", "ISO-8601 time without a UTC offset")
+                raise EventError("bad_timestamp", "ISO-8601 time without a UTC offset") from None
             ts = parsed.timestamp()
     else:
         raise EventError("bad_timestamp", "timestamp is not a number or string")

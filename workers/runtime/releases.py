@@ -141,7 +141,8 @@ class ReleaseSide:
                 for m in picks
             )
         )
-        for metric, quote in zip(metrics, quotes):  # picks start with every metric once, in order
+        # quotes has one per pick (more than metrics): picks start with every metric once, in order
+        for metric, quote in zip(metrics, quotes, strict=False):
             self._releaser.prepare(metric, quote.cost)
 
     async def stop(self) -> None:

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -210,10 +211,8 @@ class LedgerSource:
         """Drop the connection after a failure; the next `get` opens a new one."""
         ledger, self._ledger = self._ledger, None
         if ledger is not None:
-            try:
+            with contextlib.suppress(Exception):  # it is being discarded because it failed
                 await ledger.close()
-            except Exception:  # noqa: BLE001 - it is being discarded because it failed
-                pass
 
     async def close(self) -> None:
         """Close the ledger this source opened (not a shared one)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = ["exporter_telemetry", "make_app", "serve"]
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Iterator
@@ -80,10 +81,8 @@ async def serve(telemetry: Telemetry, bind: str, port: int, ready: asyncio.Event
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
-            pass
     if ready is not None:
         ready.set()
     try:
