@@ -59,7 +59,10 @@ def epsilon_from_rho(rho: float, delta: float) -> float:
     if rho == 0:
         return 0.0
     lo, hi = _LOG_ALPHA_MIN_LOG, _LOG_ALPHA_MAX
-    f = lambda t: _cks_epsilon(rho, delta, 1.0 + math.exp(t))  # noqa: E731
+
+    def f(t: float) -> float:
+        return _cks_epsilon(rho, delta, 1.0 + math.exp(t))
+
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo, hi
     c, d = b - ratio * (b - a), a + ratio * (b - a)

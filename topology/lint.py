@@ -80,14 +80,14 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
 
     for metric in topology.metrics.values():
         window = metric.window
-        budget = topology.budgets.get(metric.budget)
-        if window.kind is WindowKind.HOPPING and budget is not None:
+        scope = topology.budgets.get(metric.budget)
+        if window.kind is WindowKind.HOPPING and scope is not None:
             straddling = window.size_s // window.every_s - 1
             warn(
                 ("metric", metric.name, "window"),
                 f"metric '{metric.name}': window {{hopping: {format_duration(window.size_s)}, every: "
                 f"{format_duration(window.every_s)}}}: {straddling} window(s) per period straddle the "
-                f"{format_duration(budget.period_s)} period boundary and are charged to both periods",
+                f"{format_duration(scope.period_s)} period boundary and are charged to both periods",
             )
 
     return [warning for _, warning in sorted(found, key=lambda item: item[0])]

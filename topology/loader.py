@@ -203,13 +203,13 @@ class _Fields:
             self.nodes[key] = value
             loader.lines[(kind, name, key)] = value.line
         for key in REQUIRED_FIELDS.get(kind, ()):
-            value = node.get(key)
-            if value is None and any(suggest(u, known) == f"did you mean '{key}'?" for u in unknown):
+            required = node.get(key)
+            if required is None and any(suggest(u, known) == f"did you mean '{key}'?" for u in unknown):
                 continue  # a misspelt key already says "did you mean '<key>'?"
-            if value is None:
+            if required is None:
                 self.fail(line, f"{subject}: missing field '{key}'; {_HINTS[key]}")
-            elif is_null(value):
-                self.fail(value.line, f"{subject}: {key} is empty; {_HINTS[key]}")
+            elif is_null(required):
+                self.fail(required.line, f"{subject}: {key} is empty; {_HINTS[key]}")
 
     def fail(self, line: int, text: str) -> None:
         """Record a problem and mark the entity broken."""
@@ -440,6 +440,7 @@ class _Loader:
     def _kafka(self, node: Node | None) -> KafkaSettings:
         if is_null(node):
             return KafkaSettings()
+        assert node is not None  # is_null(None) is True
         f = _Fields(self, "kafka", "kafka", "kafka", node, node.line)
         bootstrap = f.get("bootstrap", read_str, default=KafkaSettings().bootstrap)
         return KafkaSettings(bootstrap)
@@ -447,6 +448,7 @@ class _Loader:
     def _redis(self, node: Node | None) -> RedisSettings:
         if is_null(node):
             return RedisSettings()
+        assert node is not None  # is_null(None) is True
         f = _Fields(self, "redis", "redis", "redis", node, node.line)
         url = f.get("url", read_str, default=RedisSettings().url)
         if f.has("url") and f.ok and not url.startswith(_REDIS_SCHEMES):
@@ -561,6 +563,7 @@ def _read_window(node: Node, subject: str, key: str) -> Window:
         problem = "give exactly one of tumbling or hopping"
         raise FieldProblem(node.line, f"{subject}: window {shown}: {problem}, e.g. window: {example}")
     size_node = mapping.get(kinds[0])
+    assert size_node is not None  # kinds holds the given one
     size = read_duration(size_node, subject, f"window.{kinds[0]}")
     every_node = mapping.get("every")
     if kinds[0] == "tumbling":
@@ -635,7 +638,9 @@ def _read_bounds(node: Node, subject: str, key: str) -> Bounds:
     lower = read_number(node.items[0], subject, "bounds[0]")
     upper = read_number(node.items[1], subject, "bounds[1]")
     if lower >= upper:
-        example = f"[{node.items[1].text}, {node.items[0].text}]" if upper < lower else "[0, 100]"
+        first, second = node.items
+        assert isinstance(first, Scalar) and isinstance(second, Scalar)  # read_number accepted both
+        example = f"[{second.text}, {first.text}]" if upper < lower else "[0, 100]"
         raise FieldProblem(
             node.line,
             f"{subject}: bounds {show(node)}: lower bound must be below upper bound; e.g. bounds: {example}",

@@ -140,7 +140,7 @@ class _Builder:
                 text = substitute_env(text, self._env)
             except SubstitutionError as exc:
                 raise LocatedError(line, str(exc)) from exc
-            tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG
+            tag = self._resolver.resolve(yaml.ScalarNode, text, (True, False)) if plain else _STR_TAG  # type: ignore[no-untyped-call]  # types-PyYAML: Resolver.resolve is unannotated
             node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark, node.style)
             substituted = True
         try:
