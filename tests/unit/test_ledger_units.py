@@ -97,3 +97,21 @@ def test_deployment_start_key_has_its_own_hash_tag() -> None:
     assert deployment_start_key("abc123") == "dpstream:{deploy}:start:abc123"
     with pytest.raises(ConfigError):
         deployment_start_key("a b")
+
+
+def test_a_grant_is_rounded_down_and_a_bad_amount_is_a_user_error() -> None:
+    """A grant loosens the limit: never more than asked; zero, negative or non-finite is one line, exit 2."""
+    import pytest
+
+    from dpstream.topology.errors import ConfigError
+    from fractions import Fraction
+
+    from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, cost_to_units, grant_to_units
+
+    for amount in (0.0001, 0.1, 1 / 3):
+        units = grant_to_units(amount)
+        assert Fraction(units) <= Fraction(amount) * UNITS_PER_CURRENCY < units + 1
+        assert units <= cost_to_units(amount)
+    for bad in (0, -1.0, float("nan"), float("inf"), 1e-15):
+        with pytest.raises(ConfigError, match="--amount"):
+            grant_to_units(bad)

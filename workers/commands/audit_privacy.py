@@ -6,9 +6,12 @@ __all__ = ["register", "run"]
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from dpstream.topology.errors import ConfigError
-from dpstream.workers.audit.empirical import STRICT_ALPHA, AuditResult, audit, broken_cases, standard_cases
+
+if TYPE_CHECKING:
+    from dpstream.workers.audit.empirical import AuditResult
 
 DEFAULT_TRIALS = 20_000
 
@@ -29,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the audit; 0 when all verdicts are as expected, 1 otherwise."""
+    # imported here: the audit loads OpenDP, which every other command would pay for at start-up
+    from dpstream.workers.audit.empirical import STRICT_ALPHA, audit, broken_cases, standard_cases
+
     if args.trials < 200:
         raise ConfigError(f"audit-privacy: --trials {args.trials}: too few to bound anything; use at least 200")
     real = [audit(case, args.trials) for case in standard_cases()]

@@ -47,7 +47,13 @@ from dpstream.workers.ledger.types import (
     ScopeStatus,
     State,
 )
-from dpstream.workers.ledger.units import cost_to_units, delta_to_units, delta_units_to_float, units_to_float
+from dpstream.workers.ledger.units import (
+    cost_to_units,
+    delta_to_units,
+    delta_units_to_float,
+    grant_to_units,
+    units_to_float,
+)
 
 _period_id = lru_cache(maxsize=4096)(_period_id_uncached)
 """`topology.periods.period_id`, memoised: every release of a period names the same period."""
@@ -369,7 +375,7 @@ class Ledger(ABC):
         period_s = int(stored["period_s"])
         pstart = _period_start(period_s, self._clock())
         return await self._grant(
-            scope, _period_id(period_s, pstart), pstart, cost_to_units(amount), reason, actor, self._now_ms()
+            scope, _period_id(period_s, pstart), pstart, grant_to_units(amount), reason, actor, self._now_ms()
         )
 
     async def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless a backend holds connections

@@ -49,6 +49,17 @@ def cost_to_units(cost: float) -> int:
     return units
 
 
+def grant_to_units(amount: float) -> int:
+    """An operator's grant of reserve in units, rounded down (a grant loosens the limit: never
+    more than asked); a one-line user error when it is not a positive number or rounds to nothing."""
+    if not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+        raise ConfigError(f"--amount {amount!r}: give a positive amount of the scope's currency (ρ or ε)")
+    units = math.floor(Fraction(amount) * UNITS_PER_CURRENCY)
+    if units < 1 or units > MAX_UNITS:
+        raise ConfigError(f"--amount {amount!r}: outside the ledger's exact range (1e-12 .. {MAX_UNITS / UNITS_PER_CURRENCY:.0f})")
+    return units
+
+
 def cap_to_units(cap: float, where: str) -> int:
     """A scope cap in units, rounded down (never over-stated); `where` names it in errors."""
     if not math.isfinite(cap) or cap <= 0:
