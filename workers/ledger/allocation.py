@@ -103,8 +103,8 @@ def _adaptive_units(
             return max(0, min(pool_left, pool_left * ks[metric] // total))
     return _units(
         adaptive_release_cost(
-            Fraction(pool_left, UNITS_PER_CURRENCY),
-            metric,  # type: ignore[arg-type]
+            Fraction(pool_left, UNITS_PER_CURRENCY),  # type: ignore[arg-type]  # exact: the same arithmetic on a Fraction
+            metric,
             _demands(cfg, snap, metric, period_start, window_end),
         )
     )
@@ -117,9 +117,9 @@ def _demands(
     demands: dict[str, MetricDemand] = {}
     for p in cfg.metrics:
         left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
-        demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]
+        demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]  # exact Fraction weight
     if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
-        demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]
+        demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]  # exact Fraction weight
     return demands
 
 
@@ -136,7 +136,9 @@ def price(
     plan = cfg.metric(metric)
     state = state_of(snap.spent_units, snap.warn_units, snap.breaker is not None)
 
-    def quote(units: int, **kw: object) -> Quote:
+    def quote(
+        units: int, *, thinned: bool = False, stretched: bool = False, refused_reason: str | None = None
+    ) -> Quote:
         return Quote(
             metric,
             cfg.name,
@@ -144,8 +146,10 @@ def price(
             _grantable(units),
             units,
             state,
+            thinned=thinned,
+            stretched=stretched,
+            refused_reason=refused_reason,
             may_use_reserve=plan.may_use_reserve,
-            **kw,  # type: ignore[arg-type]
         )
 
     if snap.breaker is not None:
@@ -157,7 +161,7 @@ def price(
     if plan.may_use_reserve:
         demands = _demands(cfg, snap, metric, period_start, window_end)
         pool = Fraction(snap.cap_units - snap.reserve_units, UNITS_PER_CURRENCY)
-        static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]
+        static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
         units = min(snap.cap_units - snap.spent_units, max(units, static))
     units = min(units, pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units)
     thinned = stretched = False

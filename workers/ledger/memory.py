@@ -13,6 +13,7 @@ import threading
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawCharge, RawRegister
@@ -30,7 +31,8 @@ class _Scope:
     breaker: dict[str, str] = field(default_factory=dict)
     periods: dict[str, dict[str, str]] = field(default_factory=dict)
     period_index: dict[str, int] = field(default_factory=dict)
-    releases: dict[str, dict[str, object]] = field(default_factory=dict)
+    releases: dict[str, dict[str, str | bytes]] = field(default_factory=dict)
+    """A release's hash: text fields, and `payload` as bytes."""
     ends: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     ends_sorted: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     """The scores of each `ends` zset in order, so ZCOUNT end +inf is a bisection, not a scan."""
@@ -86,13 +88,19 @@ class _Period:
         self.warn, self.dcap = int(self.warn_s), int(self.dcap_s)
 
 
+def _payload(release: dict[str, str | bytes]) -> bytes:
+    payload = release["payload"]
+    assert isinstance(payload, bytes)  # the reserve step stores it as bytes
+    return payload
+
+
 class MemoryLedger(Ledger):
     """A ledger held in this process's memory."""
 
     backend = "memory"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self._store: dict[str, _Scope] = {}
         self._deploy: dict[str, int] = {}
@@ -195,10 +203,10 @@ class MemoryLedger(Ledger):
         if known is not None:
             return RawCharge(
                 "duplicate",
-                known["payload"],
+                _payload(known),
                 "",
                 main.spent,
-                main.cap,  # type: ignore[arg-type]
+                main.cap,
                 state_of(main, main.spent, manual or auto_here),
                 0,
             )
@@ -412,7 +420,7 @@ class MemoryLedger(Ledger):
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
         with self._lock:
             rel = self._scope(scope).releases.get(release_id)
-            return bytes(rel["payload"]) if rel is not None else None  # type: ignore[arg-type]
+            return bytes(_payload(rel)) if rel is not None else None
 
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
         with self._lock:
@@ -428,13 +436,13 @@ class MemoryLedger(Ledger):
                         scope,
                         str(r["period"]),
                         str(r["metric"]),
-                        int(r["window_start"]),  # type: ignore[arg-type]
+                        int(r["window_start"]),
                         int(r["window_end"]),
                         int(r["cost"]),
                         at,
-                        r["payload"],
+                        _payload(r),
                     )
-                )  # type: ignore[arg-type]
+                )
             return out
 
     async def _config_fields(self, scope: str) -> dict[str, str]:

@@ -26,9 +26,9 @@ from dpstream.workers.ledger.types import PendingRelease, ReleaseRequest
 _T = TypeVar("_T")
 
 
-def connect(url: str, max_connections: int = 128) -> aioredis.Redis:
+def connect(url: str, max_connections: int = 128) -> aioredis.Redis[bytes]:
     """A redis.asyncio client with bounded pool, short timeouts and bytes replies (payloads stay exact)."""
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool: aioredis.BlockingConnectionPool[aioredis.Connection] = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=10, socket_connect_timeout=2.0, socket_timeout=5.0
     )
     return aioredis.Redis(connection_pool=pool)
@@ -52,7 +52,7 @@ class RedisLedger(Ledger):
 
     backend = "redis"
 
-    def __init__(self, client: aioredis.Redis, url: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, client: aioredis.Redis[bytes], url: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._client = client
         self._url = url
@@ -84,11 +84,11 @@ class RedisLedger(Ledger):
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script now, so no release pays the NOSCRIPT → load → retry round trips."""
         for name in SCRIPT_NAMES:
-            await self._guard(self._client.script_load(script_text(name)))
+            await self._guard(self._client.script_load(script_text(name)))  # type: ignore[no-untyped-call]  # types-redis leaves script_load unannotated
 
     async def close(self) -> None:
         """Close the client and its pool."""
-        await self._client.aclose()
+        await self._client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose (redis >= 5.0.1)
 
     # ---- writes (scripts) ------------------------------------------------------------------
 
