@@ -149,7 +149,7 @@ class EventParser:
             unit = obj.get(unit_field)
             if type(unit) is not str or not unit:
                 return general(obj, record_time_ms, offset)
-            ts = obj.get(ts_field)
+            ts: Any = obj.get(ts_field)  # narrowed by the exact type() checks below
             tt = type(ts)
             if tt is float:
                 if not 0.0 <= ts < ms:

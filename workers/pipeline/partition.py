@@ -41,9 +41,14 @@ MAX_WINDOWS_PER_CLOSE = 5_000
 class RecordLike(Protocol):
     """The fields of a Kafka record the pipeline reads (aiokafka's ConsumerRecord has them)."""
 
-    offset: int
-    value: bytes | None
-    timestamp: int | None
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def timestamp(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,11 @@ class PartitionPipeline:
         resume = resume or {}
         self._accs = [
             MetricAccumulator(
-                m, self.source, max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf)), until=until
+                m,
+                self.source,
+                # max of an int and -inf is that int
+                int(max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf))),
+                until=until,
             )
             for m in metrics
         ]
@@ -127,11 +136,11 @@ class PartitionPipeline:
         for rec in records:
             offset = rec.offset
             try:
-                unit, ts, fields = parse(rec.value, rec.timestamp, offset)
+                unit, ts, fields = parse(rec.value, rec.timestamp, offset)  # type: ignore[arg-type]  # a None value (tombstone) fails decoding: not_json
             except EventError as exc:
                 self._dead_letter(dead, exc.reason, offset, rec.value)
                 continue
-            if check_keys and rec.key != unit.encode():
+            if check_keys and rec.key != unit.encode():  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
                 self._dead_letter(dead, "key_mismatch", offset, rec.value)
                 continue
             if not lo <= ts < hi:
