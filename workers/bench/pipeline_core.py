@@ -1,6 +1,6 @@
 """Micro-benchmark of the Kafka-free hot path: `PartitionPipeline.process_batch` events/s.
 
-    python -m workers.bench.pipeline_core [--events 1000000] [--topology web-analytics.yaml] [--json]
+    python -m dpstream.workers.bench.pipeline_core [--events 1000000] [--topology web-analytics.yaml] [--json]
 
 Synthetic, pre-encoded events (a bench module, so numpy's RNG is fine here) at 10 events per
 event-second, half of them from a few heavy units that hit the caps; the JSON decode loop over the
@@ -24,6 +24,9 @@ from dpstream.topology.loader import load_topology
 from dpstream.workers.pipeline import PartitionPipeline
 from dpstream.workers.pipeline.events import decode_json
 
+_T0 = 1_790_000_000
+"""The first event second, and the schedule's start S."""
+
 
 class _Rec(NamedTuple):
     offset: int
@@ -41,7 +44,6 @@ def _events(n: int, seed: int = 7) -> list[bytes]:
     ref = rng.integers(0, 40, n)
     eur = rng.uniform(-20, 240, n).round(2)
     sess = rng.uniform(0, 4000, n).round(1)
-    t0 = 1_790_000_000
     out = []
     for i in range(n):
         unit = f"h{heavy[i]}" if use_heavy[i] else f"u{light[i]}"
@@ -49,7 +51,7 @@ def _events(n: int, seed: int = 7) -> list[bytes]:
             json.dumps(
                 {
                     "user_id": unit,
-                    "ts": t0 + i // 10,
+                    "ts": _T0 + i // 10,
                     "page": pages[page[i]],
                     "referrer": f"r{ref[i]}.example",
                     "basket_eur": float(eur[i]),
@@ -63,7 +65,7 @@ def _events(n: int, seed: int = 7) -> list[bytes]:
 
 def run(events: int, topology_path: str | None = None, batch: int = 5000) -> dict[str, float]:
     """Time process_batch over `events` synthetic events (one partition) and a bare decode loop."""
-    path = topology_path or str(resources.files("topology") / "examples" / "web-analytics.yaml")
+    path = topology_path or str(resources.files("dpstream.topology") / "examples" / "web-analytics.yaml")
     topo = load_topology(path)
     raw = _events(events)
     recs = [_Rec(i, v) for i, v in enumerate(raw)]
@@ -71,7 +73,7 @@ def run(events: int, topology_path: str | None = None, batch: int = 5000) -> dic
     for v in raw:
         decode_json(v)
     decode_s = time.perf_counter() - t
-    pipe = PartitionPipeline(topo, next(iter(topo.sources)), 0)
+    pipe = PartitionPipeline(topo, next(iter(topo.sources)), 0, schedule_start=_T0)
     partials = 0
     t = time.perf_counter()
     cpu = time.process_time()
@@ -107,11 +109,16 @@ def _print(result: dict[str, float], as_json: bool) -> None:
     print(f"partials emitted      {result['partials']:>12,}   capped contributions {result['capped']:,}")
 
 
+def _command(a: argparse.Namespace) -> int:
+    _print(run(a.events, a.topology), a.json)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `pipeline-core` (only reachable if the bench dispatcher lists it)."""
     p = subparsers.add_parser("pipeline-core", help="events/s of the Kafka-free core")
     _arguments(p)
-    p.set_defaults(func=lambda a: _print(run(a.events, a.topology), a.json) or 0)
+    p.set_defaults(func=_command)
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -121,8 +128,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workers.bench.pipeline_core`."""
-    p = argparse.ArgumentParser(prog="python -m workers.bench.pipeline_core")
+    """`python -m dpstream.workers.bench.pipeline_core`."""
+    p = argparse.ArgumentParser(prog="python -m dpstream.workers.bench.pipeline_core")
     _arguments(p)
     a = p.parse_args(argv)
     _print(run(a.events, a.topology), a.json)
