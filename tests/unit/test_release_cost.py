@@ -39,15 +39,16 @@ from dpstream.workers.noise.measurements import (
     integer_noise,
 )
 from dpstream.workers.release import ReleaseOutcome, Releaser
-from dpstream.workers.release.record import canonical_bytes, iso_utc
+from dpstream.workers.release.record import build_record, canonical_bytes, iso_utc, record_bytes
 from dpstream.workers.release.releaser import _later_periods
 
 W = Window(60, 60)
 
 
 def metric(**kw: object) -> Metric:
-    base: dict[str, object] = dict(name="m", source="s", budget="b", weight=1.0, window=W,
-                                   aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN)
+    base: dict[str, object] = dict(
+        name="m", source="s", budget="b", weight=1.0, window=W, aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN
+    )
     base.update(kw)
     return Metric(**base)  # type: ignore[arg-type]
 
@@ -57,6 +58,7 @@ deltas = st.floats(min_value=1e-15, max_value=0.5, allow_nan=False, allow_infini
 
 
 # ---- conversions and ledger memos: the cached answer is the uncached one ------------------------
+
 
 @settings(max_examples=60, deadline=None)
 @given(rho=st.floats(min_value=0.0, max_value=50.0, allow_nan=False), delta=deltas)
@@ -88,8 +90,12 @@ def test_conversion_errors_are_not_cached() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(units=st.integers(min_value=0, max_value=2**53 - 1), cost=costs,
-       ts=st.integers(min_value=0, max_value=4_000_000_000), period_s=st.sampled_from([60, 3600, 86_400, 7 * 86_400]))
+@given(
+    units=st.integers(min_value=0, max_value=2**53 - 1),
+    cost=costs,
+    ts=st.integers(min_value=0, max_value=4_000_000_000),
+    period_s=st.sampled_from([60, 3600, 86_400, 7 * 86_400]),
+)
 def test_ledger_memos_equal_the_functions(units: int, cost: float, ts: int, period_s: int) -> None:
     """The ledger's memoised grantable_float, cost_to_units and period_id answer what the functions do."""
     assert _grantable(units) == grantable_float(units)
@@ -104,8 +110,11 @@ _WINDOWS = [(60, 60), (300, 60), (3600, 3600), (7200, 3600), (86_400, 86_400)]
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    specs=st.lists(st.tuples(st.sampled_from([0.1, 0.25, 1.0, 1.5, 3.0, 7.0, 0.333]), st.sampled_from(_WINDOWS)),
-                   min_size=1, max_size=4),
+    specs=st.lists(
+        st.tuples(st.sampled_from([0.1, 0.25, 1.0, 1.5, 3.0, 7.0, 0.333]), st.sampled_from(_WINDOWS)),
+        min_size=1,
+        max_size=4,
+    ),
     which=st.integers(min_value=0, max_value=3),
     pool_left=st.integers(min_value=0, max_value=10**15),
     at=st.integers(min_value=0, max_value=86_399),
@@ -121,18 +130,31 @@ def test_integer_grant_equals_the_fraction_rule(
     name = metrics[which % len(metrics)][0]
     pstart = 1_796_083_200 - 1_796_083_200 % 86_400
     window_end = pstart + at + 1
-    snap = Snapshot(cfg.cap_units, cfg.reserve_units, cfg.warn_units, 0, 0, None,
-                    {m[0]: c for m, c in zip(metrics, charged[: len(metrics)], strict=True)})
-    expected = _units(adaptive_release_cost(Fraction(pool_left, UNITS_PER_CURRENCY), name,
-                                            _demands(cfg, snap, name, pstart, window_end)))
+    snap = Snapshot(
+        cfg.cap_units,
+        cfg.reserve_units,
+        cfg.warn_units,
+        0,
+        0,
+        None,
+        {m[0]: c for m, c in zip(metrics, charged[: len(metrics)], strict=True)},
+    )
+    expected = _units(
+        adaptive_release_cost(
+            Fraction(pool_left, UNITS_PER_CURRENCY), name, _demands(cfg, snap, name, pstart, window_end)
+        )
+    )
     assert _adaptive_units(cfg, snap, name, pstart, window_end, pool_left) == expected
 
 
 # ---- the in-process ledger's ZCOUNT and the window-period shortcuts ------------------------------
 
+
 @settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 100)), max_size=60),
-       queries=st.lists(st.integers(-5, 105), min_size=1, max_size=10))
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 100)), max_size=60),
+    queries=st.lists(st.integers(-5, 105), min_size=1, max_size=10),
+)
 def test_sorted_ends_count_like_a_scan(ops: list[tuple[int, int]], queries: list[int]) -> None:
     """ZADD (a member's score replaced) and ZCOUNT low +inf by bisection count what a scan of the members counts."""
     s = _Scope()
@@ -144,8 +166,11 @@ def test_sorted_ends_count_like_a_scan(ops: list[tuple[int, int]], queries: list
 
 
 @settings(max_examples=300, deadline=None)
-@given(start=st.integers(0, 4_000_000_000), length=st.integers(-10, 3 * 86_400),
-       period_s=st.sampled_from([60, 3600, 86_400]))
+@given(
+    start=st.integers(0, 4_000_000_000),
+    length=st.integers(-10, 3 * 86_400),
+    period_s=st.sampled_from([60, 3600, 86_400]),
+)
 def test_later_periods_shortcut_equals_periods_touched(start: int, length: int, period_s: int) -> None:
     """The releaser's later periods of a window are periods_touched's, errors included."""
     end = start + length
@@ -159,7 +184,7 @@ def test_later_periods_shortcut_equals_periods_touched(start: int, length: int, 
 
 
 @settings(max_examples=300, deadline=None)
-@given(ts=st.one_of(st.integers(-10**10, 260_000_000_000), st.floats(0, 253_402_300_799, allow_nan=False)))
+@given(ts=st.one_of(st.integers(-(10**10), 260_000_000_000), st.floats(0, 253_402_300_799, allow_nan=False)))
 def test_iso_utc_equals_datetime(ts: float) -> None:
     """The record's times are the strings datetime formats, or the same error."""
     try:
@@ -174,16 +199,85 @@ def test_iso_utc_equals_datetime(ts: float) -> None:
 def test_canonical_bytes_are_json_dumps_bytes() -> None:
     """The shared encoder writes the canonical form json.dumps(sort_keys, compact, no NaN, UTF-8) writes."""
     record = {"b": [1.5e-05, -0.0, 1e16, "é"], "a": {"z": None, "y": True}, "ratio_after": None}
-    assert canonical_bytes(record) == json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False,
-                                                 ensure_ascii=False).encode()
+    assert (
+        canonical_bytes(record)
+        == json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+    )
     with pytest.raises(ValueError):
         canonical_bytes({"x": float("nan")})
 
 
+_RECORD_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+  ev: {topic: t2, privacy_unit: event, timestamp: ts}
+budgets:
+  z: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+  p: {epsilon: 2.0, delta: 1.0e-6, accounting: pure, period: 1d, reserve: 0.0}
+metrics:
+  hist: {source: s, budget: z, weight: 1, window: {tumbling: 1m}, aggregate: count, group_by: page,
+         keys: [a, "é", c], mechanism: gaussian, postprocess: {round: true, clamp_zero: true}}
+  pages: {source: s, budget: z, weight: 1, window: {tumbling: 1m}, aggregate: count, group_by: page,
+          contribution: {max_keys: 2, max_per_key: 1}, mechanism: gaussian}
+  avg: {source: s, budget: z, weight: 1, window: {tumbling: 1m}, aggregate: mean, value: x, bounds: [0, 10],
+        mechanism: gaussian}
+  top: {source: s, budget: z, weight: 1, window: {tumbling: 1m}, aggregate: top_k, k: 2, group_by: page,
+        keys: [a, b, c], mechanism: exponential}
+  evsum: {source: ev, budget: p, weight: 1, window: {hopping: 2m, every: 1m}, aggregate: sum, value: x,
+          bounds: [-5, 10], mechanism: laplace}
+sinks: {releases: r, dead_letter: d}
+"""
+
+_TRUE = {
+    "hist": {"a": 3, "é": 0, "c": 7},
+    "pages": {"x": 10_000, "y": 2},
+    "avg": {"": (Fraction(55, 2), 9)},
+    "top": {"a": 1, "b": 900, "c": 40},
+    "evsum": {"": 12.25},
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(_TRUE)),
+    cost=st.floats(min_value=1e-4, max_value=5.0),
+    start=st.integers(0, 4_000_000_000),
+    built=st.floats(0, 4e9, allow_nan=False),
+)
+def test_record_bytes_are_the_canonical_bytes_of_the_record(name: str, cost: float, start: int, built: float) -> None:
+    """record_bytes (fixed fields' text kept per cost) is canonical_bytes(build_record(...)) byte for byte, for
+    every kind of metric, event-level sources, non-ASCII keys, overriding noise fields, any time and cost."""
+    topo = load_topology_text(_RECORD_YAML)
+    m = topo.metrics[name]
+    budget = topo.budgets[m.budget]
+    mech = build_release_mechanism(m, budget.accounting, cost, delta=1e-9 if m.keys is None else 0.0)
+    fields = mech.release(_TRUE[name]).to_record_fields()
+    fields["metric"] = "overwrite-attempt"  # a protected field: never taken from the mechanism
+    args = dict(
+        release_id="ab" * 32,
+        topology_version=topo.topology_version,
+        metric=m,
+        source=topo.sources[m.source],
+        budget=budget,
+        period_id=period_id(budget.period_s, start),
+        window_start=start,
+        window_end=start + 60,
+        cost=cost,
+        noise_fields=fields,
+        built_at=built,
+    )
+    for _ in range(2):  # first build, then from the kept text
+        assert record_bytes(**args) == canonical_bytes(build_record(**args))  # type: ignore[arg-type]
+
+
 # ---- privacy maps: a cached measurement is within the charge ---------------------------------------
 
-_NOISES = [(Mechanism.GAUSSIAN, Accounting.ZCDP), (Mechanism.LAPLACE, Accounting.ZCDP),
-           (Mechanism.LAPLACE, Accounting.PURE)]
+_NOISES = [
+    (Mechanism.GAUSSIAN, Accounting.ZCDP),
+    (Mechanism.LAPLACE, Accounting.ZCDP),
+    (Mechanism.LAPLACE, Accounting.PURE),
+]
 
 
 def _charged_map(noise: IntegerNoise, accounting: Accounting) -> float:
@@ -195,8 +289,9 @@ def _charged_map(noise: IntegerNoise, accounting: Accounting) -> float:
 
 @settings(max_examples=80, deadline=None)
 @given(cost=costs, kind=st.sampled_from(_NOISES), l1=st.integers(1, 40), keys=st.integers(1, 6))
-def test_cached_noise_map_is_within_the_charge(cost: float, kind: tuple[Mechanism, Accounting], l1: int,
-                                               keys: int) -> None:
+def test_cached_noise_map_is_within_the_charge(
+    cost: float, kind: tuple[Mechanism, Accounting], l1: int, keys: int
+) -> None:
     """integer_noise at cost c (built once, then cached) maps to <= c and to c within 1e-9; its pool draws from it."""
     mechanism, accounting = kind
     l2 = math.sqrt(keys) * l1
@@ -209,10 +304,15 @@ def test_cached_noise_map_is_within_the_charge(cost: float, kind: tuple[Mechanis
 
 
 @settings(max_examples=40, deadline=None)
-@given(cost=st.floats(min_value=1e-4, max_value=5.0), accounting=st.sampled_from([Accounting.ZCDP, Accounting.PURE]),
-       max_keys=st.integers(1, 4), linf=st.integers(1, 3))
-def test_selection_and_top_k_maps_are_within_the_charge(cost: float, accounting: Accounting, max_keys: int,
-                                                        linf: int) -> None:
+@given(
+    cost=st.floats(min_value=1e-4, max_value=5.0),
+    accounting=st.sampled_from([Accounting.ZCDP, Accounting.PURE]),
+    max_keys=st.integers(1, 4),
+    linf=st.integers(1, 3),
+)
+def test_selection_and_top_k_maps_are_within_the_charge(
+    cost: float, accounting: Accounting, max_keys: int, linf: int
+) -> None:
     """Thresholding (data-derived keys) and noisy top-k are built at maps within their charge."""
     mech = Mechanism.GAUSSIAN if accounting is Accounting.ZCDP else Mechanism.LAPLACE
     grouped = metric(group_by="page", mechanism=mech, contribution=Contribution(max_keys, linf))
@@ -225,8 +325,18 @@ def test_selection_and_top_k_maps_are_within_the_charge(cost: float, accounting:
     thr_cost, thr_delta = thr.meas.map(d_in)
     thr_charged = thr_cost if mech is Mechanism.GAUSSIAN or accounting is Accounting.PURE else acc.pure_to_rho(thr_cost)
     assert thr_charged <= cost and thr_delta <= 1e-8
-    top = build_release_mechanism(metric(aggregate=Aggregate.TOP_K, mechanism=Mechanism.EXPONENTIAL, k=2, group_by="r",
-                                         keys=("a", "b", "c"), contribution=Contribution(1, linf)), accounting, cost)
+    top = build_release_mechanism(
+        metric(
+            aggregate=Aggregate.TOP_K,
+            mechanism=Mechanism.EXPONENTIAL,
+            k=2,
+            group_by="r",
+            keys=("a", "b", "c"),
+            contribution=Contribution(1, linf),
+        ),
+        accounting,
+        cost,
+    )
     assert top._top.meas.map(linf) <= cost  # type: ignore[attr-defined]
 
 
@@ -263,7 +373,8 @@ def test_a_release_at_cost_c_uses_a_measurement_mapping_within_c(nkeys: int) -> 
         "budgets:\n  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}\n"
         "metrics:\n  m:\n    source: s\n    budget: b\n    weight: 1\n    window: {tumbling: 1h}\n"
         f"    aggregate: count\n{keys}    contribution: {{max_keys: 1, max_per_key: 1}}\n    mechanism: gaussian\n"
-        "sinks: {releases: r, dead_letter: d}\n")
+        "sinks: {releases: r, dead_letter: d}\n"
+    )
     m = topo.metrics["m"]
     t0 = 1_796_083_200 - 1_796_083_200 % 86_400
     sent: list[bytes] = []
@@ -289,6 +400,7 @@ def test_a_release_at_cost_c_uses_a_measurement_mapping_within_c(nkeys: int) -> 
 
 
 # ---- the pool: every sample once, OpenDP's saturation, OpenDP's distribution ------------------------
+
 
 class _Counter:
     """A stand-in measurement: returns its input plus 1, 2, 3, ... (distinct, in order), and records calls."""
@@ -355,8 +467,10 @@ def _exact_cdf(mechanism: Mechanism, scale: float, k: np.ndarray) -> np.ndarray:
         def cover(h: np.ndarray) -> np.ndarray:
             return np.where(h < 0, 0.0, within[np.clip(h, 0, len(within) - 1)])
     else:
+
         def cover(h: np.ndarray) -> np.ndarray:
             return np.array([discrete.laplace_coverage(scale, int(x)) if x >= 0 else 0.0 for x in h])
+
     return np.where(k >= 0, (1.0 + cover(k)) / 2.0, (1.0 - cover(-k - 1)) / 2.0)
 
 
@@ -369,10 +483,13 @@ def _ks_to_exact(samples: list[int], mechanism: Mechanism, scale: float) -> floa
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("mechanism,accounting,cost", [(Mechanism.GAUSSIAN, Accounting.ZCDP, 1 / 32),
-                                                       (Mechanism.LAPLACE, Accounting.PURE, 0.25)])
-def test_pooled_vector_noise_has_the_measurements_distribution(mechanism: Mechanism, accounting: Accounting,
-                                                               cost: float) -> None:
+@pytest.mark.parametrize(
+    "mechanism,accounting,cost",
+    [(Mechanism.GAUSSIAN, Accounting.ZCDP, 1 / 32), (Mechanism.LAPLACE, Accounting.PURE, 0.25)],
+)
+def test_pooled_vector_noise_has_the_measurements_distribution(
+    mechanism: Mechanism, accounting: Accounting, cost: float
+) -> None:
     """Noise of 1,000 releases of 20 declared keys (pooled, one vector per release) and 20,000 direct OpenDP
     calls on the same values each lie within the DKW bound of the exact discrete law (σ≈4 / b=4): the
     pooled noise is distributed as OpenDP's measurement applied to the values, as it was before pooling.

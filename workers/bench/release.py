@@ -128,14 +128,17 @@ async def _measure_width(keys: int, releases: int, warmup: int, rounds: int) -> 
     us = statistics.median(r[0] for r in rows)
     base = statistics.median(r[1] for r in rows)
     ratio = statistics.median(r[0] / r[1] for r in rows)
-    return Row(keys, per_round * rounds, us, base, ratio, us - base, min(r[0] for r in rows),
-               min(r[1] for r in rows), scale)
+    return Row(
+        keys, per_round * rounds, us, base, ratio, us - base, min(r[0] for r in rows), min(r[1] for r in rows), scale
+    )
 
 
 def measure(releases: int, wide_releases: int, wide_keys: int = 1000, rounds: int = 5) -> list[Row]:
     """The two rows (1 key, `wide_keys` keys), each against its bare-OpenDP baseline."""
-    return [asyncio.run(_measure_width(keys, n, warmup=3, rounds=rounds))
-            for keys, n in ((1, releases), (wide_keys, wide_releases))]
+    return [
+        asyncio.run(_measure_width(keys, n, warmup=3, rounds=rounds))
+        for keys, n in ((1, releases), (wide_keys, wide_releases))
+    ]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -157,15 +160,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"release bench: CPU per release on the in-process path (memory ledger, publish excluded), "
-          f"median of {args.rounds} rounds (best round in brackets)")
-    print(f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>20} {'bare OpenDP µs':>20} | {'ratio':>6} "
-          f"{'overhead µs':>12}")
+    print(
+        f"release bench: CPU per release on the in-process path (memory ledger, publish excluded), "
+        f"median of {args.rounds} rounds (best round in brackets)"
+    )
+    print(
+        f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>20} {'bare OpenDP µs':>20} | {'ratio':>6} "
+        f"{'overhead µs':>12}"
+    )
     for r in rows:
         ours = f"{r.release_us:.1f} [{r.best_release_us:.1f}]"
         bare = f"{r.baseline_us:.1f} [{r.best_baseline_us:.1f}]"
-        print(f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {ours:>20} {bare:>20} | {r.ratio:>6.2f} "
-              f"{r.overhead_us:>12.1f}")
-    print("ratio = release / one bare OpenDP make_gaussian call on the same keys at the same σ, timed right after "
-          "each release; overhead = release − bare")
+        print(
+            f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {ours:>20} {bare:>20} | {r.ratio:>6.2f} "
+            f"{r.overhead_us:>12.1f}"
+        )
+    print(
+        "ratio = release / one bare OpenDP make_gaussian call on the same keys at the same σ, timed right after "
+        "each release; overhead = release − bare"
+    )
     return 0

@@ -163,8 +163,9 @@ def _pipelinedp(path: Path, days: int, events: int) -> Side:
         )
         report = ExplainComputationReport()
         public = list(range(day * DAY_S, (day + 1) * DAY_S, WINDOW_S))
-        result = engine.aggregate(by_day.get(day, []), params, extractors, public_partitions=public,
-                                  out_explain_computation_report=report)
+        result = engine.aggregate(
+            by_day.get(day, []), params, extractors, public_partitions=public, out_explain_computation_report=report
+        )
         accountant.compute_budgets()
         releases += sum(1 for _ in result)
         reports.append(report)
@@ -190,7 +191,11 @@ def measure(days: int, events: int, users: int = 20_000, seed: int = 0, workdir:
             missing = None
             theirs = _pipelinedp(path, days, events)
     return Result(
-        days, events, ours, theirs, missing,
+        days,
+        events,
+        ours,
+        theirs,
+        missing,
         ours.events_per_s / theirs.events_per_s if theirs else None,
         ours.sigma / theirs.sigma if theirs else None,
     )
@@ -200,8 +205,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench replay`."""
     parser = subparsers.add_parser("replay", help="replay events/s and noise σ vs PipelineDP's LocalBackend")
     parser.add_argument("--days", type=int, default=10, help="days of events (default 10)")
-    parser.add_argument("--events", type=int, default=None,
-                        help=f"events in the file (default {EVENTS_PER_DAY:,} per day: 842,300 for 10 days)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=None,
+        help=f"events in the file (default {EVENTS_PER_DAY:,} per day: 842,300 for 10 days)",
+    )
     parser.add_argument("--users", type=int, default=20_000, help="distinct users (default 20000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic events (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -219,17 +228,23 @@ def run(args: argparse.Namespace) -> int:
         doc["clock"] = "process_time"
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"replay bench: {result.events:,} events over {result.days} days, one 1-minute count metric, "
-          f"ε = {EPSILON} and δ = {DELTA:g} per day")
+    print(
+        f"replay bench: {result.events:,} events over {result.days} days, one 1-minute count metric, "
+        f"ε = {EPSILON} and δ = {DELTA:g} per day"
+    )
     print(f"{'engine':<24} {'CPU s':>7} {'wall s':>7} {'events/s':>10} {'releases':>9} {'σ':>8}")
     for side in (result.dpstream, result.pipelinedp):
         if side is not None:
-            print(f"{side.engine:<24} {side.cpu_s:>7.2f} {side.wall_s:>7.2f} {side.events_per_s:>10,.0f} "
-                  f"{side.releases:>9,} {side.sigma:>8.2f}")
+            print(
+                f"{side.engine:<24} {side.cpu_s:>7.2f} {side.wall_s:>7.2f} {side.events_per_s:>10,.0f} "
+                f"{side.releases:>9,} {side.sigma:>8.2f}"
+            )
     if result.pipelinedp_missing:
         print(f"PipelineDP comparison skipped: {result.pipelinedp_missing}")
     else:
         print(f"speed ratio dpstream / PipelineDP = {result.speed_ratio:.2f}x (target >= 1.5x, CPU events/s)")
-        print(f"σ ratio dpstream / PipelineDP = {result.sigma_ratio:.3f}x (target <= 1.25x; dpstream at the default "
-              "reserve 0.2, PipelineDP's batch optimum)")
+        print(
+            f"σ ratio dpstream / PipelineDP = {result.sigma_ratio:.3f}x (target <= 1.25x; dpstream at the default "
+            "reserve 0.2, PipelineDP's batch optimum)"
+        )
     return 0

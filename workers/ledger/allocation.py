@@ -29,7 +29,7 @@ from dpstream.topology.allocation import (
 )
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
-from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,19 @@ def _units(amount: Fraction | float) -> int:
     return max(0, math.floor(Fraction(amount) * UNITS_PER_CURRENCY))
 
 
-_grantable = lru_cache(maxsize=4096)(grantable_float)
-"""`grantable_float`, memoised: on plan a period's releases are granted the same few unit counts."""
+@lru_cache(maxsize=4096)
+def _grantable(units: int) -> float:
+    """`grantable_float(units)`, memoised (on plan a period's releases are granted one or two unit
+    counts) and compared in integers: float x = n/d is above units/1e12 iff n·1e12 > units·d."""
+    if units <= 0:
+        return 0.0
+    value = units / UNITS_PER_CURRENCY
+    n, d = value.as_integer_ratio()
+    while n * UNITS_PER_CURRENCY > units * d:
+        value = math.nextafter(value, 0.0)
+        n, d = value.as_integer_ratio()
+    return value
+
 
 _SHAPES: dict[int, tuple[ScopeConfig, dict[str, int] | None]] = {}
 """Per scope config (by identity, holding it so the id stays its own): each metric's k_j, or None

@@ -175,11 +175,14 @@ def _measurement(mechanism: Mechanism, scale: float) -> tuple[Any, NoisePool | N
     return meas, (NoisePool(meas) if scale <= _POOL_MAX_SCALE else None)
 
 
-def integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1: int, l2: float) -> IntegerNoise:
+def integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1: float, l2: float) -> IntegerNoise:
     """A vector measurement costing `cost` at L1 sensitivity `l1` / L2 sensitivity `l2`: its
-    OpenDP map equals `cost` (to `COST_RTOL`) and is not above it. Memoised per argument set."""
+    OpenDP map equals `cost` (to `COST_RTOL`) and is not above it. Memoised per argument set.
+    `l1` is an L1 distance between integer vectors: a whole number (refused otherwise)."""
     if cost <= 0:
         raise InternalError(f"noise built with non-positive cost {cost}")
+    if not float(l1).is_integer() or l1 < 1:
+        raise InternalError(f"integer noise needs a whole L1 sensitivity >= 1, got {l1!r}")
     if mechanism is Mechanism.GAUSSIAN and accounting is not Accounting.ZCDP:
         raise InternalError("Gaussian noise in a pure-ε scope passed validation")
     if mechanism not in (Mechanism.GAUSSIAN, Mechanism.LAPLACE):
