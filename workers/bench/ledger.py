@@ -122,7 +122,7 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
         inc, res = _merge(incs), _merge(ress)
         await client.delete(counter)
     finally:
-        await client.aclose()
+        await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose (redis >= 5.0.1)
         await ledger.close()
     return BenchResult(clients, seconds, inc, res, res.per_second / inc.per_second, url)
 

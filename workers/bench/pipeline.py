@@ -140,7 +140,7 @@ async def _raw_rate(bootstrap: str, topic: str, total: int) -> float:
     try:
         from orjson import loads
     except ImportError:  # pragma: no cover
-        from json import loads
+        from json import loads  # type: ignore[assignment]  # the stdlib fallback: same use, wider signature
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -278,7 +278,7 @@ def _read(bootstrap: str, topic: str) -> list[Any]:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
-        out = []
+        out: list[Any] = []
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             for records in consumer.poll(timeout_ms=300).values():
                 out.extend(r for r in records if r.offset < ends[TopicPartition(r.topic, r.partition)])

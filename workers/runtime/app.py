@@ -53,7 +53,7 @@ class Runtime:
 class _Lifecycle(Service):
     """Starts the release side's producer and ledger with the app, and closes them on shutdown."""
 
-    def __init__(self, releases: ReleaseSide, **kwargs: object) -> None:
+    def __init__(self, releases: ReleaseSide, **kwargs: Any) -> None:
         self._releases = releases
         super().__init__(**kwargs)
 
@@ -103,6 +103,7 @@ def web_settings(settings: RuntimeSettings) -> dict[str, Any]:
 def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
     """The worker's Faust app (no broker contacted), its web settings pinned."""
     web = web_settings(settings)
+    datadir: dict[str, Any] = {"datadir": settings.datadir} if settings.datadir else {}
     app = faust.App(
         app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -111,7 +112,7 @@ def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
         table_standby_replicas=0,
         producer_linger_ms=0,
         consumer_auto_offset_reset="earliest",
-        **({"datadir": settings.datadir} if settings.datadir else {}),
+        **datadir,
         **web,
     )
     # Faust lets environment variables (WEB_BIND, APP_WEB_TABLES_ENABLED, APP_WEB_ENABLED, ...) win over
@@ -131,14 +132,14 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
     releases = ingest = repartition = None
     if role is not Role.INGEST:
         releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings.bootstrap))
-        app.service(_Lifecycle(releases, loop=None))
+        app.service(_Lifecycle(releases, loop=None))  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
     if role is not Role.RELEASE:
         ingest = IngestService(topology, settings, offload=role is Role.ALL)
-        app.service(ingest)
+        app.service(ingest)  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
         hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
         repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
         if repartition is not None:
-            app.service(repartition)
+            app.service(repartition)  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
     telemetry = None
     if settings.web_port is not None:
         from dpstream.workers.telemetry.web import install_worker_pages, worker_telemetry

@@ -27,6 +27,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -87,7 +88,7 @@ class IngestService(Service):
         settings: RuntimeSettings,
         *,
         offload: bool = True,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> None:
         self.topology = topology
         self.settings = settings

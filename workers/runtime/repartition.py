@@ -12,6 +12,7 @@ __all__ = ["RepartitionService"]
 
 import asyncio
 import logging
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -26,7 +27,7 @@ _log = logging.getLogger(__name__)
 try:
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover
-    from json import loads as _loads
+    from json import loads as _loads  # type: ignore[assignment]  # the stdlib fallback: same use, wider signature
 
 
 def _unit_key(raw: bytes, field: str) -> bytes | None:
@@ -45,7 +46,7 @@ def _unit_key(raw: bytes, field: str) -> bytes | None:
 class RepartitionService(Service):
     """Copies the sources that need it into their by-unit topics."""
 
-    def __init__(self, topology: Topology, settings: RuntimeSettings, sources: list[Source], **kwargs: object) -> None:
+    def __init__(self, topology: Topology, settings: RuntimeSettings, sources: list[Source], **kwargs: Any) -> None:
         self.topology = topology
         self.settings = settings
         self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}

@@ -39,7 +39,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -63,7 +63,10 @@ def build_version() -> str:
         return "unknown"
 
 
-def _copy(counter: Mapping[str, int]) -> dict[str, int]:
+_K = TypeVar("_K")
+
+
+def _copy(counter: Mapping[_K, int]) -> dict[_K, int]:
     """A copy of a Counter another thread may grow (the ingest thread adds dead-letter reasons)."""
     for _ in range(10):
         try:
