@@ -34,6 +34,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import opendp.prelude as dp
 
@@ -203,7 +204,7 @@ def audit(case: AuditCase, trials: int) -> AuditResult:
 _W = Window(60, 60)
 
 
-def _metric(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
+def _metric(aggregate: Aggregate, mechanism: Mechanism, **kw: Any) -> Metric:
     return Metric(
         name=f"audit_{aggregate.value}_{mechanism.value}",
         source="audit",
@@ -213,10 +214,11 @@ def _metric(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
         aggregate=aggregate,
         mechanism=mechanism,
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
-def _value_case(name: str, mech: ReleaseMechanism, claim: Claim, x: float, x_prime: float) -> AuditCase:
+def _value_case(name: str, mech: ReleaseMechanism, claim: Claim, x: object, x_prime: object) -> AuditCase:
+    """Neighbouring true values x, x' as the mechanism takes them (a number, or top-k's scores)."""
     return AuditCase(name, claim, lambda n: mech.noise_batch(x, n), lambda n: mech.noise_batch(x_prime, n))
 
 
@@ -279,7 +281,8 @@ def _specs() -> list[tuple[str, ReleaseMechanism, Claim, Callable[[str, ReleaseM
     m_top_z = build_release_mechanism(top_g, Accounting.ZCDP, top_eps**2 / 8.0)
     m_top_p = build_release_mechanism(top_g, Accounting.PURE, top_eps)
     m_sel = build_release_mechanism(sel_g, Accounting.ZCDP, rho, delta=_SCOPE_DELTA)
-    sel_claim = Claim(rho=rho, scope_delta=2 * _SCOPE_DELTA, extra_delta=m_sel.partition_selection["delta"])  # type: ignore[index]
+    assert m_sel.partition_selection is not None  # data-derived keys: it selects partitions
+    sel_claim = Claim(rho=rho, scope_delta=2 * _SCOPE_DELTA, extra_delta=m_sel.partition_selection["delta"])
     return [
         (
             "count / discrete Laplace (pure, eps=1, max_per_key=3)",
@@ -316,13 +319,13 @@ def _specs() -> list[tuple[str, ReleaseMechanism, Claim, Callable[[str, ReleaseM
             m_top_z,
             Claim(epsilon=top_eps, rho=top_eps**2 / 8.0, scope_delta=_SCOPE_DELTA),
             lambda n, m, c: _value_case(n, m, c, d, d_prime),
-        ),  # type: ignore[arg-type]
+        ),
         (
             "top-1 of 21 / permute-and-flip (pure, eps=2)",
             m_top_p,
             Claim(epsilon=top_eps),
             lambda n, m, c: _value_case(n, m, c, d, d_prime),
-        ),  # type: ignore[arg-type]
+        ),
         (
             "partition selection / Gaussian threshold (zCDP, rho=0.5)",
             m_sel,
@@ -356,11 +359,12 @@ class _Halved(ReleaseMechanism):
             make = dp.m.make_gaussian if noise.mechanism is Mechanism.GAUSSIAN else dp.m.make_laplace
             metric = dp.l2_distance(T=float) if noise.mechanism is Mechanism.GAUSSIAN else dp.l1_distance(T="i64")
             self._meas = make(domain, metric, scale=noise.scale / 2)
-            self._codec = mech._codec  # type: ignore[attr-defined]
+            self._codec = mech._codec  # type: ignore[attr-defined]  # only _ValueRelease has _noise, and it has a codec
 
-    def noise_batch(self, true_value: object, n: int) -> list[float]:
+    def noise_batch(self, true_value: Any, n: int) -> list[float]:
         if hasattr(self, "_top_meas"):
-            scores = [int(true_value.get(k, 0)) for k in self._keys]  # type: ignore[union-attr]
+            assert self._keys is not None  # the audited top-k declares its keys
+            scores = [int(true_value.get(k, 0)) for k in self._keys]
             return [float(self._top_meas(scores)[0]) for _ in range(n)]
         units = self._meas([self._codec.encode(true_value)] * n)
         return [self._codec.decode(u) for u in units]

@@ -173,12 +173,14 @@ def _audit(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"entries": entries}, indent=2))
             return 0
-        for e in entries:
+        for entry in entries:
             detail = " ".join(
-                f"{k}={e[k]}" for k in ("period", "metric", "release_id", "cost", "ratio", "state", "actor") if k in e
+                f"{k}={entry[k]}"
+                for k in ("period", "metric", "release_id", "cost", "ratio", "state", "actor")
+                if k in entry
             )
-            reason = f"  ({e['reason']})" if "reason" in e else ""
-            print(f"{e['at']} {e['scope']} {e['kind']:<13} {detail}{reason}")
+            reason = f"  ({entry['reason']})" if "reason" in entry else ""
+            print(f"{entry['at']} {entry['scope']} {entry['kind']:<13} {detail}{reason}")
         return 0
 
     return _run(args, body)
