@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pytest
@@ -71,11 +71,11 @@ class RedisServer:
     port: int
     handle: RedisHandle | None = None
 
-    def client(self, **kwargs: object) -> redis.Redis:
+    def client(self, **kwargs: Any) -> redis.Redis:
         """A new redis-py client for this server (decode_responses etc. may be passed)."""
         import redis as redis_py
 
-        return redis_py.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
+        return redis_py.Redis.from_url(self.url, **kwargs)
 
     def flush(self) -> None:
         """Empty every database (the server is the tests' own, or one given for tests)."""

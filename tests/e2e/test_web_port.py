@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import faust
 import pytest
@@ -49,8 +50,8 @@ VIEW_FLAGS = [
 ]
 
 
-def _settings(**kwargs: object) -> RuntimeSettings:
-    return RuntimeSettings(bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **kwargs)  # type: ignore[arg-type]
+def _settings(**kwargs: Any) -> RuntimeSettings:
+    return RuntimeSettings(bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **kwargs)
 
 
 async def _serve(app: faust.App, paths: list[str]) -> dict[str, tuple[int, str]]:
@@ -117,7 +118,7 @@ def test_app_routes_no_builtin_view_but_serves_added_pages() -> None:
     app.Table(TABLE, default=None)
 
     @app.page("/health")
-    async def health(web, request):  # noqa: ANN001, ANN202 - a later change adds the real one
+    async def health(web, request):  # a later change adds the real one
         return web.json({"ok": True})
 
     got = asyncio.run(_serve(app, [*BUILTIN_PATHS, "/health", "/"]))
@@ -131,7 +132,7 @@ def test_app_routes_no_builtin_view_but_serves_added_pages() -> None:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, kafka_broker, fresh_redis):  # noqa: ANN001, ANN201
+def deployment(tmp_path: Path, kafka_broker, fresh_redis):
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     yield dep
     dep.stop_all()
@@ -168,7 +169,7 @@ def _accepts(host: str, port: int) -> bool:
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()

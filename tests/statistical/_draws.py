@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +41,10 @@ class Case:
         return build_release_mechanism(self.metric, self.accounting, self.cost)
 
 
-def _m(aggregate: Aggregate, mechanism: Mechanism, **kw: object) -> Metric:
+def _m(aggregate: Aggregate, mechanism: Mechanism, **kw: Any) -> Metric:
     return Metric(
         name="cal", source="s", budget="b", weight=1.0, window=_W, aggregate=aggregate, mechanism=mechanism, **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 def _cases() -> list[Case]:

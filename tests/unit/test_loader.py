@@ -21,7 +21,7 @@ from dpstream.topology.loader import (
     load_with_warnings,
     read_topology,
 )
-from dpstream.topology.model import Accounting, Aggregate, Mechanism, WindowKind
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, Topology, WindowKind
 from dpstream.topology.substitution import SubstitutionError, substitute_env
 from dpstream.topology.validation import TopologyError
 from dpstream.topology.yaml_positions import LocatedError, Map, compose_located
@@ -211,7 +211,7 @@ def test_read_topology_source_map_lines() -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies())
-def test_random_valid_topologies_round_trip(topology) -> None:  # type: ignore[no-untyped-def]
+def test_random_valid_topologies_round_trip(topology: Topology) -> None:
     """dump → load gives back an equal Topology with the same topology_version."""
     loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})
     assert loaded == topology
@@ -327,7 +327,7 @@ def test_start_round_trips_through_the_dumper() -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
-def test_random_starts_round_trip(topology, start_s: int) -> None:  # type: ignore[no-untyped-def]
+def test_random_starts_round_trip(topology: Topology, start_s: int) -> None:
     """Any start in range survives dump → load unchanged, with the same topology_version."""
     topology = dataclasses.replace(topology, start_s=start_s)
     loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})

@@ -119,7 +119,7 @@ def test_default_ports_are_distinct() -> None:
 def test_bad_ports_are_config_errors(kwargs: dict[str, object], message: str) -> None:
     """A duplicate or out-of-range port is one ConfigError naming the flag, the value and the fix."""
     with pytest.raises(ConfigError, match=message):
-        Ports(**kwargs)  # type: ignore[arg-type]
+        Ports(**kwargs)  # type: ignore[arg-type]  # deliberately ill-typed values: the check under test
 
 
 def test_free_port_is_bindable_and_avoids() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import opendp.prelude as dp
 import pytest
@@ -18,12 +19,12 @@ from dpstream.workers.noise.measurements import check_cost, integer_noise, top_k
 W = Window(60, 60)
 
 
-def metric(**kw: object) -> Metric:
-    base: dict[str, object] = dict(
+def metric(**kw: Any) -> Metric:
+    base: dict[str, Any] = dict(
         name="m", source="s", budget="b", weight=1.0, window=W, aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN
     )
     base.update(kw)
-    return Metric(**base)  # type: ignore[arg-type]
+    return Metric(**base)
 
 
 def test_check_cost_refuses_mismatch() -> None:

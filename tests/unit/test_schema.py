@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dpstream.topology.dumper import topology_document
 from dpstream.topology.loader import ACCEPTED_FIELDS, REQUIRED_FIELDS, START_MAX_S, START_MIN_S, load_topology_text
-from dpstream.topology.model import Accounting, Aggregate, Mechanism
+from dpstream.topology.model import Accounting, Aggregate, Mechanism, Topology
 from dpstream.topology.schema import topology_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +208,7 @@ def test_schema_rejects_broken_documents(old: str, new: str, fragment: str) -> N
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies())
-def test_random_valid_topologies_validate(topology) -> None:  # type: ignore[no-untyped-def]
+def test_random_valid_topologies_validate(topology: Topology) -> None:
     """Every topology the loader accepts (as dumped YAML) is valid under the schema."""
     assert _errors(topology_document(topology), SCHEMA) == []
 
@@ -259,6 +259,6 @@ def test_schema_rejects_bad_starts(start: Any) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
-def test_random_topologies_with_start_validate(topology, start_s: int) -> None:  # type: ignore[no-untyped-def]
+def test_random_topologies_with_start_validate(topology: Topology, start_s: int) -> None:
     """A dumped topology with a start (written as ISO-8601 with Z) is valid under the schema."""
     assert _errors(topology_document(dataclasses.replace(topology, start_s=start_s)), SCHEMA) == []

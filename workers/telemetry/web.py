@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = ["Telemetry", "install_worker_pages", "worker_telemetry"]
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,7 +30,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class Telemetry:
     """One process's registry: the budget collector (refreshed per scrape) and in-process collectors."""
 
-    def __init__(self, role: str, budget: BudgetCollector | None, collectors: list[Collector] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, role: str, budget: BudgetCollector | None, collectors: Sequence[Collector] = ()) -> None:
         self.role = role
         self.budget = budget
         self.registry = CollectorRegistry(auto_describe=False)

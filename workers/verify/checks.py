@@ -122,15 +122,16 @@ def index_releases(
                 )
             )
         pub = out.get(rid)
+        assert rec.value is not None  # the release_id was decoded from it
         if pub is None:
-            out[rid] = Published(rid, doc, rec, {rec.value: rec}, 1)  # type: ignore[dict-item]
+            out[rid] = Published(rid, doc, rec, {rec.value: rec}, 1)
             continue
         pub.copies += 1
         if rec.value in pub.payloads:
             dup += 1
             continue
         first = pub.first
-        pub.payloads[rec.value] = rec  # type: ignore[index]
+        pub.payloads[rec.value] = rec
         violations.append(
             Violation(
                 "two_payloads",

@@ -11,7 +11,7 @@ __all__ = ["VerifyOptions", "verify_deployment"]
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
@@ -46,7 +46,7 @@ class VerifyOptions:
     """Do not count a non-durable ledger Redis as a violation."""
 
 
-def _valid_scope(name: str | None) -> bool:
+def _valid_scope(name: str | None) -> TypeGuard[str]:
     if not name:
         return False
     try:
@@ -62,7 +62,7 @@ async def _charges(
     """rid → its ledger record: under the scope its payload names first, else under any other scope."""
     found: dict[str, LedgerRelease | None] = {}
     first = {(p.scope, rid) for rid, p in published.items() if _valid_scope(p.scope)}
-    got = await read_releases(client, first)  # type: ignore[arg-type]
+    got = await read_releases(client, first)
     for (_scope, rid), rec in got.items():
         found[rid] = rec
     rest = [rid for rid in published if rid not in found]
