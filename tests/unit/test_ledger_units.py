@@ -101,11 +101,11 @@ def test_deployment_start_key_has_its_own_hash_tag() -> None:
 
 def test_a_grant_is_rounded_down_and_a_bad_amount_is_a_user_error() -> None:
     """A grant loosens the limit: never more than asked; zero, negative or non-finite is one line, exit 2."""
+    from fractions import Fraction
+
     import pytest
 
     from dpstream.topology.errors import ConfigError
-    from fractions import Fraction
-
     from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, cost_to_units, grant_to_units
 
     for amount in (0.0001, 0.1, 1 / 3):

@@ -56,7 +56,9 @@ def grant_to_units(amount: float) -> int:
         raise ConfigError(f"--amount {amount!r}: give a positive amount of the scope's currency (ρ or ε)")
     units = math.floor(Fraction(amount) * UNITS_PER_CURRENCY)
     if units < 1 or units > MAX_UNITS:
-        raise ConfigError(f"--amount {amount!r}: outside the ledger's exact range (1e-12 .. {MAX_UNITS / UNITS_PER_CURRENCY:.0f})")
+        raise ConfigError(
+            f"--amount {amount!r}: outside the ledger's exact range (1e-12 .. {MAX_UNITS / UNITS_PER_CURRENCY:.0f})"
+        )
     return units
 
 
