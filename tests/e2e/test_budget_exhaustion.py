@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 WINDOW = 2
 
 
-async def _block(redis_url: str, topology, pid: str):  # noqa: ANN001, ANN202
+async def _block(redis_url: str, topology, pid: str):
     ledger = await open_ledger(redis_url, topology)
     try:
         return next((b for b in await ledger.history("b") if b.period_id == pid), None)
@@ -27,7 +27,7 @@ async def _block(redis_url: str, topology, pid: str):  # noqa: ANN001, ANN202
         await ledger.close()
 
 
-async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> None:  # noqa: ANN001
+async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> None:
     """Another deployment drawing on the same scope spends everything left of the cap (reserve included)."""
     ledger = await open_ledger(redis_url, topology)
     try:
@@ -41,7 +41,7 @@ async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> Non
         await ledger.close()
 
 
-def test_exhausted_budget_stops_releases_refuses_and_counts(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001
+def test_exhausted_budget_stops_releases_refuses_and_counts(tmp_path: Path, kafka_broker, fresh_redis) -> None:
     """A tiny budget: windows release until the cap is spent; later windows are refused by the ledger and counted."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=0.05)
     try:
@@ -57,7 +57,7 @@ def test_exhausted_budget_stops_releases_refuses_and_counts(tmp_path: Path, kafk
         later = [event(f"u{i}", t0 + k * WINDOW + 0.5) for k in (2, 3) for i in range(20)]
         send(dep.bootstrap, dep.source_topic, later)
 
-        def refused_enough():  # noqa: ANN202
+        def refused_enough():
             block = asyncio.run(_block(dep.redis_url, dep.topology, pid))
             return block if block is not None and block.refused >= 4 else None
 

@@ -179,7 +179,7 @@ class Stack:
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
@@ -249,7 +249,7 @@ EVENT_FAMILIES = {"dpstream_events_total", "dpstream_dead_letters_total"}
 
 
 @pytest.fixture
-def stack(tmp_path: Path, kafka_broker, fresh_redis):  # noqa: ANN001, ANN201
+def stack(tmp_path: Path, kafka_broker, fresh_redis):
     s = Stack(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     yield s
     s.stop()
@@ -430,7 +430,10 @@ def test_split_roles_each_serve_their_own_metrics_and_release_lag(stack: Stack) 
             for i in range(40)
         ],
     )
-    logs = lambda: stack.log("w-release")[-2000:] + stack.log("w-ingest")[-2000:]  # noqa: E731
+
+    def logs() -> str:
+        return stack.log("w-release")[-2000:] + stack.log("w-ingest")[-2000:]
+
     assert poll(lambda: stack.released(first), timeout_s=150), logs()
     assert poll(lambda: stack.released(start), timeout_s=150), logs()
     published = ("dpstream_releases_total", (("metric", "pages"), ("outcome", "published")))

@@ -20,7 +20,7 @@ WINDOW = 2
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, kafka_broker, fresh_redis):  # noqa: ANN001, ANN201
+def deployment(tmp_path: Path, kafka_broker, fresh_redis):
     """A fresh topology (unique topics) on the session broker and an emptied Redis; workers stopped after."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     yield dep
@@ -211,7 +211,7 @@ def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: 
     assert poll(lambda: stuck[0].release_id not in {p.release_id for p in asyncio.run(pending())}, timeout_s=60)
 
 
-def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001
+def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_redis) -> None:
     """With an operator-opened breaker (budget closed), windows are refused and counted, nothing is published."""
     from dpstream.workers.ledger import open_ledger
 
@@ -233,7 +233,7 @@ def test_budget_exhaustion_stops_releases(tmp_path: Path, kafka_broker, fresh_re
         assert partials, dep.log("w1")[-3000:]
         time.sleep(3)  # let the release owner process what it has (content asserted below, not timing)
 
-        async def status():  # noqa: ANN202
+        async def status():
             ledger = await open_ledger(dep.redis_url, dep.topology)
             try:
                 return await ledger.status("b")
@@ -262,7 +262,7 @@ def test_split_ingest_and_release_processes_release_every_window_once(deployment
     assert {r["metric"] for r in recs} == set(deployment.topology.metrics)
 
 
-def test_a_repartitioned_source_counts_by_the_source_append_time(tmp_path: Path, kafka_broker, fresh_redis) -> None:  # noqa: ANN001
+def test_a_repartitioned_source_counts_by_the_source_append_time(tmp_path: Path, kafka_broker, fresh_redis) -> None:
     """A source not keyed by its unit goes through the by-unit hop (keys are anything); windows close
     only once the hop has copied everything the source held, and every event is counted once."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, keyed=False)

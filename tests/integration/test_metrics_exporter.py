@@ -67,7 +67,7 @@ def _write_topology(tmp_path: Path, redis_url: str) -> Path:
 
 def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
@@ -128,12 +128,12 @@ class Exporter:
 
 
 @pytest.fixture
-def topology_file(tmp_path: Path, fresh_redis) -> Path:  # noqa: ANN001
+def topology_file(tmp_path: Path, fresh_redis) -> Path:
     return _write_topology(tmp_path, fresh_redis.url)
 
 
 @pytest.fixture
-def exporter(tmp_path: Path, topology_file: Path, fresh_redis) -> Iterator[Exporter]:  # noqa: ANN001
+def exporter(tmp_path: Path, topology_file: Path, fresh_redis) -> Iterator[Exporter]:
     exp = Exporter(topology_file, fresh_redis.url, tmp_path / "exporter.log")
     yield exp
     exp.stop()
@@ -185,7 +185,7 @@ def _budget_status(topology_file: Path, url: str) -> dict[str, dict]:
 def test_exporter_budget_gauges_equal_budget_status_after_real_charges(
     exporter: Exporter,
     topology_file: Path,
-    fresh_redis,  # noqa: ANN001
+    fresh_redis,
 ) -> None:
     text, _ = exporter.scrape()
     got = _samples(text)
@@ -220,7 +220,7 @@ def test_exporter_budget_gauges_equal_budget_status_after_real_charges(
     assert abs(got[("dpstream_budget_reserve_ratio", (("scope", "partner-hourly"),))] - 0.1) < 1e-9
 
 
-def test_exporter_scrape_passes_promtool_check_metrics(exporter: Exporter, topology_file: Path, fresh_redis) -> None:  # noqa: ANN001
+def test_exporter_scrape_passes_promtool_check_metrics(exporter: Exporter, topology_file: Path, fresh_redis) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool missing: apt-get install prometheus (workers/localstack/sysdeps.py)")
@@ -267,7 +267,7 @@ def test_exporter_answers_with_ledger_down_when_its_redis_stops(tmp_path: Path) 
         handle.stop()
 
 
-def test_exporter_refuses_a_bad_port_with_one_line(tmp_path: Path, fresh_redis) -> None:  # noqa: ANN001
+def test_exporter_refuses_a_bad_port_with_one_line(tmp_path: Path, fresh_redis) -> None:
     topology_file = _write_topology(tmp_path, fresh_redis.url)
     out = subprocess.run(
         [sys.executable, "-m", "dpstream.workers.cli", "exporter", "--topology", str(topology_file), "--port", "70000"],

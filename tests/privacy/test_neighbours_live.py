@@ -74,7 +74,7 @@ def _noise_margin(a: dict, b: dict) -> float:
 def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensitivity(
     tmp_path: Path,
     kafka_broker,
-    fresh_redis,  # noqa: ANN001
+    fresh_redis,
 ) -> None:
     """D vs D′ (plus a far-future event sent first, and an event in the schedule's first window)."""
     start = (int(time.time()) // WINDOW + 1) * WINDOW
@@ -122,7 +122,7 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
 def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
     tmp_path: Path,
     kafka_broker,
-    fresh_redis,  # noqa: ANN001
+    fresh_redis,
 ) -> None:
     """Two deployments read one source topic: one undisturbed, one SIGKILLed mid-stream and restarted
     after a pause; every window's true aggregate (merged partials) and release match."""

@@ -198,7 +198,7 @@ def _http(url: str, body: Any = None) -> Any:
     request = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json"}, method="GET" if body is None else "POST"
     )
-    with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(request, timeout=2) as response:  # loopback only
         raw = response.read()
     return json.loads(raw) if raw else None
 
@@ -227,7 +227,7 @@ def alertmanager(rendered: Path, amtool: str, tmp_path: Path) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()  # noqa: S310 - loopback only
+                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()  # loopback only
                 break
             except (urllib.error.URLError, OSError):
                 if proc.poll() is not None or time.monotonic() > deadline:

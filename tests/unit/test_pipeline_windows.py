@@ -9,6 +9,7 @@ import pytest
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.pipeline.partition import MAX_WINDOWS_PER_CLOSE, first_window_start
 
 _YAML = """
@@ -245,5 +246,8 @@ def test_batch_boundaries_do_not_change_partials(topo):
     for r in recs:
         b.process_batch([r])
     many = b.mark_end(1_000_080 + 1000, len(recs)).partials
-    key = lambda p: (p.metric, p.start)  # noqa: E731
+
+    def key(p: WindowPartial) -> tuple[str, int]:
+        return (p.metric, p.start)
+
     assert sorted(one, key=key) == sorted(many, key=key)

@@ -25,12 +25,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "topology" / "examples" / "web-a
 
 
 @pytest.fixture(scope="module")
-def topology():  # noqa: ANN201
+def topology():
     """The web-analytics reference topology."""
     return load_topology(EXAMPLE)
 
 
-def test_events_carry_every_field_the_metrics_need(topology) -> None:  # noqa: ANN001
+def test_events_carry_every_field_the_metrics_need(topology) -> None:
     """Well-formed events have unit, ts, declared page keys, referrer and both numeric fields; key = unit."""
     gen = EventGenerator(topology, config=GeneratorConfig(users=50, seed=1))
     pages = set(topology.metrics["page_views"].keys)
@@ -42,7 +42,7 @@ def test_events_carry_every_field_the_metrics_need(topology) -> None:  # noqa: A
         assert isinstance(doc["ts"], float) and isinstance(doc["basket_eur"], float)
 
 
-def test_users_are_zipf_skewed(topology) -> None:  # noqa: ANN001
+def test_users_are_zipf_skewed(topology) -> None:
     """A few heavy users dominate: the top 1% of 1000 users send more than the bottom 50%."""
     gen = EventGenerator(topology, config=GeneratorConfig(users=1000, seed=2))
     counts = collections.Counter(ev.key for ev in gen.events(20_000))
@@ -50,7 +50,7 @@ def test_users_are_zipf_skewed(topology) -> None:  # noqa: ANN001
     assert sum(ranked[:10]) > sum(ranked[500:])
 
 
-def test_some_values_fall_outside_bounds(topology) -> None:  # noqa: ANN001
+def test_some_values_fall_outside_bounds(topology) -> None:
     """Values are mostly within bounds and sometimes outside, so clamping is exercised."""
     gen = EventGenerator(topology, config=GeneratorConfig(users=100, seed=3, outside_bounds=0.05))
     values = [json.loads(ev.value)["basket_eur"] for ev in gen.events(4000)]
@@ -58,14 +58,14 @@ def test_some_values_fall_outside_bounds(topology) -> None:  # noqa: ANN001
     assert 0 < outside < len(values) * 0.2
 
 
-def test_speedup_compresses_event_time(topology) -> None:  # noqa: ANN001
+def test_speedup_compresses_event_time(topology) -> None:
     """With speedup 60 at 100 events/s, 100 events span about 60 s of event time."""
     gen = EventGenerator(topology, config=GeneratorConfig(users=10, seed=4, speedup=60, start_ts=1000.0))
     ts = [ev.ts for ev in gen.events(101, rate=100)]
     assert ts[0] == 1000.0 and abs(ts[-1] - 1060.0) < 1e-6
 
 
-def test_malformed_events_fail_validation_with_their_reason(topology) -> None:  # noqa: ANN001
+def test_malformed_events_fail_validation_with_their_reason(topology) -> None:
     """Each malformation is dead-lettered by a live partition pipeline with the matching reason; good
     events are accepted."""
     want = {
@@ -86,7 +86,7 @@ def test_malformed_events_fail_validation_with_their_reason(topology) -> None:  
     assert {ev.malformation for ev in events} == set(want) | {None}
 
 
-def test_write_jsonl_writes_one_event_per_line(topology, tmp_path: Path) -> None:  # noqa: ANN001
+def test_write_jsonl_writes_one_event_per_line(topology, tmp_path: Path) -> None:
     """write_jsonl writes N parseable lines."""
     gen = EventGenerator(topology, config=GeneratorConfig(users=5, seed=6))
     n = write_jsonl(tmp_path / "e.jsonl", gen.events(25))

@@ -129,7 +129,10 @@ def test_planned_spend_rate_is_the_pool_over_the_period(accounting: str) -> None
 
 
 def test_spent_total_sums_blocks_and_never_goes_down() -> None:
-    block = lambda pid, units: SimpleNamespace(period_id=pid, spent_units=units)  # noqa: E731
+
+    def block(pid: str, units: int) -> SimpleNamespace:
+        return SimpleNamespace(period_id=pid, spent_units=units)
+
     totals = SpentTotals()
     totals.update("b", [block("d3", 5), block("d2", 100), block("d1", 1000)])  # a full read
     assert totals.units("b") == 1105
@@ -234,10 +237,10 @@ def test_budget_collector_renders_every_budget_family_and_ledger_up() -> None:
 
 def test_budget_collector_reports_a_failing_ledger_as_down_and_serves_no_stale_gauge() -> None:
     class Broken:
-        async def scopes(self):  # noqa: ANN202
+        async def scopes(self):
             raise LedgerUnavailable("down")
 
-        async def status(self, scope):  # noqa: ANN001, ANN202
+        async def status(self, scope):
             raise LedgerUnavailable("down")
 
     topology = _topology()
@@ -273,7 +276,7 @@ class _Stats:
 
 
 class _ReleaseSide:
-    def __init__(self, topology) -> None:  # noqa: ANN001
+    def __init__(self, topology) -> None:
         self.stats = _Stats()
         self.latency = LabelledHistogram("metric", topology.metrics, (0.1, 1.0))
         self.ledger_timings = LedgerTimings()
@@ -293,7 +296,7 @@ class _Ingest:
         return self.live
 
 
-def _samples(collector) -> dict:  # noqa: ANN001
+def _samples(collector) -> dict:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     text = generate_latest(registry).decode()
@@ -380,13 +383,13 @@ def test_timed_ledger_times_the_five_calls_counts_errors_and_passes_the_rest() -
     class Fake:
         backend = "fake"
 
-        async def quote(self, *a):  # noqa: ANN002, ANN202
+        async def quote(self, *a):
             return "q"
 
-        async def charge(self, req):  # noqa: ANN001, ANN202
+        async def charge(self, req):
             raise LedgerUnavailable("down")
 
-        async def status(self, scope):  # noqa: ANN001, ANN202
+        async def status(self, scope):
             return scope
 
     timings = LedgerTimings()

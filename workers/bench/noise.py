@@ -112,7 +112,10 @@ def measure(n: int, reps: int) -> list[dict[str, Any]]:
             }
         )
     p50, p99 = _percentiles(lambda: top.release(scores), reps)
-    gumbel = lambda: int(np.argmax(np.fromiter(scores.values(), float) + rng.gumbel(0.0, 1.0, len(scores))))  # noqa: E731
+
+    def gumbel() -> int:
+        return int(np.argmax(np.fromiter(scores.values(), float) + rng.gumbel(0.0, 1.0, len(scores))))
+
     b50, b99 = _percentiles(gumbel, reps)
     top_reps = max(1, n // 100)
     rate = top_reps * 5 / max(1e-9, _elapsed(lambda: [top.release(scores) for _ in range(top_reps)]))

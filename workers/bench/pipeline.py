@@ -233,7 +233,7 @@ async def _follow(
         while start is None and alive():
             try:
                 offsets = await admin.list_consumer_group_offsets(group)
-            except Exception:  # noqa: BLE001 - the group does not exist yet
+            except Exception:  # the group does not exist yet
                 offsets = {}
             if sum(max(0, meta.offset) for meta in offsets.values()) > 0:
                 start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
@@ -379,7 +379,10 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     order = sorted(closes.values())
     slowest = [f"{m}@{(closes[(m, s)] - order[0]):.1f}s: {lat * 1000:.0f} ms" for lat, (m, s) in by_window[-3:][::-1]]
     worker = args.events / elapsed if elapsed == elapsed and elapsed > 0 else 0.0
-    pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")  # noqa: E731
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+
     return {
         "events": args.events,
         "windows_released": len(released & expected),

@@ -50,7 +50,7 @@ def mvn_argv(pom: Path, output_dir: Path) -> list[str]:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - fixed argv
+    return subprocess.run(argv, capture_output=True, text=True, check=False)  # fixed argv
 
 
 @contextmanager

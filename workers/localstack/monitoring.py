@@ -30,7 +30,7 @@ def render_prometheus_config(prometheus_port: int, alertmanager_port: int, worke
 def http_ready(port: int, path: str = "/-/ready") -> bool:
     """True when GET http://127.0.0.1:port/path answers 200 (Prometheus and Alertmanager both serve /-/ready)."""
     try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=1.0) as response:  # noqa: S310
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=1.0) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -38,7 +38,7 @@ def http_ready(port: int, path: str = "/-/ready") -> bool:
 
 def _check(argv: list[str], config: Path) -> None:
     """Run a config checker (promtool / amtool); a rejected config is the user's to fix."""
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - fixed argv
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)  # fixed argv
     if result.returncode != 0:
         lines = [ln.strip() for ln in (result.stderr + result.stdout).splitlines() if ln.strip()]
         reason = next(

@@ -112,7 +112,7 @@ class ManagedProcess:
         """Start `argv` detached from this terminal (new session), append its output to the log, record it."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
-            self._popen = subprocess.Popen(  # noqa: S603 - argv is built by this package, never from a shell string
+            self._popen = subprocess.Popen(  # argv is built by this package, never from a shell string
                 argv,
                 cwd=cwd,
                 env=env,

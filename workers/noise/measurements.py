@@ -193,7 +193,10 @@ def integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1:
 @lru_cache(maxsize=1024)
 def _integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1: int, l2: float) -> IntegerNoise:
     if mechanism is Mechanism.GAUSSIAN:
-        gauss_map = lambda s: _measurement(mechanism, s)[0].map(l2)  # noqa: E731
+
+        def gauss_map(s: float) -> float:
+            return _measurement(mechanism, s)[0].map(l2)
+
         scale = _scale_within(gauss_map, acc.gaussian_sigma_for_rho(l2, cost), cost)
         meas, pool = _measurement(mechanism, scale)
         check_within_charge("discrete Gaussian", meas.map(l2), cost)
@@ -208,7 +211,10 @@ def _integer_noise(mechanism: Mechanism, accounting: Accounting, cost: float, l1
             pool,
         )
     eps = cost if accounting is Accounting.PURE else acc.rho_to_pure(cost)
-    lap_map = lambda s: _charged(accounting, _measurement(mechanism, s)[0].map(l1))  # noqa: E731
+
+    def lap_map(s: float) -> float:
+        return _charged(accounting, _measurement(mechanism, s)[0].map(l1))
+
     scale = _scale_within(lap_map, acc.laplace_scale_for_epsilon(l1, eps), cost)
     meas, pool = _measurement(mechanism, scale)
     check_within_charge("discrete Laplace", _charged(accounting, meas.map(l1)), cost)
@@ -283,12 +289,17 @@ def threshold(noise: IntegerNoise, accounting: Accounting, max_keys: int, linf: 
         metric = dp.l02inf_distance(dp.absolute_distance(T=float))
         d_in = (max_keys, noise.d_in, float(linf))
         make, name = dp.m.make_gaussian_threshold, "gaussian_threshold"
-        convert = lambda c: c  # noqa: E731
+
+        def convert(c: float) -> float:
+            return c
+
     else:
         metric = dp.l01inf_distance(dp.absolute_distance(T=float))
         d_in = (max_keys, noise.d_in, float(linf))
         make, name = dp.m.make_laplace_threshold, "laplace_threshold"
-        convert = lambda c: _charged(accounting, c)  # noqa: E731
+
+        def convert(c: float) -> float:
+            return _charged(accounting, c)
 
     def build(t: int) -> Any:
         return make(domain, metric, scale=noise.scale, threshold=t)

@@ -128,7 +128,7 @@ class ReleaseDispatcher:
         try:
             async with self._slots:
                 result = await self._release(window)
-        except Exception as exc:  # noqa: BLE001 - reported to on_finished, retried later
+        except Exception as exc:  # reported to on_finished, retried later
             error = exc
             attempts = self._retry.get(key, (0, 0.0))[0] + 1
             self._retry[key] = (attempts, time.monotonic() + min(RETRY_MAX_S, 2.0**attempts))
@@ -140,5 +140,5 @@ class ReleaseDispatcher:
         if self._on_finished is not None:
             try:
                 self._on_finished(window, result, error)
-            except Exception:  # noqa: BLE001 - a reporting bug must not stop releases
+            except Exception:  # a reporting bug must not stop releases
                 _log.exception("release dispatch: on_finished failed")

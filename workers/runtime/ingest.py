@@ -306,7 +306,8 @@ class IngestService(Service):
         if core is not None:
             return core
         assert self._consumer is not None and self.schedule_start is not None
-        committed = await self._consumer._coordinator.fetch_committed_offsets([tp])  # noqa: SLF001 - aiokafka's public committed() drops the metadata we resume from
+        # aiokafka's public committed() drops the metadata we resume from
+        committed = await self._consumer._coordinator.fetch_committed_offsets([tp])
         meta = committed.get(tp)
         resume: dict[str, int] | None = None
         if meta is not None and meta.offset >= 0:

@@ -271,7 +271,7 @@ class ReleaseSide:
             return
         try:
             await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
-        except Exception as exc:  # noqa: BLE001 - the sweeper retries next round; never crash the worker
+        except Exception as exc:  # the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
 
 

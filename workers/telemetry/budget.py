@@ -317,7 +317,7 @@ class BudgetCollector(Collector):
             self.figures = await asyncio.wait_for(self._read(), self.timeout_s)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure to read is "the ledger is down" here
+        except Exception as exc:  # any failure to read is "the ledger is down" here
             self.figures = []
             self.ledger_up = False
             await self.source.reset()

@@ -49,7 +49,7 @@ def exporter_telemetry(topology: Topology, redis_url: str, *, allow_volatile: bo
     return Telemetry("exporter", budget, [_BuildInfo(topology)])
 
 
-def make_app(telemetry: Telemetry):  # noqa: ANN201 - aiohttp.web.Application, imported lazily
+def make_app(telemetry: Telemetry):  # aiohttp.web.Application, imported lazily
     """The aiohttp application: GET /metrics and GET /health, nothing else."""
     from aiohttp import web
 

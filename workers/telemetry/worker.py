@@ -59,7 +59,7 @@ def build_version() -> str:
         from importlib.metadata import version
 
         return version("dpstream")
-    except Exception:  # noqa: BLE001 - metadata missing in an uninstalled checkout
+    except Exception:  # metadata missing in an uninstalled checkout
         return "unknown"
 
 
