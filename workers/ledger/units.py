@@ -136,7 +136,9 @@ def ledger_delta(delta: float) -> float:
     """
     if delta <= 0:
         return 0.0
-    units = math.floor(Fraction(delta) * DELTA_UNITS_PER_DELTA)
+    # `delta` is a float share (total / n, rounded to nearest, so up to 2^-53 above the exact share):
+    # 2^-50 below it, n charges of floor(share) units never add up past the cap's floor(total) units.
+    units = math.floor(Fraction(delta) * DELTA_UNITS_PER_DELTA * (1 - Fraction(1, 2**50)))
     if units <= 0:
         raise ConfigError(
             f"selection delta per release {delta!r} is below the ledger's unit (1e-18): choose a larger delta"
