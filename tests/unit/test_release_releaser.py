@@ -11,8 +11,8 @@ import pytest
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger import open_ledger
-from dpstream.workers.release.releaser import COST_BITS
 from dpstream.workers.release import ReleaseOutcome, Releaser, sweep
+from dpstream.workers.release.releaser import COST_BITS
 
 _YAML = """
 version: 1
