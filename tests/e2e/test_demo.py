@@ -49,12 +49,21 @@ def test_bounded_demo_shows_useful_releases_monitoring_and_a_budget_summary_then
     beside it, the Prometheus URL of the budget ratio with both targets scraped, and a budget summary; every port
     it opened is closed afterwards."""
     ports: dict[str, int] = {}
-    for name in ("kafka_port", "kafka_controller_port", "redis_port", "prometheus_port", "alertmanager_port",
-                 "worker_web_port", "exporter_port", "webhook_port"):
+    for name in (
+        "kafka_port",
+        "kafka_controller_port",
+        "redis_port",
+        "prometheus_port",
+        "alertmanager_port",
+        "worker_web_port",
+        "exporter_port",
+        "webhook_port",
+    ):
         ports[name] = free_port(frozenset(ports.values()))
     lines: list[str] = []
-    options = DemoOptions(duration_s=35, home=tmp_path, budget_every_s=10,
-                          kafka_libs=default_home() / "kafka" / "libs", **ports)
+    options = DemoOptions(
+        duration_s=35, home=tmp_path, budget_every_s=10, kafka_libs=default_home() / "kafka" / "libs", **ports
+    )
     assert run_demo(options, say=lines.append) == 0, "\n".join(lines)
     text = "\n".join(lines)
 
@@ -76,8 +85,11 @@ def test_bounded_demo_shows_useful_releases_monitoring_and_a_budget_summary_then
 
     summary = lines.index("budget summary:")
     tail = "\n".join(lines[summary:])
-    assert re.search(r"spent ρ [\d.e-]+ of the cap [\d.e-]+ = [\d.]+ %, ε-equivalent [\d.]+; "
-                     r"releases granted \d+, refused 0", tail), tail
+    assert re.search(
+        r"spent ρ [\d.e-]+ of the cap [\d.e-]+ = [\d.]+ %, ε-equivalent [\d.]+; "
+        r"releases granted \d+, refused 0",
+        tail,
+    ), tail
     assert re.search(r"this run: \d+ releases shown", tail)
 
     for name, number in ports.items():

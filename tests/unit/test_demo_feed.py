@@ -10,8 +10,13 @@ _WINDOW = {"start_epoch": 1_796_083_200, "end_epoch": 1_796_083_210}
 
 def test_grouped_row_shows_noisy_values_their_ci_and_the_truth_below() -> None:
     """A grouped release is two rows: noisy values with the record's ± on the first, the truth under them."""
-    record = {"metric": "page_views", "window": _WINDOW, "budget": {"ratio_after": 0.0025},
-              "values": {"home": 3702.0, "cart": -5.0}, "ci": {"half_width": 243.0, "level": 0.95}}
+    record = {
+        "metric": "page_views",
+        "window": _WINDOW,
+        "budget": {"ratio_after": 0.0025},
+        "values": {"home": 3702.0, "cart": -5.0},
+        "ci": {"half_width": 243.0, "level": 0.95},
+    }
     first, second = format_release(record, {"home": 3690.0, "cart": 12.0})
     assert first.startswith("page_views") and "00:00:00–00:00:10" in first and "0.25 %" in first
     assert "±243" in first and "home 3,702" in first and "cart -5" in first
@@ -21,8 +26,14 @@ def test_grouped_row_shows_noisy_values_their_ci_and_the_truth_below() -> None:
 
 def test_ungrouped_row_and_mean_units_and_missing_truth() -> None:
     """One row for an ungrouped metric; a mean gets seconds and one decimal below ±10; no truth shows '–'."""
-    mean = {"metric": "session_seconds", "aggregate": "mean", "window": _WINDOW, "budget": {"ratio_after": 0.01},
-            "values": {"": 1003.27}, "ci": {"half_width": {"": 8.4}, "approximate": True}}
+    mean = {
+        "metric": "session_seconds",
+        "aggregate": "mean",
+        "window": _WINDOW,
+        "budget": {"ratio_after": 0.01},
+        "values": {"": 1003.27},
+        "ci": {"half_width": {"": 8.4}, "approximate": True},
+    }
     (row,) = format_release(mean, {"": 997.91})
     assert "1,003.3 ±8.4 s" in row and "truth 997.9 s" in row
     count = {"metric": "active_users", "window": _WINDOW, "values": {"": 29_709.0}, "ci": {"half_width": 238.0}}
@@ -49,17 +60,35 @@ def test_tally_counts_coverage_and_relative_ci() -> None:
 
 def test_budget_line_from_the_status_json() -> None:
     """The budget line carries state, ratio, spend in the scope's currency, ε and the release counts."""
-    status = {"scope": "demo-hourly", "accounting": "zcdp", "state": "normal", "ratio": 0.0123, "spent": 0.00108,
-              "cap": 0.0882, "epsilon_equiv": 0.21, "releases": {"granted": 24, "refused": 0},
-              "period": {"id": "2026-11-30T21:00Z", "seconds_left": 2450}}
+    status = {
+        "scope": "demo-hourly",
+        "accounting": "zcdp",
+        "state": "normal",
+        "ratio": 0.0123,
+        "spent": 0.00108,
+        "cap": 0.0882,
+        "epsilon_equiv": 0.21,
+        "releases": {"granted": 24, "refused": 0},
+        "period": {"id": "2026-11-30T21:00Z", "seconds_left": 2450},
+    }
     line = format_budget(status)
     assert "demo-hourly" in line and "1.23 %" in line and "ρ 0.00108 of 0.0882" in line
     assert "granted 24, refused 0" in line and "40 min 50 s left" in line
 
 
 def _expected(cost: float) -> Expectation:
-    return Expectation("m", "p", planned_cost=1.0, expected_cost=cost, planned_ci=None, expected_ci=None,
-                       stretched=False, stretch=1.5, period_left=0.5, pool_left=1.0)
+    return Expectation(
+        "m",
+        "p",
+        planned_cost=1.0,
+        expected_cost=cost,
+        planned_ci=None,
+        expected_ci=None,
+        stretched=False,
+        stretch=1.5,
+        period_left=0.5,
+        pool_left=1.0,
+    )
 
 
 def test_a_release_priced_as_predicted_needs_no_note_and_others_say_why() -> None:

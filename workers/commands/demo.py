@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--alertmanager-port", type=int, default=9093)
     parser.add_argument("--worker-web-port", type=int, default=6066, help="the worker's /metrics (default 6066)")
     parser.add_argument("--exporter-port", type=int, default=9464, help="the exporter's /metrics (default 9464)")
-    parser.add_argument("--webhook-port", type=int, default=9097,
-                        help="the demo's receiver of Alertmanager's webhooks (default 9097)")
+    parser.add_argument(
+        "--webhook-port", type=int, default=9097, help="the demo's receiver of Alertmanager's webhooks (default 9097)"
+    )
     parser.add_argument("--no-monitoring", action="store_true", help="skip Prometheus, Alertmanager and the exporter")
     parser.add_argument("--rate", type=float, default=2000.0, help="synthetic events per second (default 2000)")
     parser.add_argument("--users", type=int, default=100_000, help="distinct synthetic users (default 100000)")

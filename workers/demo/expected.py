@@ -55,17 +55,27 @@ class Expectation:
     def reason(self) -> str:
         """Why the grant differs from the plan, in one clause (empty when it does not)."""
         if self.stretched:
-            return (f"the scope is past warn_at, so on_warning stretches σ ×{self.stretch:g} "
-                    f"(ρ ×{1 / self.stretch ** 2:.2f})")
+            return (
+                f"the scope is past warn_at, so on_warning stretches σ ×{self.stretch:g} (ρ ×{1 / self.stretch**2:.2f})"
+            )
         if abs(self.ratio - 1.0) <= _TOLERANCE:
             return ""
-        return (f"{100 * self.pool_left:.0f} % of this period's pool is left for the last "
-                f"{100 * self.period_left:.0f} % of it: the ledger re-divides what is left over the windows "
-                "to come (adaptive allocation, DESIGN §5)")
+        return (
+            f"{100 * self.pool_left:.0f} % of this period's pool is left for the last "
+            f"{100 * self.period_left:.0f} % of it: the ledger re-divides what is left over the windows "
+            "to come (adaptive allocation, DESIGN §5)"
+        )
 
 
-def expect(topology: Topology, plan: Plan, metric: Metric, typical: Typical | None, from_ts: int, spent: float,
-           warning: bool = False) -> Expectation:
+def expect(
+    topology: Topology,
+    plan: Plan,
+    metric: Metric,
+    typical: Typical | None,
+    from_ts: int,
+    spent: float,
+    warning: bool = False,
+) -> Expectation:
     """The grant of `metric`'s releases in the period holding `from_ts`, if the scope had spent `spent` of it
     by then and its schedule from `from_ts` to the period end goes as planned (every window released once)."""
     budget = topology.budgets[metric.budget]
@@ -77,8 +87,11 @@ def expect(topology: Topology, plan: Plan, metric: Metric, typical: Typical | No
             continue
         w = m.window
         first = -(-max(from_ts, pstart) // w.every_s) * w.every_s
-        demands[m.name] = MetricDemand(weight=m.weight, per_period=w.releases_per_period(budget.period_s),
-                                       left=windows_left(w, pstart, budget.period_s, first + w.size_s))
+        demands[m.name] = MetricDemand(
+            weight=m.weight,
+            per_period=w.releases_per_period(budget.period_s),
+            left=windows_left(w, pstart, budget.period_s, first + w.size_s),
+        )
     pool_left = max(0.0, scope.pool - spent)
     cost = adaptive_release_cost(pool_left, metric.name, demands) if demands[metric.name].left else 0.0
     stretched = warning and budget.on_warning.stretch != 1.0

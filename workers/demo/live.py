@@ -93,23 +93,37 @@ async def _expectations(ledger: Any, setup: LiveSetup) -> dict[str, Expectation]
     out = {}
     for name, metric in setup.topology.metrics.items():
         status = statuses[metric.budget]
-        out[name] = expect(setup.topology, setup.plan, metric, setup.typical.get(name), setup.schedule_start,
-                           status.spent, warning=status.state is State.WARNING)
+        out[name] = expect(
+            setup.topology,
+            setup.plan,
+            metric,
+            setup.typical.get(name),
+            setup.schedule_start,
+            status.spent,
+            warning=status.state is State.WARNING,
+        )
     return out
 
 
 def _expectation_lines(expected: dict[str, Expectation], setup: LiveSetup) -> list[str]:
-    lines = ["noise at this point of the period (adaptive allocation: what is left of the pool over the windows "
-             "left, DESIGN §5), vs the plan's whole-period figure:"]
+    lines = [
+        "noise at this point of the period (adaptive allocation: what is left of the pool over the windows "
+        "left, DESIGN §5), vs the plan's whole-period figure:"
+    ]
     reasons = set()
     for name, e in expected.items():
         metric = setup.topology.metrics[name]
         unit = " s" if metric.aggregate.value == "mean" else ""
         sigma = 1.0 / math.sqrt(e.ratio) if e.ratio > 0 else math.nan
-        ci = (f"95 % CI ±{_short(e.expected_ci)}{unit} (plan ±{_short(e.planned_ci)}{unit})"
-              if e.expected_ci is not None else "")
-        lines.append(f"  {name:<16} ρ {e.expected_cost:.3g} per release (plan {e.planned_cost:.3g}, ×{e.ratio:.2f}),"
-                     f" σ ×{sigma:.2f} of the plan's, {ci}")
+        ci = (
+            f"95 % CI ±{_short(e.expected_ci)}{unit} (plan ±{_short(e.planned_ci)}{unit})"
+            if e.expected_ci is not None
+            else ""
+        )
+        lines.append(
+            f"  {name:<16} ρ {e.expected_cost:.3g} per release (plan {e.planned_cost:.3g}, ×{e.ratio:.2f}),"
+            f" σ ×{sigma:.2f} of the plan's, {ci}"
+        )
         if e.reason():
             reasons.add(e.reason())
     lines += [f"  why: {r}" for r in sorted(reasons)] or ["  as planned: the period's spend is on plan"]
@@ -135,20 +149,27 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
 
     topology = setup.topology
     ledger = await open_ledger(setup.redis_url, topology, actor="demo")
-    consumer = AIOKafkaConsumer(topology.sinks.releases, bootstrap_servers=setup.bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topology.sinks.releases,
+        bootstrap_servers=setup.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
     webhook: WebhookReceiver | None = None
     stop = asyncio.Event()
     feed: asyncio.Task[Any] | None = None
     try:
-        windows = {name: _first_window(setup.schedule_start, m.window.size_s, m.window.every_s)
-                   for name, m in topology.metrics.items()}
+        windows = {
+            name: _first_window(setup.schedule_start, m.window.size_s, m.window.every_s)
+            for name, m in topology.metrics.items()
+        }
         expected = await _expectations(ledger, setup)
         for line in _expectation_lines(expected, setup):
             say(line)
         by_period: dict[tuple[str, str], Expectation] = {(e.period_id, name): e for name, e in expected.items()}
         if setup.webhook_port is not None:
+
             def on_alert(receiver: str, status: str, name: str, scope: str) -> None:
                 result.notifications += 1
                 say(f"  Alertmanager → {receiver}: {name} {status}{f' (scope {scope})' if scope else ''}")
@@ -168,9 +189,11 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
         feed_s = setup.duration_s + 5 if setup.duration_s is not None else 7 * 86_400
         feed = asyncio.create_task(produce_async(setup.bootstrap, generator, population.rate, feed_s, stop, on_sent))
         first_close = min(w[1] for w in windows.values()) + min(s.allowed_lateness_s for s in topology.sources.values())
-        say(f"feeding {population.rate:,.0f} events/s from {population.users:,} synthetic users (event time = wall "
+        say(
+            f"feeding {population.rate:,.0f} events/s from {population.users:,} synthetic users (event time = wall "
             f"clock); the public schedule starts {time.strftime('%H:%M:%S', time.gmtime(setup.schedule_start))} UTC, "
-            f"the first windows close at {time.strftime('%H:%M:%S', time.gmtime(first_close))}")
+            f"the first windows close at {time.strftime('%H:%M:%S', time.gmtime(first_close))}"
+        )
         say("")
         for line in header_lines():
             say(line)
@@ -222,8 +245,14 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
     return result
 
 
-async def _show(record: dict[str, Any], truth: TruthBook, setup: LiveSetup,
-                by_period: dict[tuple[str, str], Expectation], result: LiveResult, say: Say) -> None:
+async def _show(
+    record: dict[str, Any],
+    truth: TruthBook,
+    setup: LiveSetup,
+    by_period: dict[tuple[str, str], Expectation],
+    result: LiveResult,
+    say: Say,
+) -> None:
     """Print one release (with its truth, and a note if its noise is not what was predicted)."""
     name, window = record["metric"], record["window"]
     period = (record.get("budget") or {}).get("period", "")
@@ -235,8 +264,10 @@ async def _show(record: dict[str, Any], truth: TruthBook, setup: LiveSetup,
         expected = expect(setup.topology, setup.plan, metric, setup.typical.get(name), pstart, 0.0)
         if expected.period_id == period:
             if not any(p == period for p, _ in by_period):
-                say(f"  new budget period {period} of scope {metric.budget}: a fresh pool over a whole period of "
-                    f"windows, so releases cost what the plan says again (ρ ×{expected.ratio:.2f})")
+                say(
+                    f"  new budget period {period} of scope {metric.budget}: a fresh pool over a whole period of "
+                    f"windows, so releases cost what the plan says again (ρ ×{expected.ratio:.2f})"
+                )
             by_period[(period, name)] = expected
         else:
             expected = None
@@ -248,8 +279,9 @@ async def _show(record: dict[str, Any], truth: TruthBook, setup: LiveSetup,
         say(line)
 
 
-async def _budget_lines(ledger: Any, session: Any, setup: LiveSetup, result: LiveResult, status_json: Any,
-                        say: Say) -> None:
+async def _budget_lines(
+    ledger: Any, session: Any, setup: LiveSetup, result: LiveResult, status_json: Any, say: Say
+) -> None:
     result.statuses = [status_json(await ledger.status(scope)) for scope in sorted(setup.topology.budgets)]
     for status in result.statuses:
         say(format_budget(status))

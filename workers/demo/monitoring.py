@@ -51,8 +51,9 @@ def alertmanager_template_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def render_prometheus_config(prometheus_port: int, alertmanager_port: int, worker_port: int, exporter_port: int,
-                             rules: Path | None) -> str:
+def render_prometheus_config(
+    prometheus_port: int, alertmanager_port: int, worker_port: int, exporter_port: int, rules: Path | None
+) -> str:
     """prometheus.yml of one demo run: 5 s scrapes and evaluations, the shipped rules, the local Alertmanager."""
     rule_files = f"rule_files:\n  - {rules}\n" if rules is not None else "rule_files: []\n"
     return (
@@ -61,11 +62,11 @@ def render_prometheus_config(prometheus_port: int, alertmanager_port: int, worke
         "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
         f"{rule_files}"
         "alerting:\n  alertmanagers:\n    - static_configs:\n"
-        f"        - targets: [\"{_HOST}:{alertmanager_port}\"]\n"
+        f'        - targets: ["{_HOST}:{alertmanager_port}"]\n'
         "scrape_configs:\n"
-        f"  - job_name: dpstream-worker\n    static_configs:\n      - targets: [\"{_HOST}:{worker_port}\"]\n"
-        f"  - job_name: dpstream-exporter\n    static_configs:\n      - targets: [\"{_HOST}:{exporter_port}\"]\n"
-        f"  - job_name: prometheus\n    static_configs:\n      - targets: [\"{_HOST}:{prometheus_port}\"]\n"
+        f'  - job_name: dpstream-worker\n    static_configs:\n      - targets: ["{_HOST}:{worker_port}"]\n'
+        f'  - job_name: dpstream-exporter\n    static_configs:\n      - targets: ["{_HOST}:{exporter_port}"]\n'
+        f'  - job_name: prometheus\n    static_configs:\n      - targets: ["{_HOST}:{prometheus_port}"]\n'
     )
 
 
@@ -76,10 +77,18 @@ def render_alertmanager_config(output: Path, webhook_port: int) -> bool:
     if template is None:
         shutil.copyfile(template_path("alertmanager.yml"), output)
         return False
-    env = {"DPSTREAM_PAGER_URL": f"http://{_HOST}:{webhook_port}/pager",
-           "DPSTREAM_TICKET_URL": f"http://{_HOST}:{webhook_port}/ticket", "PATH": _path_env()}
-    result = subprocess.run(["sh", str(template.parent / "render.sh"), str(template), str(output)],  # noqa: S603,S607
-                            env=env, capture_output=True, text=True, check=False)
+    env = {
+        "DPSTREAM_PAGER_URL": f"http://{_HOST}:{webhook_port}/pager",
+        "DPSTREAM_TICKET_URL": f"http://{_HOST}:{webhook_port}/ticket",
+        "PATH": _path_env(),
+    }
+    result = subprocess.run(
+        ["sh", str(template.parent / "render.sh"), str(template), str(output)],  # noqa: S603,S607
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         from dpstream.topology.errors import ConfigError
 
@@ -121,8 +130,10 @@ class PromView:
         alerts = "firing: " + ", ".join(firing) if firing else "none firing"
         if pending:
             alerts += f" (pending: {', '.join(sorted(set(pending)))})"
-        return (f"  Prometheus: {RATIO_QUERY} {ratio} | {self.targets_up}/{self.targets} dpstream targets up "
-                f"| alerts: {alerts}")
+        return (
+            f"  Prometheus: {RATIO_QUERY} {ratio} | {self.targets_up}/{self.targets} dpstream targets up "
+            f"| alerts: {alerts}"
+        )
 
 
 async def prometheus_view(session: Any, prometheus_url: str) -> PromView:
@@ -172,8 +183,9 @@ class WebhookReceiver:
             for alert in doc.get("alerts", []):
                 labels = alert.get("labels", {})
                 self.received += 1
-                self._on_alert(receiver, alert.get("status", "?"), labels.get("alertname", "?"),
-                               labels.get("scope", ""))
+                self._on_alert(
+                    receiver, alert.get("status", "?"), labels.get("alertname", "?"), labels.get("scope", "")
+                )
             return web.Response(text="ok")
 
         app = web.Application()

@@ -120,9 +120,12 @@ def for_run(topology: Topology, run_id: str, start: int) -> Topology:
     a second run would owe every window since the first). Scopes, metrics and so the plan are unchanged.
     """
     sources = {name: replace(s, topic=f"{s.topic}.{run_id}") for name, s in topology.sources.items()}
-    sinks = replace(topology.sinks, releases=f"{topology.sinks.releases}.{run_id}",
-                    dead_letter=f"{topology.sinks.dead_letter}.{run_id}",
-                    partials=f"{topology.sinks.partials}.{run_id}" if topology.sinks.partials else "")
+    sinks = replace(
+        topology.sinks,
+        releases=f"{topology.sinks.releases}.{run_id}",
+        dead_letter=f"{topology.sinks.dead_letter}.{run_id}",
+        partials=f"{topology.sinks.partials}.{run_id}" if topology.sinks.partials else "",
+    )
     return replace(topology, sources=sources, sinks=sinks, start_s=start)
 
 
@@ -139,14 +142,17 @@ def _quiet_client_logs() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def _cost_lines(topology: Topology, plan: Plan, typical: dict[str, Typical], population: DemoPopulation,
-                path: Path) -> list[str]:
+def _cost_lines(
+    topology: Topology, plan: Plan, typical: dict[str, Typical], population: DemoPopulation, path: Path
+) -> list[str]:
     """What the topology costs (ε per period, per day, per 30 days) and buys (CI vs typical value)."""
     from dpstream.topology.accounting import epsilon_from_rho
     from dpstream.topology.model import Accounting
 
-    lines = [f"demo topology {path}: {population.users:,} synthetic users, {population.rate:,.0f} events/s"
-             f" (full plan: dpstream plan {path})"]
+    lines = [
+        f"demo topology {path}: {population.users:,} synthetic users, {population.rate:,.0f} events/s"
+        f" (full plan: dpstream plan {path})"
+    ]
     for scope in plan.scopes:
         period = format_duration(scope.period_s)
         per_day = max(1, 86_400 // scope.period_s)
@@ -156,27 +162,40 @@ def _cost_lines(topology: Topology, plan: Plan, typical: dict[str, Typical], pop
             day = per_day * scope.pool
         lines.append(
             f"what it costs: scope {scope.name} promises ε = {scope.epsilon:g} per user per {period} period "
-            f"(δ = {scope.delta:g}); on plan it spends ε ≈ {scope.planned_epsilon:.2f} per period,")
-        verdict = (" That is weak protection by the common bar of ε ≤ 1: fine-grained live numbers about a few "
-                   "thousand people are expensive." if day > 1 else "")
-        lines.append(f"  and periods compose: ≈ {day:.1f} per day, ≈ {scope.horizon.epsilon:.0f} over 30 days."
-                     f"{verdict}")
-    lines.append("what it buys (plan, whole period): metric, window, noise σ, 95 % CI vs the typical true value "
-                 "of the demo's feed (after contribution bounding)")
+            f"(δ = {scope.delta:g}); on plan it spends ε ≈ {scope.planned_epsilon:.2f} per period,"
+        )
+        verdict = (
+            " That is weak protection by the common bar of ε ≤ 1: fine-grained live numbers about a few "
+            "thousand people are expensive."
+            if day > 1
+            else ""
+        )
+        lines.append(
+            f"  and periods compose: ≈ {day:.1f} per day, ≈ {scope.horizon.epsilon:.0f} over 30 days.{verdict}"
+        )
+    lines.append(
+        "what it buys (plan, whole period): metric, window, noise σ, 95 % CI vs the typical true value "
+        "of the demo's feed (after contribution bounding)"
+    )
     for name, metric in topology.metrics.items():
         mp = plan.metric(name)
         t = typical.get(name)
         ci = planned_ci(metric, mp, t) if t is not None else None
-        sigma = " / ".join(f"{c.component} {c.stddev:,.1f}" if len(mp.components) > 1 else f"{c.stddev:,.1f}"
-                           for c in mp.components if c.stddev is not None)
+        sigma = " / ".join(
+            f"{c.component} {c.stddev:,.1f}" if len(mp.components) > 1 else f"{c.stddev:,.1f}"
+            for c in mp.components
+            if c.stddev is not None
+        )
         unit = " s" if metric.aggregate.value == "mean" else ""
         rel = f"{100 * ci / abs(t.value):.1f} %" if ci is not None and t is not None and t.value else "–"
         typical_text = f"{t.value:,.0f}{unit}" if t is not None else "–"
         if t is not None and metric.keys:
             typical_text += " per key"
         ci_text = "–" if ci is None else (f"±{ci:,.0f}{unit}" if ci >= 10 else f"±{ci:.1f}{unit}")
-        lines.append(f"  {name:<16} {_window_text(metric):<16} σ {sigma:<28} 95 % CI {ci_text:<9} "
-                     f"typical {typical_text:<16} CI/typical {rel}")
+        lines.append(
+            f"  {name:<16} {_window_text(metric):<16} σ {sigma:<28} 95 % CI {ci_text:<9} "
+            f"typical {typical_text:<16} CI/typical {rel}"
+        )
     return lines
 
 
@@ -192,15 +211,20 @@ def _render_monitoring(options: DemoOptions, log_dir: Path, say: Say) -> tuple[P
 
     rules = alert_rules_path()
     prometheus_yml = log_dir / "prometheus.yml"
-    prometheus_yml.write_text(render_prometheus_config(options.prometheus_port, options.alertmanager_port,
-                                                       options.worker_web_port, options.exporter_port, rules))
+    prometheus_yml.write_text(
+        render_prometheus_config(
+            options.prometheus_port, options.alertmanager_port, options.worker_web_port, options.exporter_port, rules
+        )
+    )
     alertmanager_yml = log_dir / "alertmanager.yml"
     shipped = render_alertmanager_config(alertmanager_yml, options.webhook_port)
     if rules is None:
         say("note: deploy/prometheus/rules.yml is not in this checkout: Prometheus runs without alert rules")
     if not shipped:
-        say("note: deploy/alertmanager/alertmanager.yml.tmpl is not in this checkout: Alertmanager runs the "
-            "local stack's default (alerts kept, sent nowhere)")
+        say(
+            "note: deploy/alertmanager/alertmanager.yml.tmpl is not in this checkout: Alertmanager runs the "
+            "local stack's default (alerts kept, sent nowhere)"
+        )
     return prometheus_yml, alertmanager_yml
 
 
@@ -227,9 +251,14 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         prometheus_yml, alertmanager_yml = _render_monitoring(options, log_dir, say)
         services += [Service.ALERTMANAGER, Service.PROMETHEUS]
     config = StackConfig(
-        ports=Ports(kafka=options.kafka_port, kafka_controller=options.kafka_controller_port, redis=options.redis_port,
-                    prometheus=options.prometheus_port, alertmanager=options.alertmanager_port,
-                    worker_metrics=options.worker_web_port),
+        ports=Ports(
+            kafka=options.kafka_port,
+            kafka_controller=options.kafka_controller_port,
+            redis=options.redis_port,
+            prometheus=options.prometheus_port,
+            alertmanager=options.alertmanager_port,
+            worker_metrics=options.worker_web_port,
+        ),
         prometheus_config=prometheus_yml,
         alertmanager_config=alertmanager_yml,
         kafka_libs=options.kafka_libs,
@@ -244,8 +273,10 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         for status in stack.up(services):
             say(status.line())
         if options.monitoring and Service.PROMETHEUS in already_up:
-            say("note: Prometheus was already running with its own config: it may not scrape this demo's worker "
-                "and exporter (`deploy/local/stack down` first to let the demo start its own)")
+            say(
+                "note: Prometheus was already running with its own config: it may not scrape this demo's worker "
+                "and exporter (`deploy/local/stack down` first to let the demo start its own)"
+            )
         bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
         path = options.topology_path or demo_topology_path()
         topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
@@ -259,29 +290,51 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         prometheus_url = f"http://127.0.0.1:{options.prometheus_port}" if options.monitoring else None
         if prometheus_url is not None:
             say(f"Prometheus, the budget ratio: {budget_graph_url(prometheus_url)}")
-            say(f"  alerts: {prometheus_url}/alerts   "
+            say(
+                f"  alerts: {prometheus_url}/alerts   "
                 f"Alertmanager: http://127.0.0.1:{options.alertmanager_port}/#/alerts "
                 f"(critical → pager, warning → ticket; both print here)   "
-                f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics")
+                f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics"
+            )
         start = schedule_start(time.time(), topology)
         run = for_run(topology, f"demo{start}", start)
         run_path = log_dir / "topology.yaml"
         run_path.write_text(dump_topology(run))
         ensure_topics(bootstrap, run)
-        worker_args = ["worker", str(run_path), "--bootstrap", bootstrap, "--redis", redis_url,
-                       "--worker-id", "demo-worker", "--loglevel", "WARNING"]
+        worker_args = [
+            "worker",
+            str(run_path),
+            "--bootstrap",
+            bootstrap,
+            "--redis",
+            redis_url,
+            "--worker-id",
+            "demo-worker",
+            "--loglevel",
+            "WARNING",
+        ]
         if options.monitoring:
             worker_args += ["--web-port", str(options.worker_web_port)]
         children.start("worker", worker_args)
         if options.monitoring:
-            children.start("exporter", ["exporter", "--topology", str(run_path), "--redis", redis_url,
-                                        "--port", str(options.exporter_port)])
+            children.start(
+                "exporter",
+                ["exporter", "--topology", str(run_path), "--redis", redis_url, "--port", str(options.exporter_port)],
+            )
         say(f"worker{' and exporter' if options.monitoring else ''} started (logs and the run's topology in {log_dir})")
         setup = LiveSetup(
-            topology=run, plan=plan, typical=typical, population=population, schedule_start=start,
-            bootstrap=bootstrap, redis_url=redis_url, duration_s=options.duration_s,
-            budget_every_s=options.budget_every_s, prometheus_url=prometheus_url,
-            webhook_port=options.webhook_port if options.monitoring else None, died=children.died,
+            topology=run,
+            plan=plan,
+            typical=typical,
+            population=population,
+            schedule_start=start,
+            bootstrap=bootstrap,
+            redis_url=redis_url,
+            duration_s=options.duration_s,
+            budget_every_s=options.budget_every_s,
+            prometheus_url=prometheus_url,
+            webhook_port=options.webhook_port if options.monitoring else None,
+            died=children.died,
         )
         try:
             asyncio.run(run_live(setup, say, result))
@@ -318,13 +371,16 @@ def _summary(result: LiveResult, prometheus_url: str | None) -> list[str]:
             f"  scope {status['scope']}, period {status['period']['id']} (from the ledger): spent {currency} "
             f"{status['spent']:.4g} of the cap {status['cap']:.4g} = {100 * status['ratio']:.2f} %, "
             f"ε-equivalent {status['epsilon_equiv']:.3f}; releases granted {status['releases']['granted']}, "
-            f"refused {status['releases']['refused']}; state {status['state']}")
+            f"refused {status['releases']['refused']}; state {status['state']}"
+        )
     shown = ", ".join(f"{m} {n}" for m, n in sorted(tally.per_metric.items())) or "none"
     lines.append(f"  this run: {tally.total} releases shown ({shown}); {result.sent:,} events sent")
     if tally.compared:
         rel = ", ".join(f"{m} {100 * sorted(v)[len(v) // 2]:.1f} %" for m, v in sorted(tally.relative_ci.items()))
-        lines.append(f"  truth inside the 95 % CI: {tally.covered} of {tally.compared} values "
-                     f"({100 * tally.covered / tally.compared:.0f} %; about 95 % expected); median CI / truth: {rel}")
+        lines.append(
+            f"  truth inside the 95 % CI: {tally.covered} of {tally.compared} values "
+            f"({100 * tally.covered / tally.compared:.0f} %; about 95 % expected); median CI / truth: {rel}"
+        )
     if result.capped:
         cut = ", ".join(f"{m} {100 * f:.1f} %" for m, f in sorted(result.capped.items()) if f > 0)
         if cut:
@@ -333,6 +389,8 @@ def _summary(result: LiveResult, prometheus_url: str | None) -> list[str]:
         view = result.prometheus
         if view is not None:
             lines.append(view.line().replace("  Prometheus:", "  Prometheus, last scrape:"))
-        lines.append(f"  Prometheus (stopped with the demo; `deploy/local/stack up --with-monitoring` keeps one): "
-                     f"{prometheus_url}")
+        lines.append(
+            f"  Prometheus (stopped with the demo; `deploy/local/stack up --with-monitoring` keeps one): "
+            f"{prometheus_url}"
+        )
     return lines

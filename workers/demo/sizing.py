@@ -40,8 +40,9 @@ class DemoPopulation:
 
     def generator_config(self, seed: int | None = None, start_ts: float | None = None) -> GeneratorConfig:
         """The generator settings of this population (speed-up 1: event time is wall-clock time)."""
-        return GeneratorConfig(users=self.users, zipf_s=self.zipf_s, malformed=self.malformed, seed=seed,
-                               start_ts=start_ts)
+        return GeneratorConfig(
+            users=self.users, zipf_s=self.zipf_s, malformed=self.malformed, seed=seed, start_ts=start_ts
+        )
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,18 @@ class Typical:
     count: float | None = None
 
 
-def typical_values(topology: Topology, population: DemoPopulation, seconds: int = 30,
-                   seed: int = 7) -> dict[str, Typical]:
+def typical_values(
+    topology: Topology, population: DemoPopulation, seconds: int = 30, seed: int = 7
+) -> dict[str, Typical]:
     """Median over the complete windows of `seconds` of simulated feed, per metric (the smallest key
     of a grouped metric: the one whose CI is relatively widest)."""
     source = next(iter(topology.sources.values()))
     t0 = 1_800_000_000  # a whole minute: every window grid of the demo starts here
-    generator = EventGenerator(topology, source.name, GeneratorConfig(
-        users=population.users, zipf_s=population.zipf_s, seed=seed, start_ts=float(t0)))
+    generator = EventGenerator(
+        topology,
+        source.name,
+        GeneratorConfig(users=population.users, zipf_s=population.zipf_s, seed=seed, start_ts=float(t0)),
+    )
     metrics = [m for m in topology.metrics.values() if m.source == source.name]
     accumulators = {m.name: MetricAccumulator(m, source, t0) for m in metrics}
     adds = [a.add_fn for a in accumulators.values()]
