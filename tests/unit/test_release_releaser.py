@@ -12,7 +12,6 @@ import pytest
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.release import ReleaseOutcome, Releaser, sweep
-from dpstream.workers.release.releaser import COST_BITS
 
 _YAML = """
 version: 1
@@ -254,8 +253,7 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
     assert [r.outcome for r in results] == [ReleaseOutcome.PUBLISHED] * 3
     costs = [json.loads(r.payload)["cost"]["rho"] for r in results]
     assert max(costs) - min(costs) <= 1e-9 * max(costs)
-    # a third of the pool, as quoted alone, charged rounded down to COST_BITS significant bits
-    assert before.cost * (1 - 2.0**-COST_BITS) <= costs[0] <= before.cost
+    assert abs(costs[0] - before.cost) <= 1e-9 * before.cost  # a third of the pool, as quoted alone
 
 
 def _straddle_fill(topo, start: int, cost_share: float):

@@ -19,7 +19,6 @@ from __future__ import annotations
 __all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,20 +44,6 @@ def _default_factory() -> MechanismFactory:
     from dpstream.workers.noise import build_release_mechanism
 
     return build_release_mechanism
-
-
-COST_BITS = 10
-"""A granted cost is charged rounded down to 10 significant bits (at most 0.1 % below the grant):
-never more than granted, and releases of a period then share a handful of noise scales, so their
-OpenDP measurements and drawn-ahead noise are reused instead of rebuilt per release."""
-
-
-def cost_step_down(cost: float) -> float:
-    """`cost` rounded down to `COST_BITS` significant bits (exact: a float with a short mantissa)."""
-    if cost <= 0 or not math.isfinite(cost):
-        return cost
-    mantissa, exponent = math.frexp(cost)
-    return math.ldexp(math.floor(math.ldexp(mantissa, COST_BITS)), exponent - COST_BITS)
 
 
 class Releaser:
@@ -193,7 +178,7 @@ class Releaser:
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
-        cost = cost_step_down(quote.cost)
+        cost = quote.cost
         if quote.refused_reason is not None or cost <= 0:
             # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
             # release atomically and records it (refused count, audit entry with its reason).
