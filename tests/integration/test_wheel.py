@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site as site_module
 import subprocess
 import sys
 import sysconfig
@@ -116,7 +117,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         ).stdout.strip()
     )
     # dependencies (faust, redis, opendp, ...) from this interpreter, without running its .pth files
-    (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # (every site-packages directory this interpreter reads: inside a venv made with system site
+    # packages, the dependencies may sit in the base interpreter's directory, not the venv's)
+    dirs = dict.fromkeys([sysconfig.get_paths()["purelib"], *site_module.getsitepackages()])
+    (site / "zz_dependencies.pth").write_text("".join(f"{d}\n" for d in dirs))
     work = tmp / "elsewhere"
     work.mkdir()
     return Installed(wheel, names, env_dir, site, work)
