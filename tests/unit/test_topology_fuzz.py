@@ -46,23 +46,71 @@ EXAMPLE_DOCS = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in EXAMPLES]
 VALID, INVALID, EITHER = "valid", "invalid", "either"
 
 _DURATION_FIELDS = {"tumbling", "hopping", "every", "period", "allowed_lateness", "max_future", "idle_timeout"}
-_BAD_DURATIONS = ["5 parsecs", "-1m", "1x", "m", "1.5.3h", "1e400s", "∞", "1 m 2", "", "P1D", "1ms", "-0s", "NaN",
-                  "1h" * 50]
+_BAD_DURATIONS = [
+    "5 parsecs",
+    "-1m",
+    "1x",
+    "m",
+    "1.5.3h",
+    "1e400s",
+    "∞",
+    "1 m 2",
+    "",
+    "P1D",
+    "1ms",
+    "-0s",
+    "NaN",
+    "1h" * 50,
+]
 """Malformed durations: refused wherever a duration goes."""
 _ODD_DURATIONS = ["0s", "9" * 40 + "d"]
 """Well-formed but odd: `0s` is a fine lateness; 10^40 days is accepted as a lateness, max_future, idle
 timeout or period (a validation gap, reported), refused as a window."""
-_HUGE = [1e308, -1e308, 10**400, -(10**400), float("inf"), float("-inf"), float("nan"), 2**63, 2**64 + 1,
-         5e-324, -0.0, 10**4000]
+_HUGE = [
+    1e308,
+    -1e308,
+    10**400,
+    -(10**400),
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    2**63,
+    2**64 + 1,
+    5e-324,
+    -0.0,
+    10**4000,
+]
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 """What `str.splitlines` splits on. Left out of the fuzz: the loader echoes such characters raw (a known
 bug, `test_line_breaks_in_a_name_or_value_stay_on_one_line` below); fold them back in once it is fixed."""
 _UNICODE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=LINE_BREAKS), max_size=40) | (
-    st.sampled_from(["ünïcödé", "用户", "مستخدم", "\u202eevil", "😀" * 10, "\x00", "a\x00b", "\t", "\ufeff", "Ω" * 300,
-                     "${DPSTREAM_FUZZ_SURELY_UNSET}", "${}", "$${x}", "}{", "key: value", "\x1b[31mred"])
+    st.sampled_from(
+        [
+            "ünïcödé",
+            "用户",
+            "مستخدم",
+            "\u202eevil",
+            "😀" * 10,
+            "\x00",
+            "a\x00b",
+            "\t",
+            "\ufeff",
+            "Ω" * 300,
+            "${DPSTREAM_FUZZ_SURELY_UNSET}",
+            "${}",
+            "$${x}",
+            "}{",
+            "key: value",
+            "\x1b[31mred",
+        ]
+    )
 )
 _ANY = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | _UNICODE
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | _UNICODE
     | st.sampled_from(_HUGE),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_UNICODE, inner, max_size=3),
     max_leaves=6,
@@ -171,8 +219,11 @@ DOC_MUTATIONS: list[Mutation] = [_delete, _duplicate, _retype, _wrong_unit, _hug
 
 def _text_mutation(draw: st.DrawFn, data: bytes) -> tuple[bytes, str]:
     """Break the YAML as text (or as bytes)."""
-    kind = draw(st.sampled_from(["truncate", "tab", "bracket", "dup_line", "not_utf8", "utf16", "empty",
-                                 "nul", "anchor", "huge_line"]))
+    kind = draw(
+        st.sampled_from(
+            ["truncate", "tab", "bracket", "dup_line", "not_utf8", "utf16", "empty", "nul", "anchor", "huge_line"]
+        )
+    )
     n = len(data)
     at = draw(st.integers(0, max(0, n - 1)))
     lines = data.split(b"\n")
@@ -183,8 +234,11 @@ def _text_mutation(draw: st.DrawFn, data: bytes) -> tuple[bytes, str]:
         lines[i] = b"\t" + lines[i]
         return b"\n".join(lines), EITHER
     if kind == "bracket":
-        return data[:at] + draw(st.sampled_from([b"[", b"{", b"}", b"]", b"'", b'"', b"&", b"*", b"!", b"|", b"%",
-                                                 b"@", b"`", b": :", b"- "])) + data[at:], EITHER
+        return data[:at] + draw(
+            st.sampled_from(
+                [b"[", b"{", b"}", b"]", b"'", b'"', b"&", b"*", b"!", b"|", b"%", b"@", b"`", b": :", b"- "]
+            )
+        ) + data[at:], EITHER
     if kind == "dup_line":
         i = draw(st.integers(0, len(lines) - 1))
         lines.insert(i, lines[i])
@@ -199,8 +253,10 @@ def _text_mutation(draw: st.DrawFn, data: bytes) -> tuple[bytes, str]:
     if kind == "nul":
         return data[:at] + b"\x00" + data[at:], INVALID
     if kind == "anchor":  # a billion-laughs style alias bomb
-        bomb = b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" \
-               b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        bomb = (
+            b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        )
         return bomb + data, EITHER
     return data + b"\nx: " + b"9" * 200_000 + b"\n", INVALID  # huge_line: an unknown top-level field
 
@@ -279,9 +335,12 @@ def _check(path: Path, expect: str, done: list[str], code: int, out: str, err: s
         assert out == "", what
 
 
-
-@settings(max_examples=200, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 @given(topology_files())
 def test_validate_never_crashes_on_a_mutated_topology(case: tuple[bytes, str, list[str]]) -> None:
     """200 mutated files: valid ones exit 0, invalid ones exit 2 with one line naming the file, never a traceback."""
@@ -312,8 +371,15 @@ def test_validate_as_a_subprocess(case: tuple[bytes, str, list[str]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzzed.yaml"
         path.write_bytes(data)
-        proc = subprocess.run([sys.executable, "-m", "dpstream.workers.cli", "validate", str(path)],
-                              capture_output=True, text=True, errors="replace", cwd=ROOT, check=False, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dpstream.workers.cli", "validate", str(path)],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            cwd=ROOT,
+            check=False,
+            timeout=120,
+        )
         _check(path, expect, done, proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -321,15 +387,20 @@ def test_validate_as_a_subprocess(case: tuple[bytes, str, list[str]]) -> None:
 def test_unmutated_examples_are_valid(path: Path, tmp_path: Path) -> None:
     """The bases themselves pass, also after a yaml round trip (what the mutations start from)."""
     copy_path = tmp_path / path.name
-    copy_path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text(encoding="utf-8")), allow_unicode=True,
-                                        sort_keys=False), encoding="utf-8")
+    copy_path.write_text(
+        yaml.safe_dump(yaml.safe_load(path.read_text(encoding="utf-8")), allow_unicode=True, sort_keys=False),
+        encoding="utf-8",
+    )
     for p in (path, copy_path):
         code, out, err = _validate_in_process(p)
         _check(p, VALID, [], code, out, err)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, reported: the loader's messages (`unknown field '<key>'`, and "
-                   "topology/readers.show() of a mapping) echo a key with a line break raw: the one line becomes two")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug, reported: the loader's messages (`unknown field '<key>'`, and "
+    "topology/readers.show() of a mapping) echo a key with a line break raw: the one line becomes two",
+)
 @pytest.mark.parametrize("where", ["field", "mapping"])
 @pytest.mark.parametrize("brk", ["\n", "\r", "\u2028"], ids=["LF", "CR", "LS"])
 def test_line_breaks_in_a_name_or_value_stay_on_one_line(where: str, brk: str, tmp_path: Path) -> None:
@@ -347,8 +418,11 @@ def test_line_breaks_in_a_name_or_value_stay_on_one_line(where: str, brk: str, t
     assert len(err.splitlines()) == 1, repr(err)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, reported: topology/readers.read_number raises OverflowError "
-                   "on an integer beyond the float range")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug, reported: topology/readers.read_number raises OverflowError "
+    "on an integer beyond the float range",
+)
 @pytest.mark.parametrize("field", ["epsilon", "delta", "reserve", "warn_at", "weight", "bounds"])
 def test_an_integer_beyond_the_float_range_is_one_line(field: str, tmp_path: Path) -> None:
     """`epsilon: 1000…0` (401 digits), and the same in every number field: one line and exit 2."""
