@@ -6,7 +6,7 @@ Failures carry a reason from a fixed vocabulary (`REASONS`) so the dead-letter t
 
 from __future__ import annotations
 
-__all__ = ["REASONS", "Event", "DeadLetter", "EventParser", "decode_json"]
+__all__ = ["REASONS", "MAX_UNIT_LENGTH", "MAX_DEAD_LETTER_RAW", "Event", "DeadLetter", "EventParser", "decode_json"]
 
 import base64
 import json
@@ -43,6 +43,15 @@ REASONS = (
 )
 """Every reason an event can be dead-lettered for."""
 
+MAX_UNIT_LENGTH = 1024
+"""A longer unit id (in characters) is `bad_unit`: no real person needs more, and each one held per
+window costs its length in memory."""
+
+MAX_DEAD_LETTER_RAW = 512 * 1024
+"""Raw bytes kept in one dead letter; a longer event keeps its first bytes (`raw_truncated`, `raw_size`),
+so the dead letter stays under Kafka's default 1 MiB message and request sizes (the partition and
+offset still point at the whole event)."""
+
 _MS_THRESHOLD = 100_000_000_000.0
 """Epoch numbers above this (year 5138 in seconds) are read as milliseconds."""
 
@@ -70,20 +79,23 @@ class DeadLetter:
     raw: bytes
 
     def to_bytes(self) -> bytes:
-        """JSON for the dead-letter topic; the raw event is base64 so any bytes survive."""
-        doc = {
+        """JSON for the dead-letter topic; the raw event is base64 so any bytes survive (its first
+        MAX_DEAD_LETTER_RAW bytes, with `raw_truncated` and `raw_size`, when it is longer)."""
+        doc: dict[str, Any] = {
             "reason": self.reason,
             "source": self.source,
             "topic": self.topic,
             "partition": self.partition,
             "offset": self.offset,
-            "raw_b64": base64.b64encode(self.raw).decode("ascii"),
+            "raw_b64": base64.b64encode(self.raw[:MAX_DEAD_LETTER_RAW]).decode("ascii"),
         }
+        if len(self.raw) > MAX_DEAD_LETTER_RAW:
+            doc["raw_truncated"], doc["raw_size"] = True, len(self.raw)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _parse_time(raw: object) -> float:
-    """Epoch seconds from epoch seconds / milliseconds (number or numeric string) or ISO-8601."""
+    """Epoch seconds from epoch seconds / milliseconds (number or numeric string) or ISO-8601 (always seconds)."""
     if isinstance(raw, bool):
         raise EventError("bad_timestamp", "boolean timestamp")
     if isinstance(raw, (int, float)):
@@ -99,6 +111,9 @@ def _parse_time(raw: object) -> float:
             if parsed.tzinfo is None:
                 raise EventError("bad_timestamp", "ISO-8601 time without a UTC offset") from None
             ts = parsed.timestamp()
+            if not ts >= 0:
+                raise EventError("bad_timestamp", "timestamp is not a finite time after 1970") from None
+            return ts  # an ISO time is in seconds whatever its year (the milliseconds rule is for numbers)
     else:
         raise EventError("bad_timestamp", "timestamp is not a number or string")
     if not math.isfinite(ts) or ts < 0:
@@ -147,7 +162,7 @@ class EventParser:
             if type(obj) is not dict:
                 return general(obj, record_time_ms, offset)
             unit = obj.get(unit_field)
-            if type(unit) is not str or not unit:
+            if type(unit) is not str or not unit or len(unit) > MAX_UNIT_LENGTH:
                 return general(obj, record_time_ms, offset)
             ts: Any = obj.get(ts_field)  # narrowed by the exact type() checks below
             tt = type(ts)
@@ -190,6 +205,8 @@ class EventParser:
             if tu is str:
                 if not u:
                     raise EventError("missing_unit", self._unit_field)
+                if len(u) > MAX_UNIT_LENGTH:
+                    raise EventError("bad_unit", f"{self._unit_field} is longer than {MAX_UNIT_LENGTH} characters")
                 unit = u
             elif tu is int:
                 unit = str(u)
