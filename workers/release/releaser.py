@@ -31,6 +31,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, ReleaseRequest
 from dpstream.workers.ledger.units import ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
+from dpstream.workers.release.faults import crash_point
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
@@ -151,7 +152,9 @@ class Releaser:
         if isinstance(charged, ReleaseResult):
             return charged
         stored = charged.payload
+        crash_point("after_charge")  # chaos tests only (off unless armed): charged, not yet published
         await publish(stored, rid.encode())
+        crash_point("after_publish")  # chaos tests only: published, not yet committed
         await self.ledger.commit(budget.name, rid)
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
