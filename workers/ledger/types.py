@@ -35,6 +35,9 @@ class Outcome(Enum):
     """The release_id was charged before: nothing charged, the first stored payload returned."""
     REFUSED = "refused"
     """Not charged (breaker open or no budget left); nothing stored; `reason` says why."""
+    STALE_QUOTE = "stale_quote"
+    """Not charged, nothing written: the request's `quoted_version` is no longer the period's spend
+    version (another charge or grant landed since the quote); quote again and redraw."""
 
 
 class State(Enum):
@@ -82,6 +85,9 @@ class ReleaseRequest:
     extra_periods: tuple[tuple[str, int], ...] = ()
     """(period_id, period_start) of every later period the window touches (a window straddling a
     period boundary): charged in the same atomic call as `period_id`, all or nothing."""
+    quoted_version: int | None = None
+    """The period's spend version the cost was quoted at (`Quote.version`): the charge answers
+    STALE_QUOTE, writing nothing, if it changed since (None: no check)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,9 @@ class Quote:
     """True when the `on_warning` stretch factor was applied."""
     refused_reason: str | None = None
     may_use_reserve: bool = False
+    version: int | None = None
+    """The period block's spend version this quote was priced from (every charge and grant of the
+    period bumps it); pass it as `ReleaseRequest.quoted_version` to make quote → charge exact."""
 
     @property
     def ok(self) -> bool:
