@@ -6,12 +6,12 @@ import argparse
 import importlib
 import importlib.util
 
-TARGETS = ("noise", "ledger", "pipeline", "release", "replay")
+TARGETS = ("noise", "ledger", "pipeline", "release", "replay", "soak")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` and one sub-parser per benchmark module present under `workers.bench`."""
-    parser = subparsers.add_parser("bench", help="run a benchmark (noise, ledger, pipeline, release, replay)")
+    parser = subparsers.add_parser("bench", help="run a benchmark (noise, ledger, pipeline, release, replay, soak)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET")
     for name in TARGETS:
         module_name = f"dpstream.workers.bench.{name}"
