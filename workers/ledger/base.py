@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 
@@ -217,10 +217,15 @@ class Ledger(ABC):
             breaker=_breaker_for(breaker, pid),
             charged_after=counts,
         )
-        return price(cfg, snap, metric, pid, pstart, int(window_start), int(window_end))
+        quote = price(cfg, snap, metric, pid, pstart, int(window_start), int(window_end))
+        # the spend version the quote was priced at: a charge passing it back is refused as stale
+        # (writing nothing) if any charge or grant of this period landed since, in any process
+        return replace(quote, version=int(period.get("version", 0)))
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
-        """Charge one release atomically, or return its stored payload, or refuse (changing nothing)."""
+        """Charge one release atomically, or return its stored payload, or refuse (changing nothing),
+        or, when `req.quoted_version` is set and the period's spend moved since, answer STALE_QUOTE
+        (writing nothing at all)."""
         cfg = self._configs.get(req.scope)
         if cfg is None:
             raise ConfigError(f"budget scope {req.scope!r} is not in the topology this ledger was opened with")
@@ -235,6 +240,9 @@ class Ledger(ABC):
         delta_units = _delta_units(req.delta) if type(req.delta) is float else delta_to_units(req.delta)
         pstart = period_start_of(cfg.period_s, req.period_id)
         _check_extra_periods(req, cfg.period_s, pstart)
+        v = req.quoted_version
+        if v is not None and (type(v) is not int or v < 0):
+            raise InternalError(f"release quoted_version must be a whole number >= 0 or None, got {v!r}")
         raw = await self._charge(req, units, delta_units, pstart, cfg.digest, self._now_ms())
         return ChargeResult(
             outcome=_OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),

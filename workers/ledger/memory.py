@@ -211,6 +211,18 @@ class MemoryLedger(Ledger):
                 0,
             )
 
+        version = int(s.periods.get(pid, {}).get("version", 0))
+        if req.quoted_version is not None and version != req.quoted_version:  # charge.lua's stale quote
+            return RawCharge(
+                "stale_quote",
+                b"",
+                f"stale quote: the period's spend version is now {version}",
+                main.spent,
+                main.cap,
+                state_of(main, main.spent, manual or auto_here),
+                0,
+            )
+
         def audit(p: _Period, kind: str, **fields: str) -> None:
             base = {
                 "kind": kind,
@@ -265,6 +277,7 @@ class MemoryLedger(Ledger):
             )
             if open_now and not (manual or auto_touched is not None):
                 br.update(auto_period=p.pid, auto_start=str(p.pstart), auto_reason=reason, auto_at=str(now_ms))
+                _incr(block, "version", 1)
                 audit(p, "breaker_open", reason=reason, actor="ledger", state="open")
             return RawCharge("refused", b"", reason, p.spent, p.cap, state_of(p, p.spent, is_open), 0)
 
@@ -317,6 +330,7 @@ class MemoryLedger(Ledger):
             blocks.append(touch_period(p))
         for p, block in zip(P, blocks, strict=True):
             p.spent = _incr(block, "spent", cost)
+            _incr(block, "version", 1)
             p.dspent = _incr(block, "delta_spent", delta)
             _incr(block, "granted", 1)
             _zadd(s, (p.pid, req.metric), rid, int(req.window_end))
@@ -394,6 +408,7 @@ class MemoryLedger(Ledger):
                     s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened", "actor": "ledger"}
                 )
             total = _incr(block, "grant", units)
+            _incr(block, "version", 1)
             self._xadd(
                 s, now_ms, {"kind": "grant", "period": pid, "cost": str(units), "reason": reason, "actor": actor}
             )

@@ -16,13 +16,14 @@ the topology, the metric and the cost fix (`record_bytes`).
 
 from __future__ import annotations
 
-__all__ = ["Publish", "MechanismFactory", "Releaser", "sweep"]
+__all__ = ["MAX_STALE_QUOTES", "Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Budget, Metric, Topology
 from dpstream.topology.periods import period_id, period_start, periods_touched
 from dpstream.topology.plan import build_plan
@@ -36,6 +37,10 @@ from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.record import record_bytes, true_values_for
+
+MAX_STALE_QUOTES = 100
+"""Quote → charge rounds one release tries before giving up (each stale one means another process
+charged the scope meanwhile, so the scope as a whole always progresses)."""
 
 Publish = Callable[[bytes, bytes], Awaitable[Any]]
 """async publish(value, key): send one record to the releases topic (idempotent producer)."""
@@ -160,8 +165,9 @@ class Releaser:
         return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
     def _pricing_lock(self, scope: str) -> asyncio.Lock:
-        """Quote → charge of one scope run one at a time, so concurrent releases are priced as if
-        they ran in turn (a quote never misses a charge that is about to land before it)."""
+        """Quote → charge of one scope run one at a time in this process, so its concurrent releases
+        do not make each other's quotes stale; across processes the ledger's spend version does it
+        (a charge quoted at an old version is answered STALE_QUOTE and priced again)."""
         lock = self._locks.get(scope)
         if lock is None:
             lock = self._locks[scope] = asyncio.Lock()
@@ -176,8 +182,33 @@ class Releaser:
         rid: str,
         true_values: dict[str, Any],
     ) -> ReleaseResult | ChargeResult:
-        """Quote, draw the noise at the quoted cost and charge: the ledger's charge result, or the
-        final result when nothing is to be published (thinned, refused)."""
+        """Quote, draw the noise at the quoted cost and charge, again from a fresh quote while the
+        quote goes stale: the ledger's charge result, or the final result when nothing is to be
+        published (thinned, refused)."""
+        for _ in range(MAX_STALE_QUOTES):
+            charged = await self._quote_draw_charge(m, budget, start, end, rid, true_values)
+            if charged is not None:
+                return charged
+            # STALE_QUOTE: another process charged or granted in this period between our quote and
+            # our charge, so the split of what is left changed; quote again from the new state and
+            # redraw. The discarded noisy value was never stored, published or logged (the charge
+            # wrote nothing), so dropping it leaks nothing, and the ledger still charges once.
+        raise InternalError(
+            f"release of {m.name} [{start}, {end}): {MAX_STALE_QUOTES} quotes in a row went stale "
+            "(other processes kept charging this scope); retried later"
+        )
+
+    async def _quote_draw_charge(
+        self,
+        m: Metric,
+        budget: Budget,
+        start: int,
+        end: int,
+        rid: str,
+        true_values: dict[str, Any],
+    ) -> ReleaseResult | ChargeResult | None:
+        """One quote → noise → charge round, charged only at the spend version it was quoted at;
+        None when the quote went stale before the charge (nothing was written)."""
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
@@ -216,8 +247,11 @@ class Releaser:
             # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
             # touches, in the same atomic call as its main charge (all or nothing)
             extra_periods=_later_periods(budget.period_s, start, end),
+            quoted_version=quote.version,
         )
         charge = await self.ledger.charge(request)
+        if charge.outcome is Outcome.STALE_QUOTE:
+            return None
         if charge.outcome is Outcome.REFUSED:
             reason = charge.reason or quote.refused_reason or "refused"
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)

@@ -15,10 +15,12 @@
 --         config digest of the caller, delta_units (integer >= 0), then period_id, period_start_s
 --         of each later period
 -- ARGV[2] payload bytes
+-- ARGV[3] (optional, '' = no check) the main period's spend version the cost was quoted at
 -- Returns one bulk string: outcome \n spent_after \n cap \n state \n cost_units \n rest
---   outcome: 'granted' | 'duplicate' | 'refused'; rest: the stored final payload (granted,
---   duplicate) or the reason (refused). One string keeps the reply cheap to parse. spent, cap
---   and state are the main period's (on a refusal: the refusing period's).
+--   outcome: 'granted' | 'duplicate' | 'refused' | 'stale_quote'; rest: the stored final payload
+--   (granted, duplicate), the reason (refused) or the period's current version (stale_quote).
+--   One string keeps the reply cheap to parse. spent, cap and state are the main period's (on a
+--   refusal: the refusing period's).
 -- Invariants: everything is validated before the first write; a refusal charges and stores
 -- nothing (it only counts and audits itself, and opens the breaker when the release cannot fit
 -- the whole cap); spent <= cap and delta_spent <= delta_cap in every period; a known release_id
@@ -28,6 +30,11 @@
 -- A caller whose config digest differs from the registered one is refused (its topology
 -- disagrees with the scope's registered terms).
 -- The token "ratio_after":null in the payload is replaced by the ratio after this charge (%.6f).
+-- Spend version: every charge bumps the `version` field of each period block it charges, and an
+-- automatic breaker open bumps the refusing period's (grant.lua bumps it too). A caller that
+-- quoted the cost from the main period at version V passes V; if the block is no longer at V the
+-- quote is stale (another process charged or granted since) and the call answers 'stale_quote'
+-- before any write: the caller quotes again. So quote -> charge is exact across processes.
 
 local MAX = 9007199254740991
 local h = {}
@@ -50,6 +57,10 @@ local delta = tonumber(delta_s)
 if not delta or delta < 0 or delta ~= math.floor(delta) or delta > MAX then
   return redis.error_reply('dpstream: charge: bad delta_units ' .. tostring(delta_s))
 end
+local quoted = ARGV[3] or ''
+if quoted ~= '' and (not tonumber(quoted) or tonumber(quoted) < 0 or tonumber(quoted) ~= math.floor(tonumber(quoted))) then
+  return redis.error_reply('dpstream: charge: bad quoted version ' .. quoted)
+end
 if not tonumber(pstart) or not tonumber(wend) or not tonumber(retention) then
   return redis.error_reply('dpstream: charge: bad period_start, window_end or retention')
 end
@@ -68,8 +79,8 @@ end
 local P = {}
 local function load_period(p_id, p_start, key, ends)
   local f = redis.call('HMGET', key, 'spent', 'grant', 'delta_spent', 'cap', 'reserve', 'warn', 'accounting',
-                       'delta_cap')
-  local p = {pid = p_id, pstart = p_start, key = key, ends = ends,
+                       'delta_cap', 'version')
+  local p = {pid = p_id, pstart = p_start, key = key, ends = ends, version = f[9] or '0',
              cap_s = f[4] or cfg[1], reserve_s = f[5] or cfg[2], warn_s = f[6] or cfg[3],
              acc = f[7] or cfg[4] or '', dcap_s = f[8] or cfg[5] or '0'}
   p.spent, p.grant, p.dspent = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
@@ -104,6 +115,12 @@ end
 local known = redis.call('HMGET', KEYS[4], 'payload')
 if known[1] then
   return reply('duplicate', main, main.spent, state_of(main, main.spent, manual or auto_here), 0, known[1])
+end
+
+-- 1b. a stale quote: the main period's spend moved since the caller priced this release; nothing
+-- is written (no refusal counted or audited: nothing was decided), the caller quotes again
+if quoted ~= '' and tonumber(main.version) ~= tonumber(quoted) then
+  return reply('stale_quote', main, main.spent, state_of(main, main.spent, manual or auto_here), 0, main.version)
 end
 
 local function audit(p, kind, fields)
@@ -146,6 +163,7 @@ local function refuse(p, reason, open_now)
                        'state', state_of(p, p.spent, open)})
   if open_now and not (manual or auto_touched) then
     redis.call('HSET', KEYS[2], 'auto_period', p.pid, 'auto_start', p.pstart, 'auto_reason', reason, 'auto_at', now)
+    redis.call('HINCRBY', p.key, 'version', 1)
     audit(p, 'breaker_open', {'reason', reason, 'actor', 'ledger', 'state', 'open'})
   end
   return reply('refused', p, p.spent, state_of(p, p.spent, open), 0, reason)
@@ -188,6 +206,7 @@ for i, p in ipairs(P) do
 end
 for i, p in ipairs(P) do
   p.spent = redis.call('HINCRBY', p.key, 'spent', cost_s)
+  redis.call('HINCRBY', p.key, 'version', 1)
   p.dspent = redis.call('HINCRBY', p.key, 'delta_spent', delta_s)
   redis.call('HINCRBY', p.key, 'granted', 1)
   redis.call('ZADD', p.ends, wend, rid)

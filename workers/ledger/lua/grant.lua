@@ -8,6 +8,7 @@
 -- ARGV: [1] units (integer > 0) [2] reason (non-empty) [3] actor [4] now_ms [5] period id [6] period start
 -- Returns the period's total grant in units.
 -- Invariant: the grant only widens the pool up to the period's cap; spend can never pass the cap.
+-- It bumps the period's spend `version` (see charge.lua): a quote priced before it is stale.
 
 local units = tonumber(ARGV[1])
 if not units or units <= 0 or units ~= math.floor(units) then
@@ -24,6 +25,7 @@ if redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5]) == 1 then
              'actor', 'ledger')
 end
 local total = redis.call('HINCRBY', KEYS[1], 'grant', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('XADD', KEYS[3], '*', 'kind', 'grant', 'period', ARGV[5], 'cost', ARGV[1],
            'reason', ARGV[2], 'actor', ARGV[3])
 if redis.call('HGET', KEYS[2], 'auto_period') == ARGV[5] then
