@@ -77,7 +77,7 @@ async def open_ledger(
     retention_s: int = DEFAULT_RETENTION_S,
     max_connections: int = 128,
 ) -> Ledger:
-    """Open the ledger at `where` ("memory" or a redis:// URL) and register the topology's scopes.
+    """Open the ledger at `where` ("memory" or a ledger URL: `ledger.connection`) and register its scopes.
 
     A Redis that is not durable (AOF with `appendfsync always`) is refused with a ConfigError
     unless `allow_volatile`; an unreachable one raises LedgerUnavailable. Without a topology
@@ -89,14 +89,15 @@ async def open_ledger(
 
         ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s)
     else:
-        from dpstream.workers.ledger.durability import check_durability
+        from dpstream.workers.ledger.connection import LedgerAddress
         from dpstream.workers.ledger.redis_backend import RedisLedger, connect
 
+        address = LedgerAddress.parse(where)
         redis_ledger = RedisLedger(
-            connect(where, max_connections), where, configs, clock=clock, retention_s=retention_s
+            connect(address, max_connections), address, configs, clock=clock, retention_s=retention_s
         )
         try:
-            check_durability(where, await redis_ledger.server_settings(), allow_volatile)
+            await redis_ledger.check_durability(allow_volatile)  # the primary's and every replica's
             await redis_ledger.load_scripts()
         except BaseException:
             await redis_ledger.close()

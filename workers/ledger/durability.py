@@ -6,7 +6,7 @@ is on disk. Anything else is refused unless the operator passes `--allow-volatil
 
 from __future__ import annotations
 
-__all__ = ["check_durability", "durability_problem"]
+__all__ = ["check_durability", "durability_problem", "replica_problem"]
 
 import sys
 from collections.abc import Mapping
@@ -38,3 +38,19 @@ def check_durability(url: str, settings: Mapping[str, str], allow_volatile: bool
         "acknowledged charges can be lost on a crash (--allow-volatile)",
         file=sys.stderr,
     )
+
+
+def replica_problem(min_replicas: int, replicas: int) -> str | None:
+    """None when `min_replicas` suits the `replicas` connected, else the risk, in one phrase (a warning)."""
+    if min_replicas > replicas:
+        return (
+            f"min_replicas={min_replicas} but {replicas} replica(s) connected: every release fails closed "
+            "until enough replicas connect"
+        )
+    if 0 < min_replicas < replicas:
+        return (
+            f"min_replicas={min_replicas} of {replicas} replicas: a failover may promote a replica that lacks "
+            "the last acknowledged charges; set min_replicas to the replica count, or replica-priority 0 on "
+            "the replicas beyond it"
+        )
+    return None

@@ -1,13 +1,24 @@
 """Every Redis key of the ledger, built here only: `dpstream:{scope}:…`, hash-tagged per scope.
 
 The braces make all keys of one scope hash to one Redis Cluster slot, so each script touches a
-single slot. Example: `dpstream:{web-daily}:period:2026-11-30`.
+single slot. Example: `dpstream:{web-daily}:period:2026-11-30`. A namespace (`namespace=` in the
+ledger URL) puts a deployment's keys under `dpstream:<namespace>:…`, so two deployments can
+share one Redis, even with the same scope names: `dpstream:prod:{web-daily}:period:2026-11-30`.
 """
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "SCOPES_INDEX", "ScopeKeys", "check_scope_name", "deployment_start_key"]
+__all__ = [
+    "PREFIX",
+    "SCOPES_INDEX",
+    "ScopeKeys",
+    "check_namespace",
+    "check_scope_name",
+    "deployment_start_key",
+    "in_namespace",
+]
 
+import re
 from dataclasses import dataclass
 
 from dpstream.topology.errors import ConfigError
@@ -15,6 +26,25 @@ from dpstream.topology.errors import ConfigError
 PREFIX = "dpstream"
 SCOPES_INDEX = f"{PREFIX}:scopes"
 """Set of registered scope names (outside any hash tag; read by the CLI, never by a script)."""
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_namespace(namespace: str, where: str = "ledger namespace") -> str:
+    """A key namespace: 1-64 letters, digits, `_`, `.` or `-` (no braces or colons, so hash tags hold)."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ConfigError(
+            f"{where} {namespace!r}: use 1-64 letters, digits, '_', '.' or '-' (no braces, colons or spaces)"
+        )
+    return namespace
+
+
+def in_namespace(key: str, namespace: str) -> str:
+    """The key `key` (built for the default namespace, `dpstream:…`) in `namespace` (`dpstream:<ns>:…`)."""
+    if not namespace:
+        return key
+    if not key.startswith(PREFIX + ":"):
+        raise ConfigError(f"ledger key {key!r} is not a dpstream key (this is a bug)")
+    return f"{PREFIX}:{check_namespace(namespace)}:{key[len(PREFIX) + 1 :]}"
 
 
 def deployment_start_key(topology_version: str) -> str:
@@ -41,14 +71,25 @@ class ScopeKeys:
     """The keys of one budget scope."""
 
     scope: str
+    namespace: str = ""
 
     def __post_init__(self) -> None:
         check_scope_name(self.scope)
+        if self.namespace:
+            check_namespace(self.namespace)
 
     @property
     def base(self) -> str:
-        """`dpstream:{scope}`: the hash-tagged prefix."""
+        """`dpstream:{scope}` (or `dpstream:<namespace>:{scope}`): the hash-tagged prefix."""
+        if self.namespace:
+            return f"{PREFIX}:{self.namespace}:{{{self.scope}}}"
         return f"{PREFIX}:{{{self.scope}}}"
+
+    @property
+    def fence(self) -> str:
+        """Counter: written (INCR) right before a `WAIT`, so the WAIT covers every earlier write
+        of the scope, whichever connection made it (see `redis_backend.RedisLedger._replicated`)."""
+        return f"{self.base}:fence"
 
     @property
     def config(self) -> str:

@@ -3,14 +3,22 @@
 Scripts are registered once per client (`register_script`: EVALSHA with a NOSCRIPT fallback).
 Any Redis or socket failure raises `LedgerUnavailable` (fail closed); a script's own
 `dpstream:` error reply is a bug and raises `InternalError`.
+
+With replicas (a Sentinel URL, or a primary that reports replicas), nothing this ledger hands out
+for publishing is acknowledged until `WAIT` confirms it on `min_replicas` replicas: a granted or
+duplicate `charge`, a `stored_payload` found, and every `pending` release. Each of those first
+writes the scope's fence key and then WAITs on the same connection; the replication stream is
+ordered, so the WAIT covers every earlier write of the scope, whichever client made it. Fewer
+confirmations raise `LedgerUnavailable`: the caller publishes nothing and retries later, and the
+retry finds the stored bytes (and WAITs again) or, if a failover lost the charge, charges afresh.
 """
 
 from __future__ import annotations
 
 __all__ = ["RedisLedger", "connect"]
 
+import sys
 from collections.abc import Awaitable, Sequence
-from functools import lru_cache
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -18,25 +26,14 @@ from redis.exceptions import RedisError, ResponseError
 
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister
+from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
+from dpstream.workers.ledger.durability import check_durability, replica_problem
 from dpstream.workers.ledger.errors import LedgerUnavailable
-from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys
+from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
-from dpstream.workers.ledger.types import PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
-
-
-def connect(url: str, max_connections: int = 128) -> aioredis.Redis[bytes]:
-    """A redis.asyncio client with bounded pool, short timeouts and bytes replies (payloads stay exact)."""
-    pool: aioredis.BlockingConnectionPool[aioredis.Connection] = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=10, socket_connect_timeout=2.0, socket_timeout=5.0
-    )
-    return aioredis.Redis(connection_pool=pool)
-
-
-@lru_cache(maxsize=256)
-def _keys(scope: str) -> ScopeKeys:
-    return ScopeKeys(scope)
 
 
 def _s(value: Any) -> str:
@@ -52,11 +49,26 @@ class RedisLedger(Ledger):
 
     backend = "redis"
 
-    def __init__(self, client: aioredis.Redis[bytes], url: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, client: aioredis.Redis[bytes], url: str | LedgerAddress, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._client = client
-        self._url = url
+        self._address = url if isinstance(url, LedgerAddress) else LedgerAddress.parse(url)
+        self._url = self._address.display  # the only form of the URL that reaches a message
+        self._namespace = self._address.namespace
+        self._scopes_index = in_namespace(SCOPES_INDEX, self._namespace)
+        self._scope_keys: dict[str, ScopeKeys] = {}
+        self.min_replicas = self._address.min_replicas or 0
+        """Replicas a WAIT must confirm before a charge is acknowledged (settled by `check_durability`)."""
         self._scripts = {name: client.register_script(script_text(name)) for name in SCRIPT_NAMES}
+
+    def _keys(self, scope: str) -> ScopeKeys:
+        """The keys of `scope` in this ledger's namespace (kept: a worker names a few scopes)."""
+        keys = self._scope_keys.get(scope)
+        if keys is None:
+            keys = ScopeKeys(scope, self._namespace)
+            if len(self._scope_keys) < 256:
+                self._scope_keys[scope] = keys
+        return keys
 
     async def _guard(self, awaitable: Awaitable[_T]) -> _T:
         try:
@@ -81,21 +93,91 @@ class RedisLedger(Ledger):
             out.update(_hash(got))
         return out
 
+    async def replicas(self) -> list[tuple[str, int]]:
+        """(host, port) of the replicas the primary reports connected (`INFO replication`)."""
+        info = await self._guard(self._client.info("replication"))
+        out = []
+        for name, value in info.items():
+            if str(name).startswith("slave") and isinstance(value, dict) and "ip" in value:
+                out.append((str(value["ip"]), int(value["port"])))
+        return sorted(out)
+
+    async def check_durability(self, allow_volatile: bool) -> None:
+        """Refuse a primary or replica that could lose an acknowledged charge (ConfigError unless
+        `allow_volatile`), and settle `min_replicas`: the URL's, else 1 under Sentinel or when the
+        primary reports a replica, else 0. A replica is promoted by a failover, so its AOF counts too."""
+        check_durability(self._url, await self.server_settings(), allow_volatile)
+        replicas = await self.replicas()
+        for host, port in replicas:
+            client = self._address.node_client(host, port)
+            try:
+                got = dict(await self._guard(client.config_get("appendonly")))
+                got.update(await self._guard(client.config_get("appendfsync")))
+            finally:
+                await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
+            check_durability(f"{self._url} (replica {host}:{port})", _hash(got), allow_volatile)
+        if self._address.min_replicas is None:
+            self.min_replicas = 1 if self._address.sentinel or replicas else 0
+        problem = replica_problem(self.min_replicas, len(replicas))
+        if problem is not None:
+            print(f"dpstream: WARNING: ledger {self._url}: {problem}", file=sys.stderr)
+
+    async def _replicated(self, scope: str) -> None:
+        """Return once everything written so far to `scope`'s primary is on `min_replicas` replicas,
+        else raise LedgerUnavailable (nothing may be published on an unconfirmed charge)."""
+        if self.min_replicas <= 0:
+            return
+        pipe = self._client.pipeline(transaction=False)  # one connection: the WAIT covers its INCR
+        pipe.incr(self._keys(scope).fence)
+        pipe.wait(self.min_replicas, self._address.wait_timeout_ms)
+        out = await self._guard(pipe.execute())
+        confirmed = int(out[1])
+        if confirmed < self.min_replicas:
+            raise LedgerUnavailable(
+                f"ledger Redis {self._url}: {confirmed} of the {self.min_replicas} replicas required confirmed "
+                f"the write within {self._address.wait_timeout_ms} ms: not acknowledged, nothing published "
+                "(retried later with the stored bytes)"
+            )
+
+    async def charge(self, req: ReleaseRequest) -> ChargeResult:
+        """The base charge, acknowledged only once replicated (a refusal publishes nothing: no WAIT)."""
+        result = await super().charge(req)
+        if result.outcome in (Outcome.GRANTED, Outcome.DUPLICATE):
+            await self._replicated(req.scope)
+        return result
+
+    async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
+        """The stored payload, returned only once it is on `min_replicas` replicas (it will be published)."""
+        payload = await super().stored_payload(scope, release_id)
+        if payload is not None:
+            await self._replicated(scope)
+        return payload
+
+    async def pending(self, older_than_s: float) -> list[PendingRelease]:
+        """The sweeper's pending releases, returned only once each scope's writes are replicated."""
+        rows = await super().pending(older_than_s)
+        for scope in sorted({p.scope for p in rows}):
+            await self._replicated(scope)
+        return rows
+
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script now, so no release pays the NOSCRIPT → load → retry round trips."""
         for name in SCRIPT_NAMES:
             await self._guard(self._client.script_load(script_text(name)))  # type: ignore[no-untyped-call]  # types-redis leaves script_load unannotated
 
     async def close(self) -> None:
-        """Close the client and its pool."""
+        """Close the client and its pool (and, under Sentinel, the connections to the sentinels)."""
+        pool = self._client.connection_pool
         await self._client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose (redis >= 5.0.1)
+        if isinstance(pool, SentinelPool):
+            await pool.aclose_sentinels()
 
     # ---- writes (scripts) ------------------------------------------------------------------
 
     async def _register(
         self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
     ) -> RawRegister:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         args: list[str] = [fields["digest"], actor, str(now_ms), str(period_s)]
         for name, value in fields.items():
             args += [name, value]
@@ -103,10 +185,11 @@ class RedisLedger(Ledger):
         code = int(out[0])
         if code == 2:
             return RawRegister(code, _s(out[1]), _s(out[2]), int(out[3]), int(out[4]))
-        await self._guard(self._client.sadd(SCOPES_INDEX, scope))
+        await self._guard(self._client.sadd(self._scopes_index, scope))
         return RawRegister(code)
 
     async def _deployment_start(self, key: str, proposed: int) -> int:
+        key = in_namespace(key, self._namespace)
         pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first start wins)
         pipe.set(key, proposed, nx=True)
         pipe.get(key)
@@ -116,7 +199,7 @@ class RedisLedger(Ledger):
     async def _charge(
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
     ) -> RawCharge:
-        k = _keys(req.scope)
+        k = self._keys(req.scope)
         keys = [
             k.config,
             k.breaker,
@@ -146,18 +229,14 @@ class RedisLedger(Ledger):
             keys += [k.period(pid), k.ends(pid, req.metric)]
             fields += [pid, str(int(pstart))]
         header = "\n".join(fields)
-        quoted = "" if req.quoted_version is None else str(req.quoted_version)
-        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload), quoted]))
+        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload)]))
         outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
-        if outcome == b"stale_quote":
-            reason = f"stale quote: the period's spend version is now {rest.decode()}"
-            return RawCharge("stale_quote", b"", reason, int(spent), int(cap), state.decode(), 0)
         reason = rest.decode() if outcome == b"refused" else ""
         payload = b"" if outcome == b"refused" else rest
         return RawCharge(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         return int(
             await self._guard(
                 self._scripts["commit"](keys=[k.release(release_id), k.pending], args=[release_id, now_ms])
@@ -165,14 +244,14 @@ class RedisLedger(Ledger):
         )
 
     async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         out = await self._guard(
             self._scripts["breaker"](keys=[k.breaker, k.audit], args=[action, reason, actor, now_ms, pid])
         )
         return int(out[0]) == 1
 
     async def _grant(self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int) -> int:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         keys = [k.period(pid), k.breaker, k.audit, k.config, k.periods]
         return int(
             await self._guard(self._scripts["grant"](keys=keys, args=[units, reason, actor, now_ms, pid, pstart]))
@@ -183,7 +262,7 @@ class RedisLedger(Ledger):
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         pipe = self._client.pipeline(transaction=True)
         pipe.hgetall(k.config)
         pipe.hgetall(k.breaker)
@@ -195,11 +274,11 @@ class RedisLedger(Ledger):
         return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
-        raw = await self._guard(self._client.hget(ScopeKeys(scope).release(release_id), "payload"))
+        raw = await self._guard(self._client.hget(self._keys(scope).release(release_id), "payload"))
         return bytes(raw) if raw is not None else None
 
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
-        k = ScopeKeys(scope)
+        k = self._keys(scope)
         rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))
         out = []
         for rid_b, score in rows:
@@ -224,22 +303,22 @@ class RedisLedger(Ledger):
         return out
 
     async def _config_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(ScopeKeys(scope).config)))
+        return _hash(await self._guard(self._client.hgetall(self._keys(scope).config)))
 
     async def _breaker_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(ScopeKeys(scope).breaker)))
+        return _hash(await self._guard(self._client.hgetall(self._keys(scope).breaker)))
 
     async def _period_fields(self, scope: str, pid: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(ScopeKeys(scope).period(pid))))
+        return _hash(await self._guard(self._client.hgetall(self._keys(scope).period(pid))))
 
     async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
         end = -1 if limit is None else limit - 1
-        rows = await self._guard(self._client.zrevrange(ScopeKeys(scope).periods, 0, end, withscores=True))
+        rows = await self._guard(self._client.zrevrange(self._keys(scope).periods, 0, end, withscores=True))
         return [(_s(pid), int(score)) for pid, score in rows]
 
     async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
-        rows = await self._guard(self._client.xrange(ScopeKeys(scope).audit, f"{since_ms}-0", "+", count=limit))
+        rows = await self._guard(self._client.xrange(self._keys(scope).audit, f"{since_ms}-0", "+", count=limit))
         return [(_s(i), _hash(f)) for i, f in rows]
 
     async def _scopes(self) -> list[str]:
-        return sorted(_s(s) for s in await self._guard(self._client.smembers(SCOPES_INDEX)))
+        return sorted(_s(s) for s in await self._guard(self._client.smembers(self._scopes_index)))
