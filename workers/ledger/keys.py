@@ -112,6 +112,12 @@ class ScopeKeys:
         return f"{self.base}:pending"
 
     @property
+    def parked(self) -> str:
+        """Hash: release id → JSON of a window parked after repeated internal release failures
+        (metric, window, attempts, error class, state parked|retry); see `lua/park.lua`."""
+        return f"{self.base}:parked"
+
+    @property
     def periods(self) -> str:
         """Sorted set: period ids seen, scored by period start (s)."""
         return f"{self.base}:periods"

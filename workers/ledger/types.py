@@ -10,6 +10,7 @@ __all__ = [
     "ChargeResult",
     "Quote",
     "PendingRelease",
+    "ParkedRelease",
     "BreakerInfo",
     "PeriodSummary",
     "ScopeStatus",
@@ -62,6 +63,12 @@ class AuditKind(Enum):
     PERIOD = "period"
     GRANT = "grant"
     CONFIG = "config"
+    PARK = "park"
+    """A window parked after repeated internal release failures (attempts, error class)."""
+    RETRY = "retry"
+    """An operator asked the worker to retry a parked window (actor, reason)."""
+    UNPARK = "unpark"
+    """A retried parked window was released (or refused) and left the parked set."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,27 @@ class PendingRelease:
     cost_units: int
     reserved_at_ms: int
     payload: bytes
+
+
+@dataclass(frozen=True)
+class ParkedRelease:
+    """A window whose release kept failing on an internal error, held until an operator retries it.
+
+    Only schedule facts and the error's class name: never a value, a key or an aggregate."""
+
+    release_id: str
+    scope: str
+    metric: str
+    window_start: int
+    window_end: int
+    attempts: int
+    error: str
+    """The class name of the last error (e.g. `MessageSizeTooLargeError`)."""
+    parked_at_ms: int
+    state: str = "parked"
+    """`parked` (held) or `retry` (an operator asked for a retry; the worker dispatches it again)."""
+    retry_actor: str = ""
+    retry_reason: str = ""
 
 
 @dataclass(frozen=True)
