@@ -229,8 +229,12 @@ class RedisLedger(Ledger):
             keys += [k.period(pid), k.ends(pid, req.metric)]
             fields += [pid, str(int(pstart))]
         header = "\n".join(fields)
-        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload)]))
+        quoted = "" if req.quoted_version is None else str(req.quoted_version)
+        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload), quoted]))
         outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
+        if outcome == b"stale_quote":
+            reason = f"stale quote: the period's spend version is now {rest.decode()}"
+            return RawCharge("stale_quote", b"", reason, int(spent), int(cap), state.decode(), 0)
         reason = rest.decode() if outcome == b"refused" else ""
         payload = b"" if outcome == b"refused" else rest
         return RawCharge(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
