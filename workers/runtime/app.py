@@ -112,6 +112,11 @@ def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
         table_standby_replicas=0,
         producer_linger_ms=0,
         consumer_auto_offset_reset="earliest",
+        # A killed member holds the release agent's partials and changelog partitions until its session
+        # expires (Faust's default 60 s delayed releases by a minute per SIGKILL). Environment variables
+        # BROKER_SESSION_TIMEOUT / BROKER_HEARTBEAT_INTERVAL still win, as for any Faust setting.
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
         **datadir,
         **web,
     )

@@ -150,8 +150,7 @@ class IngestService(Service):
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024,
             fetch_max_wait_ms=self.settings.fetch_timeout_ms,
-            session_timeout_ms=10_000,
-            heartbeat_interval_ms=1_000,
+            **self.settings.group_timeouts(),
             max_poll_interval_ms=300_000,
         )
         self._consumer.subscribe(list(self._by_topic), listener=_Listener(self))

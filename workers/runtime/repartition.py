@@ -67,6 +67,7 @@ class RepartitionService(Service):
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.settings.fetch_timeout_ms,
+            **self.settings.group_timeouts(),
         )
         await self._consumer.start()
         self.add_future(self._copy_forever())

@@ -35,12 +35,30 @@ class RuntimeSettings:
     sweep_age_s: float = 5.0
     """A reserved release older than this is republished by the sweeper."""
     datadir: str = ""
+    session_timeout_s: float = 6.0
+    """A consumer-group member that stops heart-beating (SIGKILL, a lost host) loses its partitions after
+    this. Faust's default, 60 s, held a killed worker's partitions for a minute; 6 s is the broker's
+    default `group.min.session.timeout.ms`, the shortest it accepts (DESIGN §8, issue 11 item 4)."""
+    heartbeat_interval_s: float = 1.0
+    """How often members heart-beat; a third of the session timeout or less, so one lost beat is no expiry."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ConfigError("--bootstrap: empty; give host:port of a Kafka broker")
         if self.partitions < 1:
             raise ConfigError(f"--partitions {self.partitions}: need at least 1")
+        if not 0 < 3 * self.heartbeat_interval_s <= self.session_timeout_s:
+            raise ConfigError(
+                f"heartbeat interval {self.heartbeat_interval_s} s: must be positive and at most a third of "
+                f"the session timeout ({self.session_timeout_s} s)"
+            )
+
+    def group_timeouts(self) -> dict[str, int]:
+        """aiokafka consumer-group keywords: session timeout and heartbeat interval (ms)."""
+        return {
+            "session_timeout_ms": int(self.session_timeout_s * 1000),
+            "heartbeat_interval_ms": int(self.heartbeat_interval_s * 1000),
+        }
 
     def group_id(self, topology: Topology) -> str:
         """Consumer group of the worker fleet for this topology version (several workers share it)."""
