@@ -236,6 +236,10 @@ def test_usage_errors_exit_2_with_one_line(
         [*base, "--topology", str(dep.path), "--since", "yesterday-ish"],
         [*base, "--topology", str(dep.path), "--compare-to", "no-such-topic-xyz"],
         ["verify", "--topology", str(dep.path), "--bootstrap", "127.0.0.1:1", "--redis", dep.redis_url],
+        [*base, "--topology", str(dep.path), "--outage", "100"],
+        [*base, "--topology", str(dep.path), "--outage", "200/100"],
+        [*base, "--topology", str(dep.path), "--outage", "x/200"],
+        [*base, "--topology", str(dep.path), "--until", "nan"],
     ]
     for argv in cases:
         capsys.readouterr()
@@ -346,6 +350,35 @@ def test_schedule_starts_at_S_and_ends_at_now_minus_grace() -> None:
     assert [v.kind for v in violations] == ["missing_window"]
     assert "charged (reserved) but not on the releases topic" in violations[0].message
     assert counts == {"windows_checked": 3, "windows_released": 1, "windows_refused": 1, "windows_missing": 1}
+
+
+@pytest.mark.unit
+def test_outages_name_releases_published_inside_unless_charged_before() -> None:
+    """A copy stamped inside an outage is a violation unless its charge predates the outage; copies
+    outside every outage, and releases charged before it (in flight), are not."""
+    recs = [
+        TopicRecord(0, 0, b"a", _doc("a"), 1_050_000),  # inside, charged before: in flight, fine
+        TopicRecord(0, 1, b"b", _doc("b"), 1_050_000),  # inside, charged inside: violation
+        TopicRecord(0, 2, b"c", _doc("c"), 1_200_000),  # outside
+        TopicRecord(0, 3, b"c", _doc("c"), 1_070_000),  # a copy of c inside, charged before the outage: fine
+        TopicRecord(0, 4, b"d", _doc("d"), 1_099_999),  # inside, no ledger record: violation
+    ]
+    published, _ = checks.index_releases(recs, {})
+    assert published["c"].stamps == [1_200_000, 1_070_000]
+    found = {
+        "a": LedgerRelease("s", "a", "published", _doc("a"), "m", 0, 1, 999_000),
+        "b": LedgerRelease("s", "b", "published", _doc("b"), "m", 0, 1, 1_040_000),
+        "c": LedgerRelease("s", "c", "published", _doc("c"), "m", 0, 1, 500_000),
+    }
+    counts: dict[str, Any] = {}
+    violations = checks.check_outages(published, found, [(1000.0, 1100.0)], counts)
+    assert [(v.kind, v.details["release_id"]) for v in violations] == [
+        ("published_during_outage", "b"),
+        ("published_during_outage", "d"),
+    ]
+    assert "no charge time" in violations[1].message
+    assert counts == {"outages": 1, "published_in_outages": 4}
+    assert checks.check_outages(published, found, [], {}) == []
 
 
 @pytest.mark.unit

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = ["register"]
 
 import argparse
+import math
 from datetime import UTC
 
 
@@ -21,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Reads the releases topic, the dead-letter topic and the ledger, and names each violation "
         "in one line: a release_id published with two payloads, a published release without a charge, spend "
         "not equal to the audit stream's charges or above its cap, selection δ above its cap, a scheduled "
-        "window neither released nor refused with a reason. Exit 0 when none, 1 otherwise, 2 on usage errors.",
+        "window neither released nor refused with a reason, a release published during a given ledger "
+        "outage. Exit 0 when none, 1 otherwise, 2 on usage errors.",
     )
     parser.add_argument("--topology", required=True, metavar="FILE", help="the deployment's topology YAML")
     parser.add_argument("--bootstrap", default=None, metavar="HOST:PORT", help="Kafka (default: the topology's)")
@@ -39,6 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="TIME",
         help="check only windows starting at or after TIME (ISO-8601 UTC or epoch seconds); "
         "default: the deployment start",
+    )
+    parser.add_argument(
+        "--until",
+        default=None,
+        metavar="TIME",
+        help="check only windows closing by TIME (ISO-8601 UTC or epoch seconds), e.g. when the "
+        "deployment was stopped; default: now minus --grace",
+    )
+    parser.add_argument(
+        "--outage",
+        action="append",
+        default=[],
+        metavar="FROM/TO",
+        help="an interval (ISO-8601 UTC or epoch seconds, FROM/TO) when the ledger Redis was "
+        "unreachable: nothing may be published in it unless charged before it began; repeatable",
     )
     parser.add_argument(
         "--compare-to",
@@ -63,30 +80,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_run)
 
 
-def _since(text: str | None) -> int | None:
+def _time(text: str, option: str) -> float:
+    """Epoch seconds from epoch seconds or an ISO-8601 time (UTC unless it names a zone)."""
     from datetime import datetime
 
     from dpstream.topology.errors import ConfigError
 
-    if text is None:
-        return None
     try:
-        return int(float(text))
+        value = float(text)
     except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"--since {text!r}: not epoch seconds or an ISO-8601 time (2026-11-30T00:00Z)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp())
+        try:
+            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"{option} {text!r}: not epoch seconds or an ISO-8601 time (2026-11-30T00:00Z)") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    if not math.isfinite(value):
+        raise ConfigError(f"{option} {text!r}: not a finite time")
+    return value
+
+
+def _since(text: str | None) -> int | None:
+    return None if text is None else int(_time(text, "--since"))
+
+
+def _outage(text: str) -> tuple[float, float]:
+    from dpstream.topology.errors import ConfigError
+
+    start, sep, end = text.partition("/")
+    if not sep:
+        raise ConfigError(f"--outage {text!r}: give FROM/TO (epoch seconds or ISO-8601 times)")
+    a, b = _time(start, "--outage"), _time(end, "--outage")
+    if b < a:
+        raise ConfigError(f"--outage {text!r}: TO is before FROM")
+    return a, b
 
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
-    import math
 
     from dpstream.topology.errors import ConfigError
     from dpstream.topology.loader import load_topology
@@ -108,6 +141,8 @@ def _run(args: argparse.Namespace) -> int:
         compare_to=args.compare_to,
         tolerance=args.tolerance,
         allow_volatile=args.allow_volatile,
+        until_s=_time(args.until, "--until") if args.until is not None else None,
+        outages=tuple(_outage(text) for text in args.outage),
     )
     report = asyncio.run(verify_deployment(topology, options))
     print(render_json(report) if args.json else render_text(report), flush=True)

@@ -10,6 +10,7 @@ names every violation in one line:
   above the cap, selection δ above its cap;
 - a scheduled window (from the deployment start S to now minus a grace) neither published nor
   recorded by the ledger as refused with a reason;
+- a release published during a ledger outage given with `--outage FROM/TO` (unless charged before it);
 - optionally (`--compare-to TOPIC`), a released value that differs from another run's release of
   the same window by more than a tolerance.
 

@@ -16,6 +16,7 @@ __all__ = [
     "check_schedule",
     "check_dead_letters",
     "check_compare",
+    "check_outages",
 ]
 
 import json
@@ -45,6 +46,8 @@ class Published:
     payloads: dict[bytes, TopicRecord] = field(default_factory=dict)
     """Each distinct payload → the first record that carried it."""
     copies: int = 0
+    stamps: list[int] = field(default_factory=list)
+    """The Kafka timestamp (ms) of every copy, in topic order."""
 
     @property
     def metric(self) -> str:
@@ -124,9 +127,10 @@ def index_releases(
         pub = out.get(rid)
         assert rec.value is not None  # the release_id was decoded from it
         if pub is None:
-            out[rid] = Published(rid, doc, rec, {rec.value: rec}, 1)
+            out[rid] = Published(rid, doc, rec, {rec.value: rec}, 1, [rec.timestamp])
             continue
         pub.copies += 1
+        pub.stamps.append(rec.timestamp)
         if rec.value in pub.payloads:
             dup += 1
             continue
@@ -485,4 +489,42 @@ def check_compare(
                 f"({len(published)} release_ids here, {len(theirs)} there)",
             )
         )
+    return violations
+
+
+def check_outages(
+    published: Mapping[str, Published],
+    found: Mapping[str, LedgerRelease | None],
+    outages: Iterable[tuple[float, float]],
+    counts: dict[str, Any],
+) -> list[Violation]:
+    """Nothing is published while the ledger is unreachable: a copy whose Kafka time falls in an outage
+    [from, to] (epoch seconds) is a violation unless its charge was made before the outage began
+    (charged, then the ledger went away before the publish: the protocol's in-flight case)."""
+    spans = sorted((float(a), float(b)) for a, b in outages)
+    violations: list[Violation] = []
+    inside = 0
+    for rid, pub in published.items():
+        rec = found.get(rid)
+        charged_ms = rec.reserved_at_ms if rec is not None else None
+        for stamp in pub.stamps:
+            t = stamp / 1000
+            span = next(((a, b) for a, b in spans if a <= t <= b), None)
+            if span is None:
+                continue
+            inside += 1
+            if charged_ms is not None and charged_ms < span[0] * 1000:
+                continue
+            charged = f"charged {iso(charged_ms / 1000)}" if charged_ms is not None else "no charge time"
+            violations.append(
+                Violation(
+                    "published_during_outage",
+                    f"{pub.label()} was published at {iso(t)}, during the ledger outage "
+                    f"[{iso(span[0])}, {iso(span[1])}] ({charged}, not before the outage)",
+                    {"release_id": rid, "published_ms": stamp, "outage": [span[0], span[1]]},
+                )
+            )
+            break
+    counts["outages"] = len(spans)
+    counts["published_in_outages"] = inside
     return violations

@@ -43,6 +43,8 @@ KINDS = {
     "value_mismatch": "a released value differs from the compared run's release of the same window",
     "compare_empty": "--compare-to found no window in common",
     "ledger_not_durable": "the ledger's Redis is not AOF with appendfsync always",
+    "published_during_outage": "a release was published while the ledger was unreachable (--outage) and "
+    "was not charged before the outage began",
 }
 """Every violation kind, with what it means."""
 

@@ -44,6 +44,10 @@ class VerifyOptions:
     """Absolute tolerance of `compare_to`; default 3 × both records' 95 % CI half-widths."""
     allow_volatile: bool = False
     """Do not count a non-durable ledger Redis as a violation."""
+    until_s: float | None = None
+    """Check no window closing after this (default: now − grace), e.g. the time a deployment was stopped."""
+    outages: tuple[tuple[float, float], ...] = ()
+    """Intervals (epoch seconds) when the ledger was unreachable: nothing may be published in them."""
 
 
 def _valid_scope(name: str | None) -> TypeGuard[str]:
@@ -149,6 +153,8 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
 
         found = await _charges(client, published, sorted(registered | set(scopes)))
         report.add(checks.check_charges(published, found, counts))
+        if options.outages:
+            report.add(checks.check_outages(published, found, options.outages, counts))
 
         start: int | None
         if topology.start_s is not None:
@@ -157,6 +163,8 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
             start, start_from = await read_deployment_start(client, version), "ledger"
         report.add(checks.check_this_version(topology, published, start, counts))
         until = now - options.grace_s
+        if options.until_s is not None:
+            until = min(until, options.until_s)
         report.schedule = {
             "start": start,
             "start_iso": iso(start) if start is not None else None,

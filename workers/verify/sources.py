@@ -62,6 +62,8 @@ class LedgerRelease:
     metric: str
     window_start: int | None
     window_end: int | None
+    reserved_at_ms: int | None = None
+    """When the charge was made (the worker's clock, ms), as the charge script stored it."""
 
 
 async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list[TopicRecord]:
@@ -148,13 +150,15 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
         chunk = pairs[i : i + _CHUNK]
         pipe = client.pipeline(transaction=False)
         for scope, rid in chunk:
-            pipe.hmget(ScopeKeys(scope).release(rid), "state", "payload", "metric", "window_start", "window_end")
+            pipe.hmget(
+                ScopeKeys(scope).release(rid), "state", "payload", "metric", "window_start", "window_end", "reserved_at"
+            )
         try:
             rows: Sequence[Sequence[Any]] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise LedgerUnavailable(f"ledger Redis unavailable while reading release records: {exc}") from exc
         for (scope, rid), row in zip(chunk, rows, strict=True):
-            state, payload, metric, ws, we = row
+            state, payload, metric, ws, we, reserved_at = row
             if state is None and payload is None:
                 continue
             found[(scope, rid)] = LedgerRelease(
@@ -165,6 +169,7 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
                 _s(metric) if metric is not None else "",
                 _int_or_none(ws),
                 _int_or_none(we),
+                _int_or_none(reserved_at),
             )
         await asyncio.sleep(0)
     return found
