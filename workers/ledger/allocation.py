@@ -11,7 +11,7 @@ in units is the integer floor(L_units × k_m / Σ_j k_j·n_j): the same number, 
 
 from __future__ import annotations
 
-__all__ = ["Snapshot", "state_of", "price"]
+__all__ = ["GRANT_BITS", "Snapshot", "price", "state_of", "step_down"]
 
 import math
 from collections.abc import Mapping
@@ -134,6 +134,20 @@ def _demands(
     return demands
 
 
+GRANT_BITS = 11
+"""A grant below everything left is rounded down to 11 significant bits (< 0.1 % less, handed to
+the releases after it): on plan a period's grants then repeat a handful of values, so a release
+reuses the OpenDP measurement and the noise drawn ahead for its cost instead of building new ones
+(the exact rule gives a grant one unit apart almost every release). The grant that takes all that
+is left is never rounded, so a period's last release still spends the pool to the unit."""
+
+
+def step_down(units: int) -> int:
+    """`units` rounded down to `GRANT_BITS` significant bits."""
+    drop = units.bit_length() - GRANT_BITS
+    return units if drop <= 0 else (units >> drop) << drop
+
+
 def price(
     cfg: ScopeConfig,
     snap: Snapshot,
@@ -174,7 +188,8 @@ def price(
         pool = Fraction(snap.cap_units - snap.reserve_units, UNITS_PER_CURRENCY)
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
         units = min(snap.cap_units - snap.spent_units, max(units, static))
-    units = min(units, pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units)
+    limit = pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units
+    units = min(units, limit)
     thinned = stretched = False
     if state is State.WARNING:
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
@@ -182,6 +197,8 @@ def price(
         if cfg.on_warning.stretch != 1.0:
             units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
+    if units < limit:
+        units = step_down(units)
     if units <= 0:
         reason = (
             "budget exhausted: nothing left of the cap"
