@@ -41,12 +41,17 @@ class RuntimeSettings:
     default `group.min.session.timeout.ms`, the shortest it accepts (DESIGN §8, issue 11 item 4)."""
     heartbeat_interval_s: float = 1.0
     """How often members heart-beat; a third of the session timeout or less, so one lost beat is no expiry."""
+    park_after_attempts: int = 8
+    """A window whose release fails this many times in a row on an internal error is parked (audited,
+    alerted) until `dpstream budget retry`; ledger or Kafka outages never count (issue 11 item 5)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
             raise ConfigError("--bootstrap: empty; give host:port of a Kafka broker")
         if self.partitions < 1:
             raise ConfigError(f"--partitions {self.partitions}: need at least 1")
+        if self.park_after_attempts < 1:
+            raise ConfigError(f"park_after_attempts {self.park_after_attempts}: need at least 1")
         if not 0 < 3 * self.heartbeat_interval_s <= self.session_timeout_s:
             raise ConfigError(
                 f"heartbeat interval {self.heartbeat_interval_s} s: must be positive and at most a third of "
