@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
-TIERS = ("unit", "integration", "e2e", "statistical")
+TIERS = ("unit", "integration", "e2e", "statistical", "chaos")
 """Every test carries exactly one tier marker (`slow` comes on top): `pytest -m unit` is the quick loop."""
 
 _TIER_OF_DIR = {
@@ -41,6 +41,7 @@ _TIER_OF_DIR = {
     "e2e": "e2e",
     "statistical": "statistical",
     "privacy": "statistical",
+    "chaos": "chaos",
 }
 """The tier of a test that does not name one, by its directory (privacy tests are statistical claims)."""
 
