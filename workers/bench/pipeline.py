@@ -1,13 +1,20 @@
-"""`dpstream bench pipeline`: the worker's end-to-end events/s against two baselines in the same run.
+"""`dpstream bench pipeline`: the worker's end-to-end events/s against two baselines in the same run,
+and its close→publish latency on a live tail.
 
 Pre-loads N events (half the units heavy enough to hit the contribution caps) into a fresh
 4-partition topic, then measures (a) a raw aiokafka `getmany` + JSON decode loop over it (the Python
 client's limit), (b) a plain per-event Faust agent counting per window into a changelogged Table
 (the naive design; measured on the first `--naive-events` events because its rate is steady and
-slow), and (c) `dpstream worker` (a subprocess) from its first commit until every window of every
-metric is released. Also: close→publish latency p50/p99 (last partial's Kafka time → release's
-Kafka time), worker CPU seconds per million events and peak RSS. Needs a broker and a Redis:
-`--bootstrap` / `--redis`, or a local stack is started in a temp dir.
+slow), and (c) `dpstream worker` over the backlog, timed from the moment its ingest process is
+ready (group joined, as the raw loop is timed after its consumer started) until every window of
+the backlog is released: the windows close by the clock, so the backlog's closing is part of the
+work. Then (d) a live tail: `--live-seconds` of events at `--live-rate`, stamped as they are sent;
+close→publish latency is taken on the windows that close during the tail only (the backlog closes
+all its windows at once, which measures a burst, not a running deployment): partial → release
+(the release side's share) and close time end + lateness → release (what a dashboard waits,
+including the close poll and its grace). Also worker CPU seconds per million backlog events and
+peak RSS. Needs a broker and a Redis: `--bootstrap` / `--redis`, or a local stack is started in a
+temp dir.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +82,8 @@ def register(targets: argparse._SubParsersAction) -> None:
     parser.add_argument("--events", type=int, default=1_000_000, help="events to pre-load (default 1,000,000)")
     parser.add_argument("--naive-events", type=int, default=60_000, help="events the per-event Faust agent runs over")
     parser.add_argument("--windows", type=int, default=20, help="event-time windows the events span (10 s each)")
+    parser.add_argument("--live-seconds", type=int, default=60, help="length of the live tail (default 60 s)")
+    parser.add_argument("--live-rate", type=int, default=2000, help="events/s of the live tail (default 2000)")
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: start a local stack)")
     parser.add_argument("--redis", default=None, help="Redis URL (default: start a local stack)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -208,53 +219,116 @@ def _proc_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-async def _follow(
+class _Releases:
+    """Follows the releases topic for the whole run: (metric, window start) → its record's Kafka time (s).
+    One consumer, so the bench driver takes little CPU from the workers it measures."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        self.seen: dict[tuple[str, int], float] = {}
+        self._consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def until(self, expected: set[tuple[str, int]], alive: Callable[[], bool]) -> float | None:
+        """perf_counter() once every expected window was released; None if a worker died or time ran out."""
+        while not expected <= self.seen.keys():
+            if not alive():
+                return None
+            for records in (await self._consumer.getmany(timeout_ms=200)).values():
+                for rec in records:
+                    doc = json.loads(rec.value)
+                    self.seen.setdefault((doc["metric"], doc["window"]["start_epoch"]), rec.timestamp / 1000)
+        return time.perf_counter()
+
+
+async def _feed(bootstrap: str, topic: str, rate: int, seconds: int) -> int:
+    """The live tail: `rate` events/s for `seconds`, each stamped (event time and record time) as sent."""
+    from aiokafka import AIOKafkaProducer
+
+    pages = ("home", "search", "product", "cart", "checkout")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    await producer.start()
+    sent = 0
+    try:
+        begin = time.monotonic()
+        while (elapsed := time.monotonic() - begin) < seconds:
+            due = int(elapsed * rate) + 1
+            now = time.time()
+            while sent < due:
+                unit = f"u{sent % 5000}"
+                doc = {"user_id": unit, "ts": round(now, 3), "page": pages[sent % 5], "basket_eur": sent % 250}
+                value = json.dumps(doc, separators=(",", ":")).encode()
+                await producer.send(topic, value, key=unit.encode(), timestamp_ms=int(now * 1000))
+                sent += 1
+            await asyncio.sleep(0.01)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+@dataclass
+class _Timings:
+    """What the worker phases measured (perf_counter seconds and process CPU seconds)."""
+
+    backlog_start: float | None = None
+    backlog_end: float | None = None
+    backlog_cpu_s: float = 0.0
+    live_from: float = 0.0
+    live_to: float = 0.0
+    live_events: int = 0
+    live_done: bool = False
+
+
+async def _worker_phases(
     bootstrap: str,
-    group: str,
     releases_topic: str,
-    expected: set[tuple[str, int]],
+    source_topic: str,
+    backlog: set[tuple[str, int]],
+    metrics: list[str],
     procs: list[subprocess.Popen],
-    deadline: float,
-) -> tuple[float | None, float, float]:
-    """Wait for the worker's first commit (start), then follow the releases topic until every expected
-    window is in (end). One admin client and one consumer for the whole run, so the bench driver
-    takes little CPU from the worker it measures. Returns (start, worker CPU s at start, end)."""
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.admin import AIOKafkaAdminClient
+    ingest_log: Path,
+    args: argparse.Namespace,
+) -> tuple[_Timings, dict[tuple[str, int], float]]:
+    """Backlog from the ingest process's readiness to its last window released, then the live tail
+    until every window it touched was released."""
+    deadline = time.monotonic() + 900
 
     def alive() -> bool:
         return time.monotonic() < deadline and all(p.poll() is None for p in procs)
 
-    start: float | None = None
-    cpu0 = 0.0
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    timings = _Timings()
+    releases = _Releases(bootstrap, releases_topic)
+    await releases.start()
     try:
-        while start is None and alive():
-            try:
-                offsets = await admin.list_consumer_group_offsets(group)
-            except Exception:  # the group does not exist yet
-                offsets = {}
-            if sum(max(0, meta.offset) for meta in offsets.values()) > 0:
-                start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
-            else:
-                await asyncio.sleep(0.02)
+        await asyncio.to_thread(_wait_ready, procs[-1], ingest_log, 120)
+        timings.backlog_start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
+        timings.backlog_end = await releases.until(backlog, alive)
+        timings.backlog_cpu_s = sum(_proc_cpu(p.pid) for p in procs) - cpu0
+        if timings.backlog_end is None or args.live_seconds <= 0:
+            return timings, releases.seen
+        timings.live_from = time.time()
+        timings.live_events = await _feed(bootstrap, source_topic, args.live_rate, args.live_seconds)
+        timings.live_to = time.time()
+        last = int(timings.live_to // _WINDOW_S) * _WINDOW_S
+        live = {(m, s) for m in metrics for s in range(_live_first(timings.live_from), last + 1, _WINDOW_S)}
+        timings.live_done = await releases.until(live, alive) is not None
+        return timings, releases.seen
     finally:
-        await admin.close()
-    consumer = AIOKafkaConsumer(
-        releases_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    released: set[tuple[str, int]] = set()
-    try:
-        while start is not None and not expected <= released and alive():
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                for rec in records:
-                    doc = json.loads(rec.value)
-                    released.add((doc["metric"], doc["window"]["start_epoch"]))
-    finally:
-        await consumer.stop()
-    return start, cpu0, time.perf_counter()
+        await releases.stop()
+
+
+def _live_first(live_from: float) -> int:
+    """The first window wholly inside the live tail."""
+    return -(-int(live_from) // _WINDOW_S) * _WINDOW_S
 
 
 def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
@@ -290,7 +364,6 @@ def _read(bootstrap: str, topic: str) -> list[Any]:
 def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from dpstream.topology.loader import load_topology
     from dpstream.workers.runtime.admin import create_topics
-    from dpstream.workers.runtime.settings import RuntimeSettings
     from dpstream.workers.runtime.topics import topic_names
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
@@ -309,11 +382,11 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     raw = asyncio.run(_raw_rate(bootstrap, topic, total))
     naive = _naive_rate(bootstrap, topic, min(args.naive_events, args.events), workdir)
 
-    group = RuntimeSettings(bootstrap=bootstrap, redis_url=redis_url).group_id(topology) + "-ingest"
-    expected = {(m, s) for m in topology.metrics for s in range(t0, t0 + args.windows * _WINDOW_S, _WINDOW_S)}
+    backlog = {(m, s) for m in topology.metrics for s in range(t0, t0 + args.windows * _WINDOW_S, _WINDOW_S)}
     roles = ("all",) if args.single_process else ("release", "ingest")
     nice = {"ingest": ["--nice", str(args.ingest_nice)]} if args.ingest_nice else {}
     procs: list[subprocess.Popen] = []
+    log_path = workdir / "worker.log"
     for role in roles:
         # the release process is started first and measured once ready, as in a running deployment
         # (its Faust group join and table recovery are startup, not close→publish latency)
@@ -345,16 +418,12 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         if role == "release":
             _wait_ready(procs[-1], log_path, timeout_s=120)
     try:
-        start, cpu0, end = asyncio.run(
-            _follow(bootstrap, group, topology.sinks.releases, expected, procs, time.monotonic() + 900)
+        timings, released_at = asyncio.run(
+            _worker_phases(
+                bootstrap, topology.sinks.releases, topic, backlog, list(topology.metrics), procs, log_path, args
+            )
         )
-        elapsed = end - start if start else float("nan")
-        cpu = sum(_proc_cpu(p.pid) for p in procs) - (cpu0 or 0.0)
         rss = sum(_proc_hwm_mb(p.pid) for p in procs)
-        released = {
-            (r["metric"], r["window"]["start_epoch"])
-            for r in (json.loads(rec.value) for rec in _read(bootstrap, topology.sinks.releases))
-        }
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -363,42 +432,49 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    closes: dict[tuple[str, int], float] = {}
+    partial_at: dict[tuple[str, int], float] = {}
     for rec in _read(bootstrap, topology.sinks.partials_topic):
         if rec.value.startswith(b"dpstream-tick:"):
             continue
         doc = json.loads(rec.value)
         key = (doc["metric"], doc["start"])
-        closes[key] = max(closes.get(key, 0.0), rec.timestamp / 1000)
-    by_window = sorted(
-        (rec.timestamp / 1000 - closes[k], k)
-        for rec in _read(bootstrap, topology.sinks.releases)
-        if (k := ((d := json.loads(rec.value))["metric"], d["window"]["start_epoch"])) in closes
+        partial_at[key] = max(partial_at.get(key, 0.0), rec.timestamp / 1000)
+    lateness = topology.sources["clicks"].allowed_lateness_s
+    live_first = _live_first(timings.live_from) if timings.live_from else None
+    live = sorted(k for k in released_at if live_first is not None and k[1] >= live_first and k in partial_at)
+    partial_lat = sorted(released_at[k] - partial_at[k] for k in live)
+    close_lat = sorted(released_at[k] - (k[1] + _WINDOW_S + lateness) for k in live)
+    elapsed = (
+        timings.backlog_end - timings.backlog_start
+        if timings.backlog_end is not None and timings.backlog_start is not None
+        else float("nan")
     )
-    latencies = [lat for lat, _ in by_window]
-    order = sorted(closes.values())
-    slowest = [f"{m}@{(closes[(m, s)] - order[0]):.1f}s: {lat * 1000:.0f} ms" for lat, (m, s) in by_window[-3:][::-1]]
     worker = args.events / elapsed if elapsed == elapsed and elapsed > 0 else 0.0
 
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+    def pct(values: list[float], q: float) -> float:
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1) if values else float("nan")
 
     return {
         "events": args.events,
-        "windows_released": len(released & expected),
-        "windows_expected": len(expected),
+        "windows_released": len(backlog & released_at.keys()),
+        "windows_expected": len(backlog),
+        "backlog_seconds": round(elapsed, 2),
         "worker_events_per_s": round(worker),
         "raw_aiokafka_events_per_s": round(raw),
         "naive_faust_events_per_s": round(naive),
         "naive_faust_events_measured": min(args.naive_events, args.events),
         "ratio_vs_raw": round(worker / raw, 3) if raw else None,
         "ratio_vs_naive_faust": round(worker / naive, 2) if naive else None,
-        "close_to_publish_ms_p50": round(pct(0.5), 1),
-        "close_to_publish_ms_p90": round(pct(0.9), 1),
-        "close_to_publish_ms_p99": round(pct(0.99), 1),
-        "close_to_publish_samples": len(latencies),
-        "close_to_publish_slowest": slowest,
-        "worker_cpu_s_per_million": round(cpu / args.events * 1e6, 2),
+        "live_events": timings.live_events,
+        "live_rate_per_s": args.live_rate,
+        "live_windows_released": len(live),
+        "live_all_released": timings.live_done,
+        "close_to_publish_ms_p50": pct(partial_lat, 0.5),
+        "close_to_publish_ms_p90": pct(partial_lat, 0.9),
+        "close_to_publish_ms_p99": pct(partial_lat, 0.99),
+        "close_time_to_publish_ms_p50": pct(close_lat, 0.5),
+        "close_time_to_publish_ms_p99": pct(close_lat, 0.99),
+        "worker_cpu_s_per_million": round(timings.backlog_cpu_s / args.events * 1e6, 2),
         "worker_peak_rss_mb": round(rss, 1),
         "worker_processes": "+".join(sorted(roles)),
         "ingest_nice": args.ingest_nice if not args.single_process else 0,
