@@ -273,6 +273,7 @@ class _Stats:
     outcomes: Counter = field(default_factory=Counter)
     retries: Counter = field(default_factory=Counter)
     last_payload: dict = field(default_factory=dict)
+    parked: Counter = field(default_factory=Counter)
 
 
 class _ReleaseSide:

@@ -1,4 +1,7 @@
-"""`dpstream budget status|history|audit|reconcile|grant`: where each budget scope stands, from the ledger.
+"""`dpstream budget status|history|audit|reconcile|grant|parked|retry`: where each budget scope stands.
+
+`parked` lists windows whose release kept failing on an internal error (held by the worker, never
+dropped); `retry` (audited, with actor and reason) makes the worker release them again.
 
 `budget status --json` prints one object, `{"scopes": [...]}`, each scope in the shape that
 `dpstream.workers.ledger.reporting.status_json` documents (the README quotes it).
@@ -23,7 +26,7 @@ from typing import Any
 from dpstream.topology.durations import parse_duration
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
-from dpstream.workers.ledger.reporting import iso, status_json
+from dpstream.workers.ledger.reporting import iso, parked_json, status_json
 from dpstream.workers.ledger.units import units_to_float
 
 _DEFAULT_REDIS = "redis://localhost:6379/0"
@@ -96,12 +99,61 @@ def _status_text(s: ScopeStatus) -> str:
 
 def _status(args: argparse.Namespace) -> int:
     async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
-        rows = [await ledger.status(scope) for scope in await _scopes(ledger, args, topo_scopes)]
+        scopes = await _scopes(ledger, args, topo_scopes)
+        rows = [await ledger.status(scope) for scope in scopes]
+        parked = [len(await ledger.parked(scope)) for scope in scopes]
         if args.json:
-            print(json.dumps({"scopes": [status_json(s) for s in rows]}, indent=2))
+            print(
+                json.dumps(
+                    {"scopes": [{**status_json(s), "parked": n} for s, n in zip(rows, parked, strict=True)]}, indent=2
+                )
+            )
         else:
-            print("\n".join(_status_text(s) for s in rows))
+            print("\n".join(_status_text(s) + _parked_line(s.scope, n) for s, n in zip(rows, parked, strict=True)))
         return 0
+
+    return _run(args, body)
+
+
+def _parked_line(scope: str, n: int) -> str:
+    if not n:
+        return ""
+    return f"\n  PARKED windows: {n} (their release kept failing): `dpstream budget parked --scope {scope}`"
+
+
+def _parked(args: argparse.Namespace) -> int:
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        rows = [p for scope in await _scopes(ledger, args, topo_scopes) for p in await ledger.parked(scope)]
+        if args.json:
+            print(json.dumps({"parked": [parked_json(p) for p in rows]}, indent=2))
+            return 0
+        if not rows:
+            print("no parked windows")
+        for p in rows:
+            retry = f"  retry asked by {p.retry_actor}: {p.retry_reason}" if p.state == "retry" else ""
+            print(
+                f"{p.scope} {p.metric} [{iso(p.window_start)}, {iso(p.window_end)}) release_id {p.release_id}: "
+                f"{p.state}, {p.attempts} failed attempts ({p.error}) since {iso(p.parked_at_ms / 1000)}{retry}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def _retry(args: argparse.Namespace) -> int:
+    if bool(args.release_id) == bool(args.all):
+        raise ConfigError("budget retry: give --release-id ID (from `dpstream budget parked`) or --all, not both")
+
+    async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
+        n = await ledger.retry_parked(args.scope, args.release_id, args.reason, args.actor)
+        if args.json:
+            print(json.dumps({"scope": args.scope, "retried": n}))
+        elif n:
+            print(f"{args.scope}: {n} parked window(s) will be released again by the worker owning the metric")
+        else:
+            what = f"release_id {args.release_id} is not parked" if args.release_id else "no window is parked"
+            print(f"{args.scope}: {what} (see `dpstream budget parked --scope {args.scope}`): nothing to retry")
+        return 0 if n or args.all else 1
 
     return _run(args, body)
 
@@ -277,6 +329,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_ledger_args(p)
     p.set_defaults(func=_reconcile)
 
+    p = sub.add_parser("parked", help="windows whose release kept failing on an internal error (held, not dropped)")
+    p.add_argument("--scope")
+    add_ledger_args(p)
+    p.set_defaults(func=_parked)
+
+    p = sub.add_parser("retry", help="make the worker release parked windows again (audited)")
+    p.add_argument("--scope", required=True)
+    p.add_argument("--release-id", help="one parked window (see `budget parked`)")
+    p.add_argument("--all", action="store_true", help="every parked window of the scope")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--actor", default=default_actor())
+    add_ledger_args(p)
+    p.set_defaults(func=_retry)
+
     p = sub.add_parser("grant", help="let ordinary metrics draw part of the reserve this period (audited)")
     p.add_argument("--scope", required=True)
     p.add_argument("--amount", type=float, required=True, help="in the scope's currency (ρ or ε)")
@@ -284,3 +350,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--actor", default=default_actor())
     add_ledger_args(p)
     p.set_defaults(func=_grant)
+
+    from dpstream.workers.commands.budget_report import register_report  # the period report card (issue 13)
+
+    register_report(sub)

@@ -14,8 +14,17 @@ cost, scope-name checks that passed); what they answer is unchanged.
 
 from __future__ import annotations
 
-__all__ = ["Ledger", "RawCharge", "RawRegister", "REGISTER_RETRY", "REGISTER_REFUSED", "DEFAULT_RETENTION_S"]
+__all__ = [
+    "parked_from_json",
+    "Ledger",
+    "RawCharge",
+    "RawRegister",
+    "REGISTER_RETRY",
+    "REGISTER_REFUSED",
+    "DEFAULT_RETENTION_S",
+]
 
+import re
 import time
 from abc import ABC, abstractmethod
 from calendar import timegm
@@ -38,6 +47,7 @@ from dpstream.workers.ledger.types import (
     BreakerInfo,
     ChargeResult,
     Outcome,
+    ParkedRelease,
     PendingRelease,
     PeriodReconcile,
     PeriodSummary,
@@ -70,6 +80,9 @@ def _check_scope(scope: str) -> None:
         if len(_VALID_SCOPES) < 4096:
             _VALID_SCOPES.add(scope)
 
+
+_ERROR_CLASS = re.compile(r"[A-Za-z0-9_.]{1,100}")
+"""What `park` accepts as an error: a class name, so no message (which may quote data) is stored."""
 
 _OUTCOMES = {o.value: o for o in Outcome}
 _STATES = {st.value: st for st in State}
@@ -386,6 +399,48 @@ class Ledger(ABC):
             scope, _period_id(period_s, pstart), pstart, grant_to_units(amount), reason, actor, self._now_ms()
         )
 
+    async def park(
+        self,
+        scope: str,
+        release_id: str,
+        metric: str,
+        window: tuple[int, int],
+        attempts: int,
+        error: str,
+        actor: str,
+    ) -> bool:
+        """Hold a window whose release failed `attempts` times on an internal error (`error`: the
+        class name); audited. True when parked now, False when it was parked already."""
+        _check_scope(scope)
+        cfg = self.scope_of(metric) if self._configs else None
+        start, end = window
+        if not _ERROR_CLASS.fullmatch(error or ""):
+            raise InternalError(f"park: error must be a class name, got {error!r}")
+        if type(attempts) is not int or attempts < 1:
+            raise InternalError(f"park: attempts must be a whole number >= 1, got {attempts!r}")
+        period_s = cfg.period_s if cfg is not None else int((await self._stored(scope))["period_s"])
+        pid = _period_id(period_s, _period_start(period_s, start))
+        return await self._park(
+            scope, release_id, metric, int(start), int(end), attempts, error, actor, pid, self._now_ms()
+        )
+
+    async def parked(self, scope: str) -> list[ParkedRelease]:
+        """The scope's parked windows (held, or waiting for the worker's retry), oldest first."""
+        _check_scope(scope)
+        return sorted(await self._parked(scope), key=lambda p: (p.parked_at_ms, p.release_id))
+
+    async def retry_parked(self, scope: str, release_id: str | None, reason: str, actor: str) -> int:
+        """Operator: let the worker retry one parked window (or all with None); audited with actor and
+        reason. Returns how many went from parked to retry."""
+        _need_reason(reason, actor)
+        await self._stored(scope)
+        return await self._retry_parked(scope, release_id or "", actor, reason, self._now_ms())
+
+    async def unpark(self, scope: str, release_id: str, outcome: str, actor: str) -> bool:
+        """A retried parked window's release finished (`outcome`): it leaves the parked set; audited."""
+        _check_scope(scope)
+        return await self._unpark(scope, release_id, outcome, actor, self._now_ms())
+
     async def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless a backend holds connections
         """Release connections (no-op for the in-process backend)."""
 
@@ -471,6 +526,33 @@ class Ledger(ABC):
     @abstractmethod
     async def _scopes(self) -> list[str]: ...
 
+    @abstractmethod
+    async def _park(
+        self,
+        scope: str,
+        release_id: str,
+        metric: str,
+        start: int,
+        end: int,
+        attempts: int,
+        error: str,
+        actor: str,
+        pid: str,
+        now_ms: int,
+    ) -> bool:
+        """park.lua 'park'."""
+
+    @abstractmethod
+    async def _parked(self, scope: str) -> list[ParkedRelease]: ...
+
+    @abstractmethod
+    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
+        """park.lua 'retry' ('' = every parked window)."""
+
+    @abstractmethod
+    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
+        """park.lua 'unpark'."""
+
 
 def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
     """A window is charged to every period it touches: `extra_periods` must name exactly the
@@ -521,3 +603,25 @@ def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
     if fields.get("auto_period") == pid:
         return BreakerInfo(False, fields.get("auto_reason", ""), "ledger", int(fields.get("auto_at", 0)), pid)
     return None
+
+
+def parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
+    """A `ParkedRelease` from park.lua's JSON entry (shared by both backends)."""
+
+    def num(name: str) -> int:
+        value = doc.get(name, 0)
+        return int(value) if isinstance(value, (int, float, str)) else 0
+
+    return ParkedRelease(
+        release_id=release_id,
+        scope=scope,
+        metric=str(doc.get("metric", "")),
+        window_start=num("window_start"),
+        window_end=num("window_end"),
+        attempts=num("attempts"),
+        error=str(doc.get("error", "")),
+        parked_at_ms=num("parked_at"),
+        state=str(doc.get("state", "parked")),
+        retry_actor=str(doc.get("retry_actor", "")),
+        retry_reason=str(doc.get("retry_reason", "")),
+    )

@@ -16,8 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.base import REGISTER_REFUSED, REGISTER_RETRY, Ledger, RawCharge, RawRegister
-from dpstream.workers.ledger.types import RATIO_TOKEN, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.base import (
+    REGISTER_REFUSED,
+    REGISTER_RETRY,
+    Ledger,
+    RawCharge,
+    RawRegister,
+    parked_from_json,
+)
+from dpstream.workers.ledger.types import RATIO_TOKEN, ParkedRelease, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every reserve entry carries; other empty fields are left out (as charge.lua does)."""
@@ -38,6 +45,8 @@ class _Scope:
     """The scores of each `ends` zset in order, so ZCOUNT end +inf is a bisection, not a scan."""
     audit: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     pending: dict[str, int] = field(default_factory=dict)
+    parked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """park.lua's hash: release id → its (JSON) entry."""
 
 
 def _zadd(s: _Scope, key: tuple[str, str], member: str, score: int) -> None:
@@ -422,7 +431,108 @@ class MemoryLedger(Ledger):
                 )
             return total
 
+    async def _park(
+        self,
+        scope: str,
+        release_id: str,
+        metric: str,
+        start: int,
+        end: int,
+        attempts: int,
+        error: str,
+        actor: str,
+        pid: str,
+        now_ms: int,
+    ) -> bool:
+        with self._lock:
+            s = self._scope(scope)
+            old = s.parked.get(release_id)
+            if old is not None and old["state"] == "parked":
+                return False
+            s.parked[release_id] = {
+                "metric": metric,
+                "window_start": start,
+                "window_end": end,
+                "period": pid,
+                "attempts": attempts,
+                "error": error,
+                "parked_at": now_ms,
+                "state": "parked",
+                "actor": actor,
+            }
+            self._xadd(
+                s,
+                now_ms,
+                {
+                    "kind": "park",
+                    "period": pid,
+                    "release_id": release_id,
+                    "metric": metric,
+                    "window_start": str(start),
+                    "window_end": str(end),
+                    "attempts": str(attempts),
+                    "error": error,
+                    "actor": actor,
+                    "state": "parked",
+                    "reason": f"release failed {attempts} times on an internal error ({error}): "
+                    "parked until `dpstream budget retry`",
+                },
+            )
+            return True
+
+    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
+        with self._lock:
+            s = self._scope(scope)
+            ids = [release_id] if release_id else list(s.parked)
+            n = 0
+            for rid in ids:
+                e = s.parked.get(rid)
+                if e is None or e["state"] != "parked":
+                    continue
+                e.update(state="retry", retry_actor=actor, retry_reason=reason, retry_at=now_ms)
+                self._xadd(
+                    s,
+                    now_ms,
+                    {
+                        "kind": "retry",
+                        "period": e["period"],
+                        "release_id": rid,
+                        "metric": e["metric"],
+                        "attempts": str(e["attempts"]),
+                        "actor": actor,
+                        "state": "retry",
+                        "reason": reason,
+                    },
+                )
+                n += 1
+            return n
+
+    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
+        with self._lock:
+            s = self._scope(scope)
+            e = s.parked.pop(release_id, None)
+            if e is None:
+                return False
+            self._xadd(
+                s,
+                now_ms,
+                {
+                    "kind": "unpark",
+                    "period": e["period"],
+                    "release_id": release_id,
+                    "metric": e["metric"],
+                    "actor": actor,
+                    "state": outcome,
+                    "reason": f"parked window released after a retry ({outcome})",
+                },
+            )
+            return True
+
     # ---- reads -----------------------------------------------------------------------------------
+
+    async def _parked(self, scope: str) -> list[ParkedRelease]:
+        with self._lock:
+            return [parked_from_json(scope, rid, dict(e)) for rid, e in self._scope(scope).parked.items()]
 
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __all__ = ["RedisLedger", "connect"]
 
+import json
 import sys
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -25,13 +26,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister
+from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.durability import check_durability, replica_problem
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
-from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, Outcome, ParkedRelease, PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
 
@@ -323,6 +324,37 @@ class RedisLedger(Ledger):
     async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
         rows = await self._guard(self._client.xrange(self._keys(scope).audit, f"{since_ms}-0", "+", count=limit))
         return [(_s(i), _hash(f)) for i, f in rows]
+
+    async def _park(
+        self,
+        scope: str,
+        release_id: str,
+        metric: str,
+        start: int,
+        end: int,
+        attempts: int,
+        error: str,
+        actor: str,
+        pid: str,
+        now_ms: int,
+    ) -> bool:
+        k = self._keys(scope)
+        args = ["park", release_id, metric, str(start), str(end), str(attempts), error, actor, str(now_ms), pid]
+        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args))) == 1
+
+    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
+        k = self._keys(scope)
+        args = ["retry", release_id, actor, reason, str(now_ms)]
+        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args)))
+
+    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
+        k = self._keys(scope)
+        args = ["unpark", release_id, outcome, actor, str(now_ms)]
+        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args))) == 1
+
+    async def _parked(self, scope: str) -> list[ParkedRelease]:
+        raw = await self._guard(self._client.hgetall(self._keys(scope).parked))
+        return [parked_from_json(scope, _s(rid), json.loads(doc)) for rid, doc in raw.items()]
 
     async def _scopes(self) -> list[str]:
         return sorted(_s(s) for s in await self._guard(self._client.smembers(self._scopes_index)))

@@ -14,16 +14,25 @@ README quotes this shape):
      "projected": {"spend": 0.0112, "ratio": 0.46},                     # at the current rate, at period end
      "breaker": null,                                                   # or {"manual", "reason", "actor", "at"}
      "units": {"cap": 24356000000, "spent": 7100000000}}                # exact integers (1e-12)
+
+`parked_json` is one parked window as `dpstream budget parked --json` lists it (and `budget status
+--json` adds `"parked": N` per scope):
+
+    {"release_id": "3e84…", "scope": "web-daily", "metric": "page_views",
+     "window": {"start": "2026-11-30T10:00:00Z", "end": "2026-11-30T11:00:00Z"},
+     "attempts": 8, "error": "MessageSizeTooLargeError", "parked_at": "2026-11-30T11:04:10Z",
+     "state": "parked",                                                 # or "retry": the worker retries it
+     "retry": null}                                                     # or {"actor", "reason"}
 """
 
 from __future__ import annotations
 
-__all__ = ["iso", "status_json"]
+__all__ = ["iso", "parked_json", "status_json"]
 
 from datetime import UTC, datetime
 from typing import Any
 
-from dpstream.workers.ledger.types import ScopeStatus
+from dpstream.workers.ledger.types import ParkedRelease, ScopeStatus
 
 
 def iso(ts: float) -> str:
@@ -64,4 +73,19 @@ def status_json(s: ScopeStatus) -> dict[str, Any]:
             "at": iso(s.breaker.at_ms / 1000),
         },
         "units": {"cap": s.cap_units, "spent": s.spent_units},
+    }
+
+
+def parked_json(p: ParkedRelease) -> dict[str, Any]:
+    """One parked window in `budget parked --json`'s shape (schedule facts and an error class only)."""
+    return {
+        "release_id": p.release_id,
+        "scope": p.scope,
+        "metric": p.metric,
+        "window": {"start": iso(p.window_start), "end": iso(p.window_end)},
+        "attempts": p.attempts,
+        "error": p.error,
+        "parked_at": iso(p.parked_at_ms / 1000),
+        "state": p.state,
+        "retry": {"actor": p.retry_actor, "reason": p.retry_reason} if p.state == "retry" else None,
     }

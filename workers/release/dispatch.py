@@ -14,11 +14,18 @@ next owner releases it again; the ledger's stored payload makes that retry repub
 with one charge (DESIGN §4). A release that failed (Redis or Kafka unreachable) stays there too and is
 dispatched again after a backoff (2, 4, … 60 s): a fresh attempt draws fresh noise only if nothing
 was reserved, since a reserved release_id returns its stored bytes.
+
+Poison windows: a release that keeps failing on an internal error (a bug, a record the producer
+refuses; not the ledger or Kafka being unreachable, which `transient` tells apart) would retry
+forever. After `max_attempts` such failures the dispatcher hands the window to `park` (the ledger
+records it, audited) and holds it: it is not dispatched again until `unpark` (an operator's
+`dpstream budget retry`). The window itself stays in the metric's `releasing` state, so nothing is
+dropped and a charged window, once retried, publishes its stored bytes.
 """
 
 from __future__ import annotations
 
-__all__ = ["MetricReleaseState", "ReleaseDispatcher", "Finished"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "MetricReleaseState", "Park", "ReleaseDispatcher", "Finished", "WindowParked"]
 
 import asyncio
 import logging
@@ -36,6 +43,25 @@ RETRY_MAX_S = 60.0
 
 Finished = Callable[[MergedWindow, Any, BaseException | None], None]
 """on_finished(window, result or None, error or None): called once per release attempt."""
+
+Park = Callable[[MergedWindow, int, BaseException], Awaitable[None]]
+"""park(window, attempts, last error): record the window as parked (raises if it could not)."""
+
+DEFAULT_MAX_ATTEMPTS = 8
+"""Internal failures in a row after which a window is parked (~4 min of backoff: 2 + 4 + … + 60 s)."""
+
+
+class WindowParked(Exception):
+    """Raised by a release callable for a window the ledger holds parked: the dispatcher holds it
+    too, without counting an attempt."""
+
+
+def _never_transient(error: BaseException) -> bool:
+    return False
+
+
+def _monotonic() -> float:
+    return time.monotonic()  # looked up at each call, so a patched time.monotonic is seen
 
 
 def _window_doc(w: MergedWindow) -> dict[str, Any]:
@@ -78,9 +104,25 @@ class ReleaseDispatcher:
         release: Callable[[MergedWindow], Awaitable[Any]],
         on_finished: Finished | None = None,
         max_concurrent: int = 16,
+        *,
+        park: Park | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        transient: Callable[[BaseException], bool] = _never_transient,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self._release = release
         self._on_finished = on_finished
+        self._park = park
+        self._max_attempts = max_attempts
+        self._transient = transient
+        self._clock = clock or _monotonic
+        """Monotonic seconds for the backoff (tests pass a manual clock)."""
+        self._internal: dict[tuple[str, int], int] = {}
+        """(metric, start) → internal (not transient) failures in a row."""
+        self._parked: set[tuple[str, int]] = set()
+        """(metric, start) of windows held parked: never dispatched until `unpark`."""
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[tuple[str, int]] = set()
@@ -92,10 +134,10 @@ class ReleaseDispatcher:
         """Start releasing a window; False when it is already queued or running here, or when it
         failed and its backoff has not passed yet."""
         key = (window.metric, window.start)
-        if key in self._inflight:
+        if key in self._inflight or key in self._parked:
             return False
         retry = self._retry.get(key)
-        if retry is not None and time.monotonic() < retry[1]:
+        if retry is not None and self._clock() < retry[1]:
             return False
         self._inflight.add(key)
         task = asyncio.get_running_loop().create_task(self._run(window))
@@ -110,6 +152,25 @@ class ReleaseDispatcher:
     def failures(self, metric: str, start: int) -> int:
         """Failed attempts so far of one window (0 once it finished)."""
         return self._retry.get((metric, start), (0, 0.0))[0]
+
+    def parked(self, metric: str, start: int) -> bool:
+        """True while the window is held parked."""
+        return (metric, start) in self._parked
+
+    def hold(self, metric: str, start: int) -> None:
+        """Hold a window the ledger lists as parked (e.g. parked by this metric's previous owner)."""
+        if (metric, start) not in self._inflight:
+            self._parked.add((metric, start))
+
+    def unpark(self, metric: str, start: int) -> bool:
+        """Let a parked window be dispatched again, with fresh attempt counts; False if it was not parked."""
+        key = (metric, start)
+        if key not in self._parked:
+            return False
+        self._parked.discard(key)
+        self._retry.pop(key, None)
+        self._internal.pop(key, None)
+        return True
 
     def busy(self, metric: str) -> bool:
         """True while some window of `metric` is queued or being released."""
@@ -128,12 +189,18 @@ class ReleaseDispatcher:
         try:
             async with self._slots:
                 result = await self._release(window)
-        except Exception as exc:  # reported to on_finished, retried later
+        except WindowParked:
+            self._parked.add(key)
+            self._inflight.discard(key)
+            return
+        except Exception as exc:  # reported to on_finished, retried later (or parked)
             error = exc
             attempts = self._retry.get(key, (0, 0.0))[0] + 1
-            self._retry[key] = (attempts, time.monotonic() + min(RETRY_MAX_S, 2.0**attempts))
+            self._retry[key] = (attempts, self._clock() + min(RETRY_MAX_S, 2.0**attempts))
+            await self._count_internal(window, exc)
         else:
             self._retry.pop(key, None)
+            self._internal.pop(key, None)
             self._finished.setdefault(window.metric, set()).add(window.start)
         finally:
             self._inflight.discard(key)
@@ -142,3 +209,21 @@ class ReleaseDispatcher:
                 self._on_finished(window, result, error)
             except Exception:  # a reporting bug must not stop releases
                 _log.exception("release dispatch: on_finished failed")
+
+    async def _count_internal(self, window: MergedWindow, error: BaseException) -> None:
+        """Count a failure that is not transient; at `max_attempts` in a row, park the window."""
+        key = (window.metric, window.start)
+        if self._park is None or self._transient(error):
+            self._internal.pop(key, None)  # "in a row": an outage in between starts the count again
+            return
+        internal = self._internal[key] = self._internal.get(key, 0) + 1
+        if internal < self._max_attempts:
+            return
+        try:
+            await self._park(window, internal, error)
+        except Exception as exc:  # not parked (e.g. ledger down): retried as before, parked next time
+            _log.warning("release dispatch: parking a window failed (%s); retried later", type(exc).__name__)
+            return
+        self._parked.add(key)
+        self._internal.pop(key, None)
+        self._retry.pop(key, None)

@@ -10,6 +10,11 @@ quote → reserve one scope at a time), which runs the core's `Releaser` (quote 
 publish the stored bytes with key = release_id on an idempotent producer → commit); finished windows
 leave the state at the metric's next message. A sweeper timer republishes reserved-but-unpublished
 records with their stored bytes.
+
+Poison windows: a window whose release fails `park_after_attempts` times in a row on an internal
+error is parked in the ledger (audited, `dpstream_releases_parked`) and held in its `releasing`
+state; the sweeper timer re-reads the ledger's parked list and dispatches a window again once an
+operator ran `dpstream budget retry` (its stored bytes if it was charged).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.release import Releaser, ReleaseResult, sweep
 from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
 from dpstream.workers.release.outcomes import ReleaseOutcome
+from dpstream.workers.release.parking import Parking, is_transient
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.telemetry.histogram import LATENCY_BUCKETS, LabelledHistogram
 from dpstream.workers.telemetry.ledger_proxy import LedgerTimings, TimedLedger
@@ -71,6 +77,8 @@ class ReleaseStats:
     """metric → failed attempts, each dispatched again after a backoff."""
     last_payload: dict[str, bytes] = field(default_factory=dict)
     """metric → the last record published here (its `noise` σ is exported; the record is public)."""
+    parked: Counter[str] = field(default_factory=Counter)
+    """metric → windows this process parked after repeated internal failures."""
 
 
 class ReleaseSide:
@@ -99,7 +107,15 @@ class ReleaseSide:
         self._closed_at: dict[tuple[str, int], float] = {}
         self._states: dict[str, tuple[Any, MetricReleaseState]] = {}
         """metric → (the Table value it was loaded from or last written as, the live state)."""
-        self._dispatcher = ReleaseDispatcher(self._release, self._finished, MAX_CONCURRENT_RELEASES)
+        self._parking: Parking | None = None
+        self._dispatcher = ReleaseDispatcher(
+            self._release,
+            self._finished,
+            MAX_CONCURRENT_RELEASES,
+            park=self._park,
+            max_attempts=settings.park_after_attempts,
+            transient=is_transient,
+        )
         self._ready = asyncio.Event()
         self.topic = app.topic(
             topology.sinks.partials_topic,
@@ -123,6 +139,8 @@ class ReleaseSide:
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
         self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
         self._releaser = Releaser(self.topology, self._timed_ledger)
+        self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
+        await self._parking.refresh()
         await self._warm_up()
         self._ready.set()
 
@@ -207,13 +225,45 @@ class ReleaseSide:
 
     async def _release(self, merged: MergedWindow) -> ReleaseResult:
         await self._ready.wait()  # partials can arrive before the ledger and producer are open
+        assert self._releaser is not None and self._parking is not None
+        # a window parked (by us or a previous owner) raises WindowParked and is held until `budget retry`
+        return await self._parking.release(merged, self._release_now)
+
+    async def _release_now(self, merged: MergedWindow) -> ReleaseResult:
         assert self._releaser is not None
         return await self._releaser.release_merged(merged, self._publish_release)
+
+    async def _park(self, merged: MergedWindow, attempts: int, error: BaseException) -> None:
+        """Park a window that failed `attempts` times in a row on an internal error (audited in the ledger)."""
+        assert self._parking is not None
+        await self._parking.park(merged, attempts, error)
+        self.stats.parked[merged.metric] += 1
+        _log.error(
+            "release of %s [%d, %d) PARKED after %d failed attempts (%s): held until "
+            "`dpstream budget retry --scope %s`; see the DPReleasesParked runbook",
+            merged.metric,
+            merged.start,
+            merged.end,
+            attempts,
+            type(error).__name__,
+            self.topology.metrics[merged.metric].budget,
+        )
+
+    async def _retry_parked(self) -> None:
+        """Re-read the ledger's parked list; dispatch again the held windows an operator asked to retry."""
+        if self._parking is None:
+            return
+        await self._parking.refresh()
+        owned = self.app.assignor.assigned_actives()
+        for metric, (_doc, state) in list(self._states.items()):
+            if self._metric_tp.get(metric) in owned:
+                self._parking.redispatch(self._dispatcher, list(state.releasing.values()))
 
     def _finished(self, merged: MergedWindow, result: ReleaseResult | None, error: BaseException | None) -> None:
         """Count one dispatched release; its close→publish latency feeds the benchmark."""
         if error is not None or result is None:
             # counted; the window stays in the metric's state and is dispatched again after a backoff
+            # (or, parked, once an operator asks for a retry)
             self.stats.failed += 1
             self.stats.retries[merged.metric] += 1
             self.stats.outcomes[(merged.metric, _error_outcome(error))] += 1
@@ -252,9 +302,19 @@ class ReleaseSide:
                 continue  # another owner has it now: this copy is stale
             size = self.topology.metrics[metric].window.size_s
             ends = [start + size for start in state.merger.pending_windows()]
-            ends += [w.end for s, w in list(state.releasing.items()) if (metric, s) not in self._settled]
+            ends += [
+                w.end
+                for s, w in list(state.releasing.items())
+                if (metric, s) not in self._settled and not self._is_parked(w)
+            ]
             out[metric] = ends
         return out
+
+    def _is_parked(self, window: MergedWindow) -> bool:
+        """Held parked: left out of release lag (`DPReleasesParked` alerts on it instead)."""
+        if self._dispatcher.parked(window.metric, window.start):
+            return True
+        return self._parking is not None and self._parking.held(window)
 
     async def _publish_release(self, value: bytes, key: bytes) -> None:
         if os.environ.get(FAULT_ENV) == "kill_before_publish":
@@ -273,6 +333,10 @@ class ReleaseSide:
             await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
         except Exception as exc:  # the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
+        try:
+            await self._retry_parked()
+        except Exception as exc:  # read again next round
+            _log.warning("sweeper: parked windows unreadable (%s); retrying", type(exc).__name__)
 
 
 def _error_outcome(error: BaseException | None) -> str:

@@ -20,6 +20,8 @@ Per `scope` (the topology's budget scopes that are registered in the ledger):
     dpstream_budget_projected_ratio{scope}             spend at the current rate, at period end, / cap
     dpstream_budget_state{scope,state}                 1 for the current of normal|warning|open
     dpstream_breaker_open{scope}
+    dpstream_releases_parked{scope}                    windows parked now (repeated internal release
+                                                       failures), waiting for `dpstream budget retry`
     dpstream_ledger_up                                 1 if the ledger answered this scrape
 
 `currency` is `rho` for zCDP scopes and `epsilon` for pure ones. Everything here is a budget figure
@@ -165,6 +167,8 @@ class ScopeFigures:
     reserve_ratio: float | None
     planned_ratio: float | None
     planned_spend_rate: float | None
+    parked: int | None = None
+    """Windows parked in the scope now (None when the ledger cannot list them)."""
 
 
 class LedgerSource:
@@ -286,6 +290,7 @@ class BudgetReader:
                 planned_ratio(plan, status.period_start, status.period_end, now) if plan is not None else None
             ),
             planned_spend_rate=planned_spend_rate(plan) if plan is not None else None,
+            parked=len(await ledger.parked(scope)),
         )
 
 
@@ -409,6 +414,11 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
         ["scope", "state"],
     )
     breaker = gauge("dpstream_breaker_open", "1 while the scope's breaker is open (nothing is released).", ["scope"])
+    parked = gauge(
+        "dpstream_releases_parked",
+        "Windows parked now after repeated internal release failures, held until `dpstream budget retry`.",
+        ["scope"],
+    )
     for f in figures:
         cap.add_metric([f.scope, f.currency], f.cap)
         spent.add_metric([f.scope, f.currency], f.spent)
@@ -428,6 +438,9 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
         for s in STATES:
             state.add_metric([f.scope, s], 1.0 if f.state == s else 0.0)
         breaker.add_metric([f.scope], 1.0 if f.breaker_open else 0.0)
-    for fam in (cap, spent, ratio, warn, planned, total, rate, eps, end, length, reserve, projected, state, breaker):
+        if f.parked is not None:
+            parked.add_metric([f.scope], float(f.parked))
+    fams = (cap, spent, ratio, warn, planned, total, rate, eps, end, length, reserve, projected, state, breaker, parked)
+    for fam in fams:
         if fam.samples:
             yield fam

@@ -5,6 +5,9 @@ Release side (roles `all` and `release`), per `metric` of the topology:
     dpstream_releases_total{metric,outcome}       published|duplicate|refused_budget|refused_breaker|
                                                   ledger_unavailable|failed, every one present
     dpstream_release_retries_total{metric}        failed release attempts the dispatcher retries later
+    dpstream_release_parks_total{metric}          windows this process parked after repeated internal
+                                                  failures (parked now, from the ledger, per scope:
+                                                  dpstream_releases_parked)
     dpstream_release_latency_seconds{metric}      histogram: close (last partial appended) → published
     dpstream_release_noise_stddev{metric}         noise σ of the last release published here, in value
                                                   units (a mean: its sum component's σ; absent for top-k
@@ -164,6 +167,17 @@ class WorkerCollector(Collector):
         for m in metrics:
             retries.add_metric([m], float(failed.get(m, 0)))
         yield retries
+
+        parked = CounterMetricFamily(
+            "dpstream_release_parks",
+            "Windows this process parked after repeated internal release failures (held until "
+            "`dpstream budget retry`).",
+            labels=["metric"],
+        )
+        parks = _copy(stats.parked)
+        for m in metrics:
+            parked.add_metric([m], float(parks.get(m, 0)))
+        yield parked
 
         yield side.latency.family(
             "dpstream_release_latency_seconds",
