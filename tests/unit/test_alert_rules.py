@@ -6,7 +6,6 @@ every runbook command parses): no project module is imported.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -16,6 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.debian_tools import debian_tool
 
 pytestmark = pytest.mark.unit
 
@@ -46,28 +47,10 @@ TEMPLATE_LABELS = {"scope", "metric", "source", "currency", "outcome", "job", "i
 RUNBOOK_SECTIONS = ("## What it means", "## Confirm", "## What to do", "## Never", "## Verify recovery")
 
 
-def _tool(binary: str, package: str, service: str) -> str:
-    """The binary's path: from PATH, else apt-get installed as root (like the local stack), else skip."""
-    path = shutil.which(binary)
-    if path:
-        return path
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(f"{binary} not installed (the stack installs it with `up {service}`)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", package]):
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=1200)
-        if result.returncode != 0:
-            pytest.fail(f"`{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()[-500:]}")
-    path = shutil.which(binary)
-    if not path:
-        pytest.fail(f"apt-get installed {package} but {binary} is not on PATH")
-    return path
-
-
 @pytest.fixture(scope="module")
 def promtool() -> str:
     """promtool, from Debian's `prometheus` package."""
-    return _tool("promtool", "prometheus", "prometheus")
+    return debian_tool("promtool", "prometheus", "the stack installs it with `up prometheus`")
 
 
 def _rules() -> list[dict[str, Any]]:

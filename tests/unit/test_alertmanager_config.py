@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.debian_tools import debian_tool
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,28 +43,10 @@ BUDGET_ALERTS_SILENCED_BY_EXHAUSTION = (
 )
 
 
-def _tool(binary: str, package: str, service: str) -> str:
-    """The binary's path: from PATH, else apt-get installed as root (like the local stack), else skip."""
-    path = shutil.which(binary)
-    if path:
-        return path
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(f"{binary} not installed (the stack installs it with `up {service}`)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", package]):
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=1200)
-        if result.returncode != 0:
-            pytest.fail(f"`{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()[-500:]}")
-    path = shutil.which(binary)
-    if not path:
-        pytest.fail(f"apt-get installed {package} but {binary} is not on PATH")
-    return path
-
-
 @pytest.fixture(scope="module")
 def amtool() -> str:
     """amtool, from Debian's `prometheus-alertmanager` package."""
-    return _tool("amtool", "prometheus-alertmanager", "alertmanager")
+    return debian_tool("amtool", "prometheus-alertmanager", "the stack installs it with `up alertmanager`")
 
 
 def _render(output: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
