@@ -143,44 +143,17 @@ def build_record(
 ) -> dict[str, Any]:
     """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…)."""
     record: dict[str, Any] = {
-        "release_id": release_id,
-        "topology_version": topology_version,
-        "metric": metric.name,
-        "aggregate": metric.aggregate.value,
-        "window": {
-            "start": iso_utc(window_start),
-            "end": iso_utc(window_end),
-            "start_epoch": int(window_start),
-            "end_epoch": int(window_end),
-            "kind": metric.window.kind.value,
-        },
-        "privacy_unit": source.privacy_unit,
-        "event_level": source.event_level,
-        "cost": cost_fields(budget, cost),
-        "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
-        "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
-        "budget": {"scope": budget.name, "period": period_id, "ratio_after": None},
-        "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
-        "published_at": iso_utc(built_at),
+        **_fixed_values(topology_version, metric, source, budget, cost),
+        **_window_values(release_id, metric, budget, period_id, window_start, window_end, built_at),
     }
-    if source.event_level:
-        record["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
     for name, value in noise_fields.items():
         if name not in _PROTECTED:
             record[name] = value
     return record
 
 
-_FIXED: dict[tuple[str, int, int, int, type, float], tuple[Metric, Source, Budget, dict[str, str]]] = {}
-"""Per (topology version, metric, source, budget, cost): the JSON text of the record fields those
-fix, holding the (immutable) objects so their ids name them while cached."""
-
-
-def _fixed_fields(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, str]:
-    key = (topology_version, id(metric), id(source), id(budget), type(cost), cost)
-    hit = _FIXED.get(key)
-    if hit is not None and hit[0] is metric and hit[1] is source and hit[2] is budget:
-        return hit[3]
+def _fixed_values(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, Any]:
+    """The record fields that the topology, the metric and the cost fix."""
     fixed: dict[str, Any] = {
         "topology_version": topology_version,
         "metric": metric.name,
@@ -194,6 +167,38 @@ def _fixed_fields(topology_version: str, metric: Metric, source: Source, budget:
     }
     if source.event_level:
         fixed["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
+    return fixed
+
+
+def _window_values(
+    release_id: str, metric: Metric, budget: Budget, period_id: str, window_start: int, window_end: int, built_at: float
+) -> dict[str, Any]:
+    """The record fields that change with every release (besides the mechanism's)."""
+    return {
+        "release_id": release_id,
+        "window": {
+            "start": iso_utc(window_start),
+            "end": iso_utc(window_end),
+            "start_epoch": int(window_start),
+            "end_epoch": int(window_end),
+            "kind": metric.window.kind.value,
+        },
+        "budget": {"scope": budget.name, "period": period_id, "ratio_after": None},
+        "published_at": iso_utc(built_at),
+    }
+
+
+_FIXED: dict[tuple[str, int, int, int, type, float], tuple[Metric, Source, Budget, dict[str, str]]] = {}
+"""Per (topology version, metric, source, budget, cost): the JSON text of the record fields those
+fix, holding the (immutable) objects so their ids name them while cached."""
+
+
+def _fixed_fields(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, str]:
+    key = (topology_version, id(metric), id(source), id(budget), type(cost), cost)
+    hit = _FIXED.get(key)
+    if hit is not None and hit[0] is metric and hit[1] is source and hit[2] is budget:
+        return hit[3]
+    fixed = _fixed_values(topology_version, metric, source, budget, cost)
     texts = {name: _encode(value) for name, value in fixed.items()}
     if len(_FIXED) >= 1024:
         _FIXED.clear()
@@ -224,18 +229,10 @@ def record_bytes(
     re-encoding per release the fields that the topology, the metric and the cost fix (text
     kept per cost; the top level joined in sorted key order as the canonical encoder does)."""
     parts = dict(_fixed_fields(topology_version, metric, source, budget, cost))
-    parts["release_id"] = _encode(release_id)
-    parts["window"] = _encode(
-        {
-            "start": iso_utc(window_start),
-            "end": iso_utc(window_end),
-            "start_epoch": int(window_start),
-            "end_epoch": int(window_end),
-            "kind": metric.window.kind.value,
-        }
-    )
-    parts["budget"] = _encode({"scope": budget.name, "period": period_id, "ratio_after": None})
-    parts["published_at"] = _encode(iso_utc(built_at))
+    for name, value in _window_values(
+        release_id, metric, budget, period_id, window_start, window_end, built_at
+    ).items():
+        parts[name] = _encode(value)
     for name, value in noise_fields.items():
         if name not in _PROTECTED:
             parts[name] = _encode(value)
