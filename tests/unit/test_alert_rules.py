@@ -39,6 +39,7 @@ DESIGN_ALERTS = (
     "DPLedgerUnavailable",
     "DPReleasesRefused",
     "DPReleaseLag",
+    "DPReleasesParked",  # issue 11 item 5 (poison windows); DESIGN §7 lists the others
     "DPWorkerDown",
     "DPExporterDown",
 )
