@@ -18,7 +18,7 @@ Only `LedgerAddress.display` (no password, no query) goes into messages.
 
 from __future__ import annotations
 
-__all__ = ["LedgerAddress", "SentinelPool", "connect", "redact"]
+__all__ = ["LEDGER_ACL_COMMANDS", "LedgerAddress", "SentinelPool", "connect", "redact"]
 
 import os
 import re
@@ -40,6 +40,20 @@ _OURS = ("min_replicas", "wait_timeout_ms", "namespace")
 _TLS_FILES = {"ssl_ca_certs": "CA_FILE", "ssl_certfile": "CERT_FILE", "ssl_keyfile": "KEY_FILE"}
 _SECRET_QUERY = re.compile(r"(password|secret|token|key)", re.IGNORECASE)
 _TIMEOUTS = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0}
+
+LEDGER_ACL_COMMANDS = (
+    # connection set-up (redis-py: AUTH; SELECT for a db other than 0; its CLIENT SETINFO may be refused)
+    "+auth +hello +ping +select "
+    # scripts (register_script: EVALSHA, NOSCRIPT → EVAL; SCRIPT LOAD at start) and what they call
+    "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +hkeys +xadd +zadd +zrem +expire "
+    # reads, the scope index, the deployment start (MULTI SET NX / GET), the WAIT fence
+    "+hgetall +zcount +zrangebyscore +zrevrange +xrange +sadd +smembers +set +get +multi +exec +discard "
+    "+incr +wait "
+    # the durability check and replica discovery at start
+    "+config|get +info"
+)
+"""The ACL command rules of a dedicated ledger user: exactly what the ledger sends, nothing else.
+Keys: `~dpstream:*`. Example: `ACL SETUSER ledger on >PASSWORD resetchannels ~dpstream:* -@all <these>`."""
 
 
 def redact(url: str) -> str:
@@ -70,7 +84,7 @@ class LedgerAddress:
 
     scheme: str
     display: str
-    direct_url: str = ""
+    direct_url: str = field(default="", repr=False)
     """The redis-py URL of a single server (our own query parameters removed); may hold a password."""
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""

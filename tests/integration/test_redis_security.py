@@ -1,0 +1,172 @@
+"""The ledger on a Redis with TLS and ACL users (certificates made here with the openssl CLI): it works
+as a dedicated least-privilege user configured from the URL or the environment, and no password is
+ever printed (errors, CLI output, exception messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from dpstream.topology.errors import ConfigError
+from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.connection import LedgerAddress, redact
+from dpstream.workers.ledger.testing import one_scope_topology
+from dpstream.workers.localstack import free_port
+from dpstream.workers.localstack.redis_secure import SecureRedisHandle, TlsFiles, make_certificates
+
+DAY = 86_400
+ADMIN_PASSWORD = "adm-" + secrets.token_urlsafe(18)
+LEDGER_PASSWORD = "led-" + secrets.token_urlsafe(18)
+WRONG_PASSWORD = "wrong-" + secrets.token_urlsafe(18)
+SECRETS = (ADMIN_PASSWORD, LEDGER_PASSWORD, WRONG_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRedisHandle]:
+    """A TLS-only redis-server (no plain port) with users admin and ledger, default user off."""
+    base = tmp_path_factory.mktemp("secure-redis")
+    tls = make_certificates(base / "tls")
+    handle = SecureRedisHandle(
+        free_port(), base / "data", tls, admin_password=ADMIN_PASSWORD, ledger_password=LEDGER_PASSWORD
+    )
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """Certificates from a CA the server does not use."""
+    return make_certificates(tmp_path_factory.mktemp("other-ca"))
+
+
+def _admin(secure: SecureRedisHandle) -> redis.Redis:
+    return redis.Redis(
+        port=secure.port, username="admin", password=ADMIN_PASSWORD, ssl=True, ssl_ca_certs=str(secure.tls.ca)
+    )
+
+
+def _session(url: str) -> None:
+    """Register, quote, charge, commit, read: every ledger call a worker and the CLI make."""
+
+    async def body() -> None:
+        ledger = await open_ledger(url, one_scope_topology())
+        try:
+            q = await ledger.quote("m", 0, DAY)
+            req = ReleaseRequest(secrets.token_hex(8), "s", q.period_id, "m", 0, DAY, q.cost, b'{"ratio_after":null}')
+            charged = await ledger.charge(req)
+            assert charged.outcome is Outcome.GRANTED
+            assert await ledger.stored_payload("s", req.release_id) == charged.payload
+            assert [p.release_id for p in await ledger.pending(0)] == [req.release_id]
+            assert await ledger.commit("s", req.release_id)
+            assert await ledger.deployment_start("v1", 100) == 100
+            await ledger.status("s")
+            await ledger.history("s")
+            (row,) = (await ledger.reconcile("s")).periods
+            assert row.stored_units == row.audited_units
+        finally:
+            await ledger.close()
+
+    asyncio.run(body())
+
+
+def _env(secure: SecureRedisHandle, password: str) -> dict[str, str]:
+    return {"DPSTREAM_REDIS_PASSWORD": password, "DPSTREAM_REDIS_CA_FILE": str(secure.tls.ca)}
+
+
+def test_ledger_user_over_tls_from_the_environment(secure: SecureRedisHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rediss://ledger@host with DPSTREAM_REDIS_PASSWORD and DPSTREAM_REDIS_CA_FILE: the whole ledger runs."""
+    with _admin(secure) as admin:
+        admin.flushall()
+    for name, value in _env(secure, LEDGER_PASSWORD).items():
+        monkeypatch.setenv(name, value)
+    _session(secure.url)
+
+
+def test_ledger_user_over_tls_from_the_url(secure: SecureRedisHandle) -> None:
+    """The same with the password and CA file in the URL (a topology's redis.url); the URL's win over env."""
+    with _admin(secure) as admin:
+        admin.flushall()
+    _session(f"rediss://ledger:{LEDGER_PASSWORD}@127.0.0.1:{secure.port}/0?ssl_ca_certs={secure.tls.ca}")
+
+
+def test_ledger_user_has_least_privilege(secure: SecureRedisHandle, other_ca: TlsFiles) -> None:
+    """The ledger user cannot flush, read keys outside dpstream:*, or change config; the default user
+    is off; the plain-text port is closed; a server certificate from another CA is refused."""
+
+    def tls_client(username: str | None = None, password: str | None = None) -> redis.Redis:
+        return redis.Redis(
+            port=secure.port, username=username, password=password, ssl=True, ssl_ca_certs=str(secure.tls.ca)
+        )
+
+    with tls_client("ledger", LEDGER_PASSWORD) as ledger_user:
+        assert ledger_user.ping()
+        for denied in (ledger_user.flushall, lambda: ledger_user.get("other:key"), lambda: ledger_user.keys("*")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                denied()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ledger_user.config_set("appendfsync", "no")
+    with pytest.raises(redis.exceptions.AuthenticationError), tls_client() as anonymous:
+        anonymous.ping()
+    with pytest.raises(redis.exceptions.ConnectionError), redis.Redis(port=secure.port, socket_timeout=2) as plain:
+        plain.ping()
+    with pytest.raises(LedgerUnavailable, match="unavailable"):
+        _session(f"rediss://ledger:{LEDGER_PASSWORD}@127.0.0.1:{secure.port}/0?ssl_ca_certs={other_ca.ca}")
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """`dpstream ARGS` started in a child process (the runs go in parallel; `_done` collects one)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DPSTREAM_REDIS")} | env
+    argv = [sys.executable, "-m", "dpstream.workers.cli", *args]
+    return subprocess.Popen(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _done(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_no_secret_is_ever_printed(secure: SecureRedisHandle, other_ca: TlsFiles) -> None:
+    """`dpstream budget status` (working, wrong password, wrong CA, plain scheme on the TLS port, missing
+    CA file) and every exception's message carry no password; each failure is one line, no traceback."""
+    with _admin(secure) as admin:
+        admin.flushall()
+    _session(f"rediss://ledger:{LEDGER_PASSWORD}@127.0.0.1:{secure.port}/0?ssl_ca_certs={secure.tls.ca}")
+    other = other_ca
+    in_url = f"rediss://ledger:{LEDGER_PASSWORD}@127.0.0.1:{secure.port}/0"
+    cases = {  # run one after another: parallel TLS handshakes on a loaded 2-core machine time out
+        "env": (["budget", "status", "--redis", secure.url], _env(secure, LEDGER_PASSWORD)),
+        "url": (["budget", "status", "--json", "--redis", in_url + f"?ssl_ca_certs={secure.tls.ca}"], {}),
+        "wrong password": (["budget", "status", "--redis", secure.url], _env(secure, WRONG_PASSWORD)),
+        "other ca": (["budget", "status", "--redis", in_url + f"?ssl_ca_certs={other.ca}"], {}),
+        "plain": (["budget", "status", "--redis", in_url.replace("rediss://", "redis://")], {}),
+        "missing ca": (["budget", "status", "--redis", in_url + "?ssl_ca_certs=/nonexistent/ca.pem"], {}),
+    }
+    runs = {name: _done(_cli(*case)) for name, case in cases.items()}
+    for name in ("env", "url"):
+        assert runs[name].returncode == 0, (name, runs[name].stderr)
+        assert "s" in runs[name].stdout
+    for name in ("wrong password", "other ca", "plain", "missing ca"):
+        run = runs[name]
+        assert run.returncode in (1, 2), (name, run.returncode, run.stderr)  # 1 unavailable, 2 config
+        assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, (name, run.stderr)
+        assert "127.0.0.1" in run.stderr  # the error names the server ...
+    messages: list[str] = []
+    for url in (in_url.replace(LEDGER_PASSWORD, WRONG_PASSWORD) + f"?ssl_ca_certs={secure.tls.ca}", in_url):
+        with pytest.raises((LedgerUnavailable, ConfigError)) as caught:
+            _session(url + ("" if "ssl_ca" in url else f"?ssl_ca_certs={other.ca}"))
+        messages += [str(caught.value), repr(caught.value)]
+    address = LedgerAddress.parse(in_url + f"&password={WRONG_PASSWORD}".replace("&", "?", 1))
+    messages += [repr(address), address.display, redact(in_url), redact(in_url + f"?password={WRONG_PASSWORD}")]
+    shown = [run.stdout + run.stderr for run in runs.values()] + messages
+    leaked = [(i, s) for i, text in enumerate(shown) for s in SECRETS if s in text]
+    assert not leaked, f"a password was printed: output #{leaked[0][0]}"  # ... never its password
