@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["DpstreamError", "ConfigError", "EventError", "InternalError", "ConfigWarning"]
+__all__ = ["DpstreamError", "ConfigError", "EventError", "InternalError", "ConfigWarning", "one_line"]
 
 from dataclasses import dataclass
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+"""Every character `str.splitlines` breaks at, and its escape as Python writes it (`\\n`, `\\u2028`)."""
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks escaped: a name or value the user wrote can never split a message."""
+    return text.translate(_LINE_BREAKS)
 
 
 class DpstreamError(Exception):
@@ -13,6 +21,9 @@ class DpstreamError(Exception):
 
 class ConfigError(DpstreamError):
     """A mistake in a topology file or a command line that the user can fix; printed as one line."""
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class EventError(DpstreamError):

@@ -93,9 +93,13 @@ def read_number(node: Node, subject: str, field: str) -> float:
         if isinstance(value, str) and (node.plain or node.substituted) and _NUMBER_TEXT.match(value.strip()):
             value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond the float range
+                number = math.inf
+            if not math.isfinite(number):
                 raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a finite number")
-            return float(value)
+            return number
     raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a number, e.g. {field}: 1.0")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dpstream.topology.durations import format_duration
-from dpstream.topology.errors import ConfigError, ConfigWarning
+from dpstream.topology.errors import ConfigError, ConfigWarning, one_line
 from dpstream.topology.model import Accounting, Budget, Mechanism, Metric, Source, WindowKind
 from dpstream.topology.readers import suggest
 
@@ -32,7 +32,7 @@ class TopologyError(ConfigError):
     def __init__(self, path: str, problems: list[Problem]) -> None:
         ordered = sorted(problems, key=lambda p: p.line)
         self.path = path
-        self.problems: tuple[str, ...] = tuple(f"{path}:{p.line}: {p.text}" for p in ordered)
+        self.problems: tuple[str, ...] = tuple(one_line(f"{path}:{p.line}: {p.text}") for p in ordered)
         super().__init__(self.problems[0])
 
 

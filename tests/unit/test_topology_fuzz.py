@@ -286,18 +286,7 @@ def topology_files(draw: st.DrawFn) -> tuple[bytes, str, list[str]]:
     return data, expect, done
 
 
-KNOWN_CRASH = "OverflowError: int too large to convert to float"
-"""A known bug, reported: `topology/readers.read_number` calls `math.isfinite` on a YAML integer beyond
-the float range (e.g. `epsilon: 1` followed by 400 zeros), which raises OverflowError out of
-`dpstream validate` (a traceback, exit 1) instead of one line and exit 2. The fuzz counts this one
-signature instead of failing on it; `test_an_integer_beyond_the_float_range_is_one_line` pins it and
-turns into a failure (strict xpass) once it is fixed: then delete this tolerance."""
-
-_SEEN: dict[str, int] = {"files": 0, "valid": 0, "invalid": 0, "known_crash": 0}
-
-
-def _is_known_crash(text: str) -> bool:
-    return KNOWN_CRASH in text and "read_number" in text
+_SEEN: dict[str, int] = {"files": 0, "valid": 0, "invalid": 0}
 
 
 def _validate_in_process(path: Path) -> tuple[int, str, str]:
@@ -317,9 +306,6 @@ def _validate_in_process(path: Path) -> tuple[int, str, str]:
 
 def _check(path: Path, expect: str, done: list[str], code: int, out: str, err: str) -> None:
     what = f"{done} on {path.name}: exit {code}, stderr {err[-1500:]!r}, stdout {out[:300]!r}"
-    if code == 1 and _is_known_crash(err):
-        _SEEN["known_crash"] += 1
-        return
     assert "Traceback" not in err and "Traceback" not in out, what
     assert code in (0, 2), what
     if code == 0:
@@ -351,8 +337,7 @@ def test_validate_never_crashes_on_a_mutated_topology(case: tuple[bytes, str, li
         code, out, err = _validate_in_process(path)
         _check(path, expect, done, code, out, err)
     _SEEN["files"] += 1
-    outcome = "valid" if code == 0 else "invalid" if code == 2 else "known_crash"
-    _SEEN[outcome] += 1 if outcome != "known_crash" else 0  # known crashes are counted by _check
+    _SEEN["valid" if code == 0 else "invalid"] += 1
 
 
 def test_the_fuzz_saw_valid_and_invalid_files() -> None:
@@ -396,11 +381,6 @@ def test_unmutated_examples_are_valid(path: Path, tmp_path: Path) -> None:
         _check(p, VALID, [], code, out, err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, reported: the loader's messages (`unknown field '<key>'`, and "
-    "topology/readers.show() of a mapping) echo a key with a line break raw: the one line becomes two",
-)
 @pytest.mark.parametrize("where", ["field", "mapping"])
 @pytest.mark.parametrize("brk", ["\n", "\r", "\u2028"], ids=["LF", "CR", "LS"])
 def test_line_breaks_in_a_name_or_value_stay_on_one_line(where: str, brk: str, tmp_path: Path) -> None:
@@ -418,11 +398,6 @@ def test_line_breaks_in_a_name_or_value_stay_on_one_line(where: str, brk: str, t
     assert len(err.splitlines()) == 1, repr(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, reported: topology/readers.read_number raises OverflowError "
-    "on an integer beyond the float range",
-)
 @pytest.mark.parametrize("field", ["epsilon", "delta", "reserve", "warn_at", "weight", "bounds"])
 def test_an_integer_beyond_the_float_range_is_one_line(field: str, tmp_path: Path) -> None:
     """`epsilon: 1000…0` (401 digits), and the same in every number field: one line and exit 2."""
