@@ -142,7 +142,7 @@ def _parked(args: argparse.Namespace) -> int:
 
 def _retry(args: argparse.Namespace) -> int:
     if bool(args.release_id) == bool(args.all):
-        raise ConfigError("budget retry: give --release-id ID (from `dpstream budget parked`) or --all, not both")
+        raise ConfigError("budget retry: give exactly one of --release-id ID (from `dpstream budget parked`) and --all")
 
     async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
         n = await ledger.retry_parked(args.scope, args.release_id, args.reason, args.actor)
