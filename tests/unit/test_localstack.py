@@ -289,3 +289,27 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         "stack: error: --redis-port 9092: already used by --kafka-port: give each service its own port",
         "stack: error: service 'nope': unknown: choose from redis, kafka, alertmanager, prometheus",
     ]
+
+
+def test_server_properties_three_node_cluster(tmp_path: Path) -> None:
+    """A node of a three-node cluster names every voter and replicates internal topics 3 ways, min ISR 2."""
+    voters = [(1, 29093), (2, 29193), (3, 29293)]
+    props = _properties(render_server_properties(29192, 29193, tmp_path, node_id=2, voters=voters))
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:29093,2@127.0.0.1:29193,3@127.0.0.1:29293"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:29192,CONTROLLER://127.0.0.1:29193"
+    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor"):
+        assert props[key] == "3", key
+    assert props["min.insync.replicas"] == props["transaction.state.log.min.isr"] == "2"
+
+
+def test_stack_refuses_a_home_formatted_for_another_broker_count(tmp_path: Path) -> None:
+    """`up --brokers 3` on a home whose Kafka was formatted as one node is one line, before any start."""
+    from dpstream.topology.errors import ConfigError
+
+    (tmp_path / "kafka" / "data").mkdir(parents=True)
+    (tmp_path / "kafka" / "data" / "meta.properties").write_text("node.id=1\n")
+    stack = Stack(StackConfig(home=tmp_path), brokers=3)
+    with pytest.raises(ConfigError, match=r"belongs to a 1-broker cluster, not 3: run `stack down`"):
+        stack.kafka_cluster.start()
+    assert [s.name for s in stack.status([Service.KAFKA])] == ["kafka", "kafka-2", "kafka-3"]

@@ -33,3 +33,12 @@ def test_keyed_source_skips_the_hop() -> None:
     topology = replace(topology, sources={"clicks": keyed})
     assert ingest_topic(keyed) == "web.clicks"
     assert topic_names(topology).repartition == ()
+
+
+def test_replication_follows_the_cluster_size() -> None:
+    """Three or more brokers: 3 replicas, min.insync.replicas 2; fewer: one replica each, min ISR 1."""
+    from dpstream.workers.runtime.admin import replication_for
+
+    assert replication_for(5) == replication_for(3) == (3, {"min.insync.replicas": "2"})
+    assert replication_for(2) == (2, {"min.insync.replicas": "1"})
+    assert replication_for(1) == replication_for(0) == (1, {"min.insync.replicas": "1"})

@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--home", type=Path, default=None, help="state directory (default $DPSTREAM_HOME or ~/.cache/dpstream)"
     )
     parser.add_argument("--with-monitoring", action="store_true", help="up: also Prometheus and Alertmanager")
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="up: Kafka KRaft nodes (default 1; 3 gives a replicated cluster, node N on --kafka-port + 100·(N-1))",
+    )
     for name in ("kafka", "kafka_controller", "redis", "prometheus", "alertmanager", "worker_metrics"):
         flag = "--" + name.replace("_", "-") + "-port"
         parser.add_argument(flag, dest=f"{name}_port", type=int, default=getattr(_DEFAULTS, name), metavar="N")
@@ -62,6 +69,8 @@ def _services(args: argparse.Namespace) -> tuple[Service, ...]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.brokers < 1:
+        raise ConfigError(f"--brokers {args.brokers}: need at least 1 Kafka broker")
     ports = Ports(
         kafka=args.kafka_port,
         kafka_controller=args.kafka_controller_port,
@@ -76,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         prometheus_config=args.prometheus_config,
         alertmanager_config=args.alertmanager_config,
     )
-    stack = Stack(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    stack = Stack(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True), brokers=args.brokers)
     action = {"up": stack.up, "status": stack.status, "down": stack.down}[args.action]
     started = time.monotonic()
     statuses = action(_services(args))

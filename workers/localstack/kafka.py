@@ -1,14 +1,25 @@
-"""Apache Kafka, single-node KRaft (broker + controller in one JVM), from Maven Central jars."""
+"""Apache Kafka in KRaft mode (broker + controller in one JVM per node), from Maven Central jars: one
+node, or a cluster of several (`KafkaCluster`, `stack up --brokers 3`) whose internal topics are replicated."""
 
 from __future__ import annotations
 
-__all__ = ["KafkaHandle", "render_server_properties", "new_cluster_id", "start_kafka", "default_libs_dir"]
+__all__ = [
+    "KafkaCluster",
+    "KafkaHandle",
+    "render_server_properties",
+    "new_cluster_id",
+    "start_kafka",
+    "default_libs_dir",
+]
 
 import base64
 import os
 import shutil
 import subprocess
+import time
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError
@@ -38,9 +49,22 @@ def new_cluster_id() -> str:
 
 
 def render_server_properties(
-    broker_port: int, controller_port: int, log_dir: Path, partitions: int = 4, auto_create_topics: bool = False
+    broker_port: int,
+    controller_port: int,
+    log_dir: Path,
+    partitions: int = 4,
+    auto_create_topics: bool = False,
+    node_id: int = 1,
+    voters: Sequence[tuple[int, int]] = (),
 ) -> str:
-    """server.properties of a one-node KRaft cluster listening on 127.0.0.1 only."""
+    """server.properties of one KRaft node listening on 127.0.0.1 only.
+
+    `voters` lists every node of the cluster as (node id, controller port); empty means a one-node
+    cluster of this node. Internal topics get one replica per node up to 3, and `min.insync.replicas`
+    2 from three nodes on (one node may fail without stopping `acks=all` producers).
+    """
+    quorum = tuple(voters) or ((node_id, controller_port),)
+    replication = min(3, len(quorum))
     return render_template(
         "server.properties",
         broker_port=broker_port,
@@ -48,6 +72,10 @@ def render_server_properties(
         log_dir=Path(log_dir).resolve(),
         partitions=partitions,
         auto_create_topics="true" if auto_create_topics else "false",
+        node_id=node_id,
+        quorum_voters=",".join(f"{node}@{HOST}:{port}" for node, port in quorum),
+        replication=replication,
+        min_insync=2 if replication >= 3 else 1,
     )
 
 
@@ -68,8 +96,16 @@ class KafkaHandle(ServiceHandle):
         auto_create_topics: bool = False,
         start_timeout: float = 120.0,
         progress: Progress = no_progress,
+        node_id: int = 1,
+        voters: Sequence[tuple[int, int]] = (),
+        cluster_id: str | None = None,
     ) -> None:
         self.controller_port = controller_port
+        self.node_id = node_id
+        self.voters = tuple(voters)
+        """Every node of the cluster as (node id, controller port); empty for a one-node cluster."""
+        self.cluster_id = cluster_id
+        """The cluster's id when this node is one of several (they must share it); else its own file's."""
         self.libs_dir = Path(libs_dir).resolve() if libs_dir is not None else default_libs_dir()
         self.partitions = partitions
         self.heap = heap
@@ -119,7 +155,13 @@ class KafkaHandle(ServiceHandle):
         ensure_libs(self.libs_dir, repo_deploy_dir() / "pom.xml", self.progress)
         self.properties_file.write_text(
             render_server_properties(
-                self._port, self.controller_port, self.log_dir, self.partitions, self.auto_create_topics
+                self._port,
+                self.controller_port,
+                self.log_dir,
+                self.partitions,
+                self.auto_create_topics,
+                node_id=self.node_id,
+                voters=self.voters,
             ),
             encoding="utf-8",
         )
@@ -133,7 +175,9 @@ class KafkaHandle(ServiceHandle):
         if (self.log_dir / "meta.properties").exists():
             return
         cluster_file = self.data_dir / "cluster.id"
-        if not cluster_file.exists():
+        if self.cluster_id is not None:
+            cluster_file.write_text(self.cluster_id + "\n", encoding="utf-8")
+        elif not cluster_file.exists():
             cluster_file.write_text(new_cluster_id() + "\n", encoding="utf-8")
         cluster_id = cluster_file.read_text(encoding="utf-8").strip()
         argv = [
@@ -169,6 +213,99 @@ class KafkaHandle(ServiceHandle):
 
     def _ready(self) -> bool:
         return port_open(self._port) and broker_ready(self.bootstrap)
+
+
+class KafkaCluster:
+    """`brokers` KRaft nodes on 127.0.0.1, each broker and controller, in `root/kafka` (node 1, as the
+    one-node stack) and `root/kafka-N`; node N listens on `port + 100·(N−1)` and its controller on
+    `controller_port + 100·(N−1)`. Started together (a quorum needs a majority of its voters up)."""
+
+    def __init__(
+        self,
+        brokers: int,
+        port: int,
+        controller_port: int,
+        root: Path,
+        libs_dir: Path | None = None,
+        heap: str = "512m",
+        start_timeout: float = 120.0,
+        progress: Progress = no_progress,
+    ) -> None:
+        if brokers < 1:
+            raise ConfigError(f"--brokers {brokers}: need at least 1 Kafka broker")
+        self.root = Path(root).resolve()
+        ids = range(1, brokers + 1)
+        voters = [(n, controller_port + 100 * (n - 1)) for n in ids] if brokers > 1 else []
+        self.nodes = [
+            KafkaHandle(
+                port + 100 * (n - 1),
+                controller_port + 100 * (n - 1),
+                self.node_dir(self.root, n),
+                libs_dir=libs_dir,
+                heap=heap,
+                start_timeout=start_timeout,
+                progress=progress,
+                node_id=n,
+                voters=voters,
+            )
+            for n in ids
+        ]
+
+    @staticmethod
+    def node_dir(root: Path, node: int) -> Path:
+        """State directory of node `node` (1-based) under the stack's home."""
+        return Path(root) / ("kafka" if node == 1 else f"kafka-{node}")
+
+    def _cluster_id(self, brokers: int) -> str:
+        """The cluster's shared id, made once; refuses state formatted for another number of brokers."""
+        first = self.node_dir(self.root, 1)
+        marker = first / "brokers"
+        formatted = (first / "data" / "meta.properties").exists()
+        if formatted and (not marker.exists() or marker.read_text(encoding="utf-8").strip() != str(brokers)):
+            was = marker.read_text(encoding="utf-8").strip() if marker.exists() else "1"
+            raise ConfigError(
+                f"kafka: the state in {first} belongs to a {was}-broker cluster, not {brokers}: "
+                f"run `stack down`, then remove {self.root}/kafka* or pass another --home"
+            )
+        first.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{brokers}\n", encoding="utf-8")
+        cluster_file = first / "cluster.id"
+        if not cluster_file.exists():
+            cluster_file.write_text(new_cluster_id() + "\n", encoding="utf-8")
+        return cluster_file.read_text(encoding="utf-8").strip()
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's `127.0.0.1:PORT`, comma-separated (clients find the rest from any one)."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self) -> bool:
+        """Start every node not running (in parallel) and wait until the cluster lists them all; True if
+        any was started."""
+        if len(self.nodes) > 1:
+            cluster_id = self._cluster_id(len(self.nodes))
+            for node in self.nodes:
+                node.cluster_id = cluster_id
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            started = list(pool.map(lambda node: node.start(), self.nodes))
+        self.wait_brokers(len(self.nodes))
+        return any(started)
+
+    def wait_brokers(self, count: int, timeout: float = 120.0) -> None:
+        """Wait until the cluster's metadata lists `count` live brokers (topics with RF 3 need all three)."""
+        from dpstream.workers.runtime.admin import broker_count
+
+        deadline = time.monotonic() + timeout
+        while broker_count(self.bootstrap) < count:
+            if time.monotonic() > deadline:
+                raise ServiceStartError(f"kafka: fewer than {count} brokers registered after {timeout:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> bool:
+        """Stop every node at once (graceful; one by one, the last would wait for a lost quorum); True if
+        any was running."""
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            return any(list(pool.map(lambda node: node.stop(), self.nodes)))
 
 
 def start_kafka(

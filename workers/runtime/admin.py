@@ -7,7 +7,14 @@ runtime, so it needs only a reachable broker, never a checkout of the repository
 
 from __future__ import annotations
 
-__all__ = ["TopicAdminError", "broker_ready", "create_topics", "create_topics_async"]
+__all__ = [
+    "TopicAdminError",
+    "broker_count",
+    "broker_ready",
+    "create_topics",
+    "create_topics_async",
+    "replication_for",
+]
 
 import asyncio
 import concurrent.futures
@@ -54,6 +61,35 @@ def broker_ready(bootstrap: str, timeout_ms: int = 3000) -> bool:
     return _run(_broker_ready_async(bootstrap, timeout_ms))
 
 
+async def broker_count_async(bootstrap: str, timeout_ms: int = 3000) -> int:
+    """Live brokers the cluster's metadata lists (0 when unreachable)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        await admin.start()
+        return len((await admin.describe_cluster()).get("brokers") or ())
+    except (TimeoutError, KafkaError, OSError):
+        return 0
+    finally:
+        await admin.close()
+
+
+def broker_count(bootstrap: str, timeout_ms: int = 3000) -> int:
+    """Sync form of `broker_count_async`."""
+    return _run(broker_count_async(bootstrap, timeout_ms))
+
+
+def replication_for(brokers: int) -> tuple[int, dict[str, str]]:
+    """Replication factor and topic configs of the topics dpstream creates on a cluster of `brokers`:
+    3 replicas with `min.insync.replicas=2` from three brokers on (DESIGN §8: an `acks=all` write
+    survives one broker's loss, and a broker may fail without stopping writes); fewer brokers get
+    one replica each and `min.insync.replicas=1`, what they allow."""
+    replicas = max(1, min(3, brokers))
+    return replicas, {"min.insync.replicas": "2" if replicas >= 3 else "1"}
+
+
 async def create_topics_async(
     bootstrap: str,
     names: Sequence[str],
@@ -61,11 +97,12 @@ async def create_topics_async(
     timeout_s: float = 30.0,
     configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
-    """Create the topics that do not exist yet (replication 1) and wait until every partition has a leader.
+    """Create the topics that do not exist yet and wait until every partition has a leader.
 
-    `configs` maps a topic name to its topic configs at creation, e.g. source topics get
-    `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival, DESIGN §3). Returns the
-    names created now; existing topics are left as they are (their configs are not changed).
+    Replication follows the cluster's size (`replication_for`: 3 replicas and `min.insync.replicas=2`
+    on three or more brokers). `configs` maps a topic name to its topic configs at creation, e.g.
+    source topics get `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival, DESIGN §3).
+    Returns the names created now; existing topics are left as they are (their configs are not changed).
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaError, for_code
@@ -78,8 +115,12 @@ async def create_topics_async(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
+        replicas, durable = replication_for(len((await admin.describe_cluster()).get("brokers") or ()))
         response = await admin.create_topics(
-            [NewTopic(name, partitions, 1, topic_configs=dict((configs or {}).get(name, {}))) for name in wanted],
+            [
+                NewTopic(name, partitions, replicas, topic_configs={**durable, **(configs or {}).get(name, {})})
+                for name in wanted
+            ],
             timeout_ms=int(timeout_s * 1000),
         )
         created: list[str] = []

@@ -16,9 +16,11 @@ from enum import Enum
 from typing import Any
 
 import faust
+from faust.transport.drivers.aiokafka import Producer as _FaustProducer
 from mode import Service
 
 from dpstream.topology.model import Topology
+from dpstream.workers.runtime.admin import broker_count, replication_for
 from dpstream.workers.runtime.ingest import IngestService
 from dpstream.workers.runtime.releases import ReleaseSide
 from dpstream.workers.runtime.repartition import RepartitionService
@@ -88,6 +90,14 @@ _BUILTIN_VIEWS_OFF: dict[str, bool] = {
 }
 
 
+class IdempotentProducer(_FaustProducer):
+    """Faust's producer (table changelog writes) with `enable_idempotence` and `acks=all` always, not only
+    inside transactions: a retried changelog write is neither duplicated nor reordered (DESIGN §8)."""
+
+    def _settings_extra(self) -> dict[str, Any]:
+        return {"acks": "all", "enable_idempotence": True}
+
+
 def web_settings(settings: RuntimeSettings) -> dict[str, Any]:
     """Faust web settings of a worker: on only with a port, bound to `settings.web_bind` over TCP,
     no built-in view (with stats off, `/` is Faust's plain `{"status": "OK"}` index)."""
@@ -100,8 +110,9 @@ def web_settings(settings: RuntimeSettings) -> dict[str, Any]:
     }
 
 
-def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
-    """The worker's Faust app (no broker contacted), its web settings pinned."""
+def new_app(app_id: str, settings: RuntimeSettings, replicas: int = 1) -> faust.App:
+    """The worker's Faust app (no broker contacted), its web settings pinned; topics Faust creates (the
+    table changelog) get `replicas` replicas."""
     web = web_settings(settings)
     datadir: dict[str, Any] = {"datadir": settings.datadir} if settings.datadir else {}
     app = faust.App(
@@ -111,6 +122,8 @@ def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
         topic_partitions=settings.partitions,
         table_standby_replicas=0,
         producer_linger_ms=0,
+        producer_acks=-1,
+        topic_replication_factor=replicas,
         consumer_auto_offset_reset="earliest",
         # A killed member holds the release agent's partials and changelog partitions until its session
         # expires (Faust's default 60 s delayed releases by a minute per SIGKILL). Environment variables
@@ -125,6 +138,8 @@ def new_app(app_id: str, settings: RuntimeSettings) -> faust.App:
     # anything touches `app.web`, which picks its blueprints when it is created.
     for name, value in web.items():
         setattr(app.conf, name, value)
+    # The instance attribute shadows the transport's class-level Producer; only this app's transport changes.
+    app.transport.Producer = IdempotentProducer  # type: ignore[misc]  # ClassVar set on one instance on purpose
     return app
 
 
@@ -133,10 +148,14 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
     ensure_topics(settings.bootstrap, topology, settings.partitions)
     # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
     app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
-    app = new_app(app_id, settings)
+    replicas, durable = replication_for(broker_count(settings.bootstrap))
+    app = new_app(app_id, settings, replicas)
     releases = ingest = repartition = None
     if role is not Role.INGEST:
         releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings.bootstrap))
+        # The changelog holds merged true aggregates: replicated like the internal topics (read lazily at start).
+        table: Any = releases.table  # a faust.Table; the TableT protocol does not declare this attribute
+        table.extra_topic_configs = durable
         app.service(_Lifecycle(releases, loop=None))  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
     if role is not Role.RELEASE:
         ingest = IngestService(topology, settings, offload=role is Role.ALL)
