@@ -119,7 +119,15 @@ _HINTS = {
 }
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://")
+_REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
+)
 _SECTION_KIND = {"sources": "source", "budgets": "budget", "metrics": "metric"}
 
 START_MIN_S = 946_684_800
@@ -452,7 +460,7 @@ class _Loader:
         f = _Fields(self, "redis", "redis", "redis", node, node.line)
         url = f.get("url", read_str, default=RedisSettings().url)
         if f.has("url") and f.ok and not url.startswith(_REDIS_SCHEMES):
-            f.bad("url", "must start with redis://, rediss://, unix://, redis+sentinel:// or rediss+sentinel://")
+            f.bad("url", "must start with redis://, rediss://, unix://, redis(s)+sentinel:// or redis(s)+cluster://")
         return RedisSettings(url)
 
 

@@ -4,6 +4,7 @@
     rediss://user@host:port/db                         the same over TLS
     redis+sentinel://h1:p1,h2:p2/master-name[/db]      a primary with replicas under Redis Sentinel
     rediss+sentinel://…                                Sentinel, every connection over TLS
+    redis+cluster://h1:p1[,h2:p2]                      Redis Cluster (rediss+cluster:// for TLS); db 0 only
 
 Query parameters (all optional, also taken from the environment):
 `min_replicas=N` (DPSTREAM_REDIS_MIN_REPLICAS): replicas a `WAIT` must confirm before a charge
@@ -24,10 +25,11 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from dpstream.topology.errors import ConfigError
@@ -35,6 +37,7 @@ from dpstream.workers.ledger.keys import check_namespace
 
 DIRECT_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 DEFAULT_WAIT_TIMEOUT_MS = 2000
 _OURS = ("min_replicas", "wait_timeout_ms", "namespace")
 _TLS_FILES = {"ssl_ca_certs": "CA_FILE", "ssl_certfile": "CERT_FILE", "ssl_keyfile": "KEY_FILE"}
@@ -87,6 +90,7 @@ class LedgerAddress:
     direct_url: str = field(default="", repr=False)
     """The redis-py URL of a single server (our own query parameters removed); may hold a password."""
     sentinels: tuple[tuple[str, int], ...] = ()
+    """(host, port) of the sentinels, or of the Cluster's seed nodes."""
     service: str = ""
     db: int = 0
     username: str | None = None
@@ -104,6 +108,11 @@ class LedgerAddress:
         return self.scheme in SENTINEL_SCHEMES
 
     @property
+    def cluster(self) -> bool:
+        """True for a Redis Cluster (keys routed by the scope hash tag)."""
+        return self.scheme in CLUSTER_SCHEMES
+
+    @property
     def tls(self) -> bool:
         """True when every connection is TLS."""
         return self.scheme.startswith("rediss")
@@ -118,10 +127,10 @@ class LedgerAddress:
         except ValueError as exc:
             raise ConfigError(f"redis {shown}: not a URL ({exc})") from None
         scheme = parts.scheme.lower()
-        if scheme not in DIRECT_SCHEMES + SENTINEL_SCHEMES:
+        if scheme not in DIRECT_SCHEMES + SENTINEL_SCHEMES + CLUSTER_SCHEMES:
             raise ConfigError(
                 f"redis {shown}: scheme {scheme or '(none)'!r}: use redis://, rediss://, unix://, "
-                "redis+sentinel:// or rediss+sentinel://"
+                "redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://"
             )
         query = parse_qsl(parts.query, keep_blank_values=True)
         ours = {k: v for k, v in query if k in _OURS}
@@ -153,8 +162,12 @@ class LedgerAddress:
         if scheme in DIRECT_SCHEMES:
             direct = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment))
             return cls(direct_url=direct, **common)
+        if scheme in CLUSTER_SCHEMES:
+            if parts.path.strip("/") not in ("", "0"):
+                raise ConfigError(f"redis {shown}: Redis Cluster has database 0 only: drop the /db part")
+            return cls(sentinels=_hosts(parts.netloc.rsplit("@", 1)[-1], shown, "node"), **common)
         return cls(
-            sentinels=_sentinel_hosts(parts.netloc.rsplit("@", 1)[-1], shown),
+            sentinels=_hosts(parts.netloc.rsplit("@", 1)[-1], shown, "sentinel"),
             service=(segments := [p for p in parts.path.split("/") if p] or [""])[0],
             db=_int(segments[1], "db", shown, 0) if len(segments) > 1 else 0,
             sentinel_username=env.get("DPSTREAM_SENTINEL_USERNAME") or None,
@@ -185,12 +198,12 @@ class LedgerAddress:
         return aioredis.Redis(host=host, port=port, db=self.db, ssl=self.tls, **self.node_kwargs())
 
 
-def _sentinel_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
+def _hosts(netloc: str, shown: str, what: str) -> tuple[tuple[str, int], ...]:
     out = []
     for item in netloc.split(","):
         host, _, port = item.strip().rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"redis {shown}: sentinel {item!r}: write each sentinel as host:port, comma-separated")
+            raise ConfigError(f"redis {shown}: {what} {item!r}: write each {what} as host:port, comma-separated")
         out.append((host.strip("[]"), int(port)))
     return tuple(out)
 
@@ -211,6 +224,16 @@ def connect(url: str | LedgerAddress, max_connections: int = 128) -> aioredis.Re
     where it is, so after a failover the next connection reaches the promoted replica.
     """
     address = url if isinstance(url, LedgerAddress) else LedgerAddress.parse(url)
+    if address.cluster:
+        cluster: RedisCluster[bytes] = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in address.sentinels],
+            max_connections=max_connections,
+            ssl=address.tls,
+            **address.node_kwargs(),
+        )
+        # RedisCluster serves every command the ledger sends (one scope = one slot); typed as the
+        # single-node client the ledger is written against
+        return cast("aioredis.Redis[bytes]", cluster)
     if not address.sentinel:
         pool: aioredis.BlockingConnectionPool[aioredis.Connection] = aioredis.BlockingConnectionPool.from_url(
             address.direct_url, max_connections=max_connections, timeout=10, **address.node_kwargs()

@@ -20,12 +20,13 @@ __all__ = ["RedisLedger", "connect"]
 import json
 import sys
 from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from dpstream.topology.errors import InternalError
+from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.durability import check_durability, replica_problem
@@ -58,6 +59,7 @@ class RedisLedger(Ledger):
         self._namespace = self._address.namespace
         self._scopes_index = in_namespace(SCOPES_INDEX, self._namespace)
         self._scope_keys: dict[str, ScopeKeys] = {}
+        self._cluster: bool = isinstance(client, RedisCluster)
         self.min_replicas = self._address.min_replicas or 0
         """Replicas a WAIT must confirm before a charge is acknowledged (settled by `check_durability`)."""
         self._scripts = {name: client.register_script(script_text(name)) for name in SCRIPT_NAMES}
@@ -107,21 +109,44 @@ class RedisLedger(Ledger):
         """Refuse a primary or replica that could lose an acknowledged charge (ConfigError unless
         `allow_volatile`), and settle `min_replicas`: the URL's, else 1 under Sentinel or when the
         primary reports a replica, else 0. A replica is promoted by a failover, so its AOF counts too."""
+        if self._cluster:
+            await self._check_cluster(allow_volatile)
+            return
         check_durability(self._url, await self.server_settings(), allow_volatile)
         replicas = await self.replicas()
         for host, port in replicas:
-            client = self._address.node_client(host, port)
-            try:
-                got = dict(await self._guard(client.config_get("appendonly")))
-                got.update(await self._guard(client.config_get("appendfsync")))
-            finally:
-                await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
-            check_durability(f"{self._url} (replica {host}:{port})", _hash(got), allow_volatile)
+            got = await self._node_settings(host, port)
+            check_durability(f"{self._url} (replica {host}:{port})", got, allow_volatile)
         if self._address.min_replicas is None:
             self.min_replicas = 1 if self._address.sentinel or replicas else 0
         problem = replica_problem(self.min_replicas, len(replicas))
         if problem is not None:
             print(f"dpstream: WARNING: ledger {self._url}: {problem}", file=sys.stderr)
+
+    async def _check_cluster(self, allow_volatile: bool) -> None:
+        """Every node of a Redis Cluster durable; no WAIT (it confirms one node's replicas, and a
+        pipeline cannot pin it to the scope's node), so `min_replicas` above 0 is refused."""
+        if (self._address.min_replicas or 0) > 0:
+            raise ConfigError(
+                f"redis {self._url}: min_replicas={self._address.min_replicas}: the ledger cannot WAIT on a "
+                "Redis Cluster: use Sentinel for replicated charges, or min_replicas=0"
+            )
+        await self._guard(self._client.ping())  # the client learns the cluster's nodes
+        cluster = cast("RedisCluster[bytes]", self._client)
+        for node in cluster.get_nodes():
+            got = await self._node_settings(str(node.host), int(node.port))
+            check_durability(f"{self._url} (node {node.host}:{node.port})", got, allow_volatile)
+        self.min_replicas = 0
+
+    async def _node_settings(self, host: str, port: int) -> dict[str, str]:
+        """`CONFIG GET appendonly / appendfsync` of one other node (a replica, a Cluster node)."""
+        client = self._address.node_client(host, port)
+        try:
+            got = dict(await self._guard(client.config_get("appendonly")))
+            got.update(await self._guard(client.config_get("appendfsync")))
+        finally:
+            await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
+        return _hash(got)
 
     async def _replicated(self, scope: str) -> None:
         """Return once everything written so far to `scope`'s primary is on `min_replicas` replicas,
@@ -168,7 +193,7 @@ class RedisLedger(Ledger):
 
     async def close(self) -> None:
         """Close the client and its pool (and, under Sentinel, the connections to the sentinels)."""
-        pool = self._client.connection_pool
+        pool = None if self._cluster else self._client.connection_pool
         await self._client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose (redis >= 5.0.1)
         if isinstance(pool, SentinelPool):
             await pool.aclose_sentinels()
