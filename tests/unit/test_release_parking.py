@@ -249,3 +249,56 @@ def test_park_is_idempotent_and_retry_needs_a_parked_window() -> None:
             await ledger.park("s", "r2", "m", w, 8, "not a class: value 17", "w1")
 
     asyncio.run(body())
+
+
+def test_the_worker_release_side_parks_counts_hides_from_lag_and_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.releases.ReleaseSide (a Faust app that is never started): a window failing on an internal
+    error with park_after_attempts=1 is parked in the ledger, counted in dpstream_release_parks_total,
+    left out of the release lag and held; after `budget retry` the sweeper's pass releases it once."""
+    import faust
+    from prometheus_client import CollectorRegistry
+
+    from dpstream.workers.release.dispatch import MetricReleaseState
+    from dpstream.workers.runtime.releases import ReleaseSide
+    from dpstream.workers.runtime.settings import RuntimeSettings
+    from dpstream.workers.telemetry.worker import WorkerCollector
+
+    async def body() -> None:
+        topo = _topology()
+        app = faust.App("test-parking", broker="kafka://127.0.0.1:1", web_enabled=False)
+        settings = RuntimeSettings(bootstrap="127.0.0.1:1", redis_url="memory", park_after_attempts=1)
+        side = ReleaseSide(app, topo, settings, {"m": 1})
+        ledger = await open_ledger("memory", topo, clock=ManualClock(T0))
+        factory, sink = _FlakyFactory(), _Sink()
+        side._releaser = Releaser(topo, ledger, mechanism_factory=factory)
+        side._parking = Parking(topo, ledger, settings.worker_id)
+        monkeypatch.setattr(side, "_publish", sink)  # the releases topic (no broker in a unit test)
+        side._ready.set()
+        w = _window()
+        state = MetricReleaseState.from_state("m", [0], None)
+        state.releasing[w.start] = w
+        side._states["m"] = (state.to_state(), state)
+        side._metric_tp["m"] = "tp-0"
+        monkeypatch.setattr(app.assignor, "assigned_actives", lambda: {"tp-0"})
+
+        assert side._dispatcher.dispatch(w)
+        await side._dispatcher.drain()
+        assert [p.error for p in await ledger.parked("s")] == ["RuntimeError"]
+        assert side.stats.parked["m"] == 1
+        assert side.open_windows() == {"m": []}  # parked: DPReleasesParked, not DPReleaseLag
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(WorkerCollector(topo, releases=side))
+        assert registry.get_sample_value("dpstream_release_parks_total", {"metric": "m"}) == 1.0
+        await side._retry_parked()  # a sweeper pass without a retry request: still held
+        await side._dispatcher.drain()
+        assert sink.sent == [] and state.releasing == {w.start: w}
+
+        factory.broken = False
+        await ledger.retry_parked("s", None, "fixed", "erin")
+        await side._retry_parked()
+        await side._dispatcher.drain()
+        assert [key for _, key in sink.sent] == [side._parking.release_id(w).encode()]
+        assert await ledger.parked("s") == []
+        assert side._dispatcher.take_finished("m") == {w.start}
+
+    asyncio.run(body())
