@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Metric, Topology
 from dpstream.workers.ledger import Ledger, LedgerUnavailable, open_ledger
 from dpstream.workers.ledger.keys import ScopeKeys
@@ -84,6 +85,16 @@ def _ledger_state(port: int, scope: str = "s") -> tuple[int, dict[str, dict[byte
     finally:
         client.close()
     return spent, releases
+
+
+def test_replica_durability_is_checked_at_start(group: SentinelLedger) -> None:
+    """A replica without `appendfsync always` is refused like a non-durable primary: a failover would
+    make it the ledger; the primary's URL is found through Sentinel and the replica is named."""
+    with redis.Redis(port=group.nodes[1].port) as replica:
+        replica.config_set("appendfsync", "everysec")
+    not_durable = r"\(replica 127\.0\.0\.1:\d+\): not durable: appendonly=yes, appendfsync=everysec"
+    with pytest.raises(ConfigError, match=not_durable):
+        asyncio.run(open_ledger(group.url, _topology()))
 
 
 def test_charge_not_on_a_replica_is_not_published(group: SentinelLedger) -> None:
