@@ -302,3 +302,36 @@ def test_the_worker_release_side_parks_counts_hides_from_lag_and_retries(monkeyp
         assert side._dispatcher.take_finished("m") == {w.start}
 
     asyncio.run(body())
+
+
+def test_the_sweeper_skips_held_windows_and_is_not_blocked_by_a_poison_record() -> None:
+    """Two reserved, unpublished releases, the older one refused by the producer: a sweep round still
+    publishes and commits the other, then raises the error; with the poison one held (skip), the round
+    leaves it alone and raises nothing."""
+    from dpstream.topology.periods import period_id
+    from dpstream.workers.ledger import ReleaseRequest
+    from dpstream.workers.release import sweep
+
+    class _PoisonSink(_Sink):
+        async def __call__(self, value: bytes, key: bytes) -> None:
+            if key == b"r-old":
+                raise MessageSizeTooLargeError()
+            self.sent.append((value, key))
+
+    async def body() -> None:
+        clock = ManualClock(T0)
+        ledger = await open_ledger("memory", _topology(), clock=clock)
+        pid = period_id(DAY, P0)
+        for h, rid in ((1, "r-old"), (2, "r-new")):
+            req = ReleaseRequest(rid, "s", pid, "m", P0 + h * HOUR, P0 + (h + 1) * HOUR, 0.01, b"{}")
+            await ledger.charge(req)
+            clock.advance(1.0)
+        clock.advance(60.0)
+        sink = _PoisonSink()
+        with pytest.raises(MessageSizeTooLargeError):
+            await sweep(ledger, sink, 30.0)
+        assert [key for _, key in sink.sent] == [b"r-new"]
+        assert [p.release_id for p in await ledger.pending(30.0)] == ["r-old"]
+        assert await sweep(ledger, sink, 30.0, skip=lambda rid: rid == "r-old") == 0
+
+    asyncio.run(body())

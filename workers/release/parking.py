@@ -85,6 +85,11 @@ class Parking:
         row = self._rows.get(self.release_id(window))
         return row is not None and row.state == "parked"
 
+    def held_id(self, release_id: str) -> bool:
+        """`held`, by release_id (the sweeper leaves a held, charged window alone)."""
+        row = self._rows.get(release_id)
+        return row is not None and row.state == "parked"
+
     def retry_requested(self, window: MergedWindow) -> bool:
         """True when an operator asked for this parked window to be retried."""
         row = self._rows.get(self.release_id(window))

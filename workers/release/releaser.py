@@ -266,14 +266,32 @@ def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int]
 
 
 async def sweep(
-    ledger: ReleaseLedger, publish: Publish, older_than_s: float, counts: ReleaseCounts | None = None
+    ledger: ReleaseLedger,
+    publish: Publish,
+    older_than_s: float,
+    counts: ReleaseCounts | None = None,
+    skip: Callable[[str], bool] | None = None,
 ) -> int:
-    """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit."""
+    """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit.
+
+    `skip(release_id)` leaves a release to its owner (a parked window: held until `budget retry`).
+    A release whose publish fails does not stop the round: the others are still swept, then the
+    first error is raised (a poison record, always the oldest, would otherwise block every later one).
+    """
     done = 0
+    first_error: Exception | None = None
     for pending in await ledger.pending(older_than_s):
-        await publish(pending.payload, pending.release_id.encode())
-        await ledger.commit(pending.scope, pending.release_id)
+        if skip is not None and skip(pending.release_id):
+            continue
+        try:
+            await publish(pending.payload, pending.release_id.encode())
+            await ledger.commit(pending.scope, pending.release_id)
+        except Exception as exc:  # raised after the round
+            first_error = first_error or exc
+            continue
         done += 1
     if counts is not None:
         counts.swept += done
+    if first_error is not None:
+        raise first_error
     return done

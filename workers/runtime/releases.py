@@ -330,7 +330,8 @@ class ReleaseSide:
         if self._timed_ledger is None or self._releaser is None:
             return
         try:
-            await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts)
+            skip = self._parking.held_id if self._parking is not None else None
+            await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts, skip)
         except Exception as exc:  # the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
         try:
