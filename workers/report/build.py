@@ -1,0 +1,68 @@
+"""Assemble the report card of one period (JSON-able dict, `report_version: 1`)."""
+
+from __future__ import annotations
+
+__all__ = ["REPORT_VERSION", "build_report"]
+
+from typing import Any
+
+from dpstream.topology.model import Accounting
+from dpstream.topology.plan import build_plan
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+from dpstream.workers.release.record import iso_utc
+from dpstream.workers.report.accounting import accounting_section, checks_of
+from dpstream.workers.report.advice import advice_section
+from dpstream.workers.report.collect import PeriodData
+from dpstream.workers.report.fairness import fairness_section
+from dpstream.workers.report.utility import utility_of
+
+REPORT_VERSION = 1
+
+
+def _timeline(data: PeriodData) -> dict[str, Any]:
+    """Spend over the period (after each charge) and the breaker / state events, for the page."""
+    return {
+        "spend": [[ch.at_ms, ch.spent_units_after / data.cap_units] for ch in data.charges],
+        "window_ends": [((ch.record or {}).get("window") or {}).get("end_epoch") for ch in data.charges],
+        "events": [
+            {"kind": ev.kind, "at_ms": ev.at_ms, "metric": ev.metric, "reason": ev.reason, "state": ev.state}
+            for ev in data.events
+        ],
+    }
+
+
+def build_report(data: PeriodData) -> dict[str, Any]:
+    """The whole report: accounting, utility, fairness, advice, timeline."""
+    accounting = Accounting(data.accounting)
+    plan = build_plan(data.topology)
+    plans = {m.name: m for s in plan.scopes if s.name == data.scope for m in s.metrics}
+    checks = checks_of(data)
+    util, util_rows = utility_of(data, accounting, plans)
+    budget = data.topology.budgets[data.scope]
+    return {
+        "report_version": REPORT_VERSION,
+        "scope": data.scope,
+        "period": {
+            "id": data.period_id,
+            "start": iso_utc(data.period_start),
+            "end": iso_utc(data.period_start + data.period_s),
+            "start_epoch": data.period_start,
+            "seconds": data.period_s,
+        },
+        "topology": {"path": data.topology.path, "version": data.topology.topology_version},
+        "terms": {
+            "accounting": data.accounting,
+            "epsilon": data.epsilon,
+            "delta": data.delta,
+            "cap": data.cap_units / UNITS_PER_CURRENCY,
+            "reserve": data.reserve_units / UNITS_PER_CURRENCY,
+            "warn_at": budget.warn_at,
+            "on_warning": {"stretch": budget.on_warning.stretch, "thin": budget.on_warning.thin},
+        },
+        "source": "the ledger's audit stream and stored release records only (no raw data, no true aggregate)",
+        "accounting": accounting_section(data, checks),
+        "utility": util_rows,
+        "fairness": fairness_section(data),
+        "advice": advice_section(data.topology, data.scope, accounting, util),
+        "timeline": _timeline(data),
+    }

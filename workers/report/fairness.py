@@ -1,0 +1,71 @@
+"""The report's fairness section: each metric's share of the period's spend against its weight
+share, and its releases refused (by reason), stretched (charged while the warning policy
+stretched noise) and skipped (scheduled windows that left no ledger record: thinned, or not
+released by the last charged window's end)."""
+
+from __future__ import annotations
+
+__all__ = ["fairness_section", "scheduled_windows"]
+
+from collections import Counter
+from typing import Any
+
+from dpstream.topology.model import Metric
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+from dpstream.workers.report.collect import PeriodData
+
+
+def scheduled_windows(metric: Metric, period_start: int, horizon: int) -> int:
+    """Windows of `metric` that touch the period from `period_start` and end by `horizon`."""
+    size, every = metric.window.size_s, metric.window.every_s
+    first = -(-(period_start - size + 1) // every) * every  # first window start whose end passes period_start
+    last = (horizon - size) // every * every
+    return max(0, (last - first) // every + 1) if last >= first else 0
+
+
+def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
+    """One row per metric of the scope (JSON-able)."""
+    metrics = data.topology.metrics_of(data.scope)
+    budget = data.topology.budgets[data.scope]
+    total_w = sum(m.weight for m in metrics) or 1.0
+    spend: Counter[str] = Counter()
+    charged: Counter[str] = Counter()
+    stretched: Counter[str] = Counter()
+    ends = []
+    for ch in data.charges:
+        spend[ch.metric] += ch.cost_units
+        charged[ch.metric] += 1
+        if budget.on_warning.stretch > 1 and ch.spent_units_after - ch.cost_units >= data.warn_units:
+            stretched[ch.metric] += 1
+        end = ((ch.record or {}).get("window") or {}).get("end_epoch")
+        if isinstance(end, int):
+            ends.append(end)
+    refused: dict[str, Counter[str]] = {}
+    for ev in data.events:
+        if ev.kind == "refusal":
+            refused.setdefault(ev.metric, Counter())[ev.reason.split(":")[0]] += 1
+    horizon = max(ends) if ends else data.period_start + data.period_s
+    total_spend = sum(spend.values()) or 1
+    rows = []
+    for m in metrics:
+        n_ref = sum(refused.get(m.name, Counter()).values())
+        sched = scheduled_windows(m, data.period_start, min(horizon, data.period_start + data.period_s))
+        w_share = m.weight / total_w
+        s_share = spend[m.name] / total_spend
+        rows.append(
+            {
+                "metric": m.name,
+                "weight": m.weight,
+                "weight_share": w_share,
+                "spend": spend[m.name] / UNITS_PER_CURRENCY,
+                "spend_share": s_share,
+                "spend_over_weight": s_share / w_share if w_share else None,
+                "charged": charged[m.name],
+                "refused": n_ref,
+                "refused_reasons": dict(refused.get(m.name, Counter())),
+                "stretched": stretched[m.name],
+                "scheduled_by_horizon": sched,
+                "skipped": max(0, sched - charged[m.name] - n_ref),
+            }
+        )
+    return rows

@@ -1,0 +1,201 @@
+"""The report's utility section, per metric, from the stored records (the published values and
+their noise, never the truth): releases, realised σ and 95 % CI, expected absolute error E,
+planned against realised noise, and E fitted against the per-release ε as E = c/ε.
+
+ε of a release is its pure-ε equivalent: √(2ρ) in a zCDP scope (a Gaussian's σ = Δ₂/√(2ρ) is
+then exactly Δ₂/ε, so E = c/ε holds with c = Δ₂·√(2/π)), the charged ε in a pure scope. E is
+the expected |noise| of one released value: σ·√(2/π) for Gaussian noise, σ/√2 for Laplace
+(σ = √2·b), the CI half-width / z₀.₉₇₅ · √(2/π) for a noisy-ratio mean (its σ is approximate).
+Top-k releases keys, not numbers: they have no E and are left out of the fit and the advice.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MetricUtility", "utility_of", "release_epsilon", "expected_abs_error"]
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpstream.topology.calibration import Z95
+from dpstream.topology.model import Accounting, Aggregate
+from dpstream.topology.plan import MetricPlan
+from dpstream.workers.report.collect import Charge, PeriodData
+
+_GAUSS = math.sqrt(2.0 / math.pi)
+
+
+def release_epsilon(accounting: Accounting, cost: float) -> float:
+    """The pure-ε equivalent of one release's cost: √(2ρ) (zCDP) or ε (pure)."""
+    return math.sqrt(2.0 * cost) if accounting is Accounting.ZCDP else cost
+
+
+def expected_abs_error(record: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(σ, 95 % CI half-width, E|error|) of one released value, from the record; None for top-k."""
+    mech = str(record.get("mechanism", ""))
+    noise, ci = record.get("noise") or {}, record.get("ci") or {}
+    if mech.startswith("noisy_top_k"):
+        return None
+    half = ci.get("half_width")
+    if isinstance(half, dict):  # a noisy-ratio mean: approximate per-key half-widths
+        if not half:
+            return None
+        h = statistics.fmean(float(v) for v in half.values())
+        sigma = h / Z95
+        return sigma, h, sigma * _GAUSS
+    sigma = float(noise["stddev"])
+    e = sigma * _GAUSS if "gaussian" in mech else sigma / math.sqrt(2.0)
+    return sigma, float(half) if half is not None else Z95 * sigma, e
+
+
+@dataclass
+class MetricUtility:
+    """One metric's utility over the period."""
+
+    metric: str
+    aggregate: str
+    releases: int
+    eps: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    sigmas: list[float] = field(default_factory=list)
+    halves: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+
+    @property
+    def numeric(self) -> bool:
+        """True when the releases are numbers (everything but top-k)."""
+        return bool(self.errors)
+
+    @property
+    def c(self) -> float | None:
+        """Least-squares c of E = c/ε over the releases (minimises Σ(E − c/ε)²)."""
+        if not self.errors:
+            return None
+        num = math.fsum(e / x for e, x in zip(self.errors, self.eps, strict=True))
+        den = math.fsum(1.0 / (x * x) for x in self.eps)
+        return num / den
+
+    @property
+    def fit_max_rel_residual(self) -> float | None:
+        """Largest |E − c/ε| / E over the releases (0 when E = c/ε holds exactly)."""
+        c = self.c
+        if c is None:
+            return None
+        return max(abs(e - c / x) / e for e, x in zip(self.errors, self.eps, strict=True))
+
+    @property
+    def mean_error(self) -> float | None:
+        """Mean E over the releases."""
+        return statistics.fmean(self.errors) if self.errors else None
+
+    @property
+    def standard_error(self) -> float | None:
+        """Standard error of the mean released value (noise alone): mean σ / √(values)."""
+        if not self.errors or not self.values:
+            return None
+        return statistics.fmean(self.sigmas) / math.sqrt(len(self.values))
+
+    @property
+    def magnitude(self) -> float | None:
+        """Typical size m of a released value: |mean released value| (the noise is zero-mean and no
+        post-processing is applied, so this estimates the mean true value), at least its standard
+        error (a period too noisy to resolve the mean gets m = its resolution). Public: released values only."""
+        if not self.errors:
+            return None
+        mean = abs(statistics.fmean(self.values)) if self.values else 0.0
+        return max(mean, self.standard_error or 0.0, 1e-300)
+
+    @property
+    def resolved(self) -> bool:
+        """True when the period resolves the mean released value (|mean| ≥ 3 standard errors)."""
+        se, mag = self.standard_error, self.magnitude
+        return se is not None and mag is not None and mag >= 3.0 * se
+
+
+def _values(record: dict[str, Any]) -> list[float]:
+    vals = record.get("values") or {}
+    return [float(v) for v in vals.values() if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, MetricUtility]:
+    """Per metric of the scope, the figures of every charged release with a readable record."""
+    out = {m.name: MetricUtility(m.name, m.aggregate.value, 0) for m in data.topology.metrics_of(data.scope)}
+    for ch in data.charges:
+        u = out.get(ch.metric)
+        if u is None:
+            continue
+        u.releases += 1
+        u.costs.append(ch.cost)
+        rec = ch.record
+        if not rec or rec.get("_undecodable"):
+            continue
+        try:
+            fig = expected_abs_error(rec)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if fig is None:
+            continue
+        u.sigmas.append(fig[0])
+        u.halves.append(fig[1])
+        u.errors.append(fig[2])
+        u.eps.append(release_epsilon(accounting, ch.cost))
+        u.values.extend(_values(rec))
+    return out
+
+
+def _planned_sigma(plan: MetricPlan) -> float | None:
+    parts = [c for c in plan.components if c.stddev is not None and c.stddev > 0]
+    if not parts:
+        return None
+    return parts[0].stddev
+
+
+def utility_of(
+    data: PeriodData, accounting: Accounting, plans: dict[str, MetricPlan], charges: list[Charge] | None = None
+) -> tuple[dict[str, MetricUtility], list[dict[str, Any]]]:
+    """The per-metric utility objects and the section's JSON rows."""
+    util = collect_utility(data, accounting)
+    rows = []
+    for name, u in util.items():
+        plan = plans[name]
+        planned_eps = release_epsilon(accounting, plan.per_release_cost)
+        row: dict[str, Any] = {
+            "metric": name,
+            "aggregate": u.aggregate,
+            "releases": u.releases,
+            "planned_releases": plan.releases_per_period,
+            "planned_cost": plan.per_release_cost,
+            "realised_cost_mean": statistics.fmean(u.costs) if u.costs else None,
+            "planned_epsilon": planned_eps,
+        }
+        if u.numeric:
+            c = u.c
+            assert c is not None
+            sig = statistics.fmean(u.sigmas)
+            planned_sigma = _planned_sigma(plan)
+            if data.topology.metrics[name].aggregate is Aggregate.MEAN and planned_sigma is not None:
+                planned_sigma = None  # a plan σ of a mean's parts is not the σ of the released mean
+            row.update(
+                {
+                    "sigma_mean": sig,
+                    "sigma_min": min(u.sigmas),
+                    "sigma_max": max(u.sigmas),
+                    "ci95_half_width_mean": statistics.fmean(u.halves),
+                    "expected_abs_error_mean": u.mean_error,
+                    "planned_sigma": planned_sigma,
+                    "realised_over_planned_sigma": (sig / planned_sigma) if planned_sigma else None,
+                    "fit": {"c": c, "max_rel_residual": u.fit_max_rel_residual, "form": "E = c / epsilon"},
+                    "planned_expected_abs_error": c / planned_eps,
+                    "typical_magnitude": u.magnitude,
+                    "magnitude_resolved": u.resolved,
+                    "relative_error": (u.mean_error or 0.0) / (u.magnitude or 1.0),
+                }
+            )
+        else:
+            row.update(
+                {"note": "top-k releases keys in rank order: no numeric error; not fitted, kept out of the advice"}
+            )
+        rows.append(row)
+    return util, rows
