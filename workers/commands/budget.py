@@ -354,7 +354,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from dpstream.workers.commands.budget_report import register_report  # the period report card (issue 13)
 
     register_report(sub)
-
-    from dpstream.workers.commands.budget_report import register_report  # the period report card (issue 13)
-
-    register_report(sub)
