@@ -98,8 +98,9 @@ def test_replica_durability_is_checked_at_start(group: SentinelLedger) -> None:
 
 
 def test_charge_not_on_a_replica_is_not_published(group: SentinelLedger) -> None:
-    """While the replica cannot confirm (SIGSTOP), a release and the sweeper publish nothing and fail
-    closed; once it confirms, the retry and the sweeper publish the bytes stored by the failed attempt."""
+    """While the replica cannot confirm (SIGSTOP), a release, its retry (which finds the stored bytes)
+    and the sweeper publish nothing and fail closed; once it confirms, the sweeper and the retry
+    publish the bytes stored by the failed attempt."""
     replica = group.nodes[1]
     assert replica.pid is not None
 
@@ -113,7 +114,9 @@ def test_charge_not_on_a_replica_is_not_published(group: SentinelLedger) -> None
             os.kill(replica.pid, signal.SIGSTOP)
             try:
                 with pytest.raises(LedgerUnavailable, match="0 of the 1 replicas"):
-                    await releaser.release(metric, _window(1), {"": 11}, published)
+                    await releaser.release(metric, _window(1), {"": 11}, published)  # the charge's WAIT
+                with pytest.raises(LedgerUnavailable, match="0 of the 1 replicas"):
+                    await releaser.release(metric, _window(1), {"": 11}, published)  # the retry's: bytes found
                 with pytest.raises(LedgerUnavailable, match="0 of the 1 replicas"):
                     await sweep(ledger, published, older_than_s=0)
                 assert len(published.rows) == 1, "published while the only replica could not confirm"
