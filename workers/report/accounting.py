@@ -27,7 +27,7 @@ from dpstream.workers.report.costcheck import Component, RecordCheck, check_reco
 from dpstream.workers.report.tight import PLD_DISCRETIZATION, RDP_ORDERS, tight_epsilons
 
 GAP_REASON = (
-    "not credited back: the ledger is a privacy filter whose costs are chosen adaptively (the "
+    "the ledger is a privacy filter whose costs are chosen adaptively (the "
     "allocation re-divides what is left after every release, the warning policy stretches noise); "
     "its guarantee holds under fully adaptive composition for zCDP and pure ε (Rogers et al. 2016, "
     "Feldman-Zrnic 2021), while the PLD figure is valid only for a composition fixed in advance, and no "

@@ -187,6 +187,7 @@ def utility_of(
                     "planned_sigma": planned_sigma,
                     "realised_over_planned_sigma": (sig / planned_sigma) if planned_sigma else None,
                     "fit": {"c": c, "max_rel_residual": u.fit_max_rel_residual, "form": "E = c / epsilon"},
+                    "points": [list(p) for p in sorted(set(zip(u.eps, u.errors, strict=True)))][:500],
                     "planned_expected_abs_error": c / planned_eps,
                     "typical_magnitude": u.magnitude,
                     "magnitude_resolved": u.resolved,
