@@ -8,6 +8,7 @@ import json
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger import open_ledger
+from dpstream.workers.ledger.testing import ManualClock
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.release import ReleaseOutcome, Releaser
@@ -172,7 +173,7 @@ def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge
     topo = load_topology_text(_YAML)
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         window = MergedWindow("hist", _T0, _T0 + 3600, {"a": 40, "b": 2})
         state = MetricReleaseState.from_state("hist", range(1), None)
         state.releasing[window.start] = window

@@ -12,6 +12,7 @@ import pytest
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.ledger.allocation import GRANT_BITS
+from dpstream.workers.ledger.testing import ManualClock
 from dpstream.workers.release import ReleaseOutcome, Releaser, sweep
 
 _YAML = """
@@ -68,7 +69,7 @@ def test_granted_release_publishes_the_stored_record_keyed_by_release_id(topo):
     """A granted release publishes the ledger's stored bytes once, key = release_id, values near the truth."""
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger)
         sink = _Sink()
         res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 500, "b": 20}, sink)
@@ -90,7 +91,7 @@ def test_known_release_id_republishes_identical_bytes(topo):
     """A second release of the same window (fresh noise, other true values) publishes the first bytes."""
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger)
         sink = _Sink()
         first = await rel.release("hist", (_T0, _T0 + 3600), {"a": 5, "b": 5}, sink)
@@ -109,7 +110,7 @@ def test_refused_release_publishes_nothing(topo):
     """With the breaker open the release is refused (refused_breaker) with a reason and nothing is published."""
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         await ledger.open_breaker("b", "test", "pytest")
         rel = Releaser(topo, ledger)
         sink = _Sink()
@@ -130,7 +131,7 @@ def test_sweeper_republishes_a_reserved_release_with_its_stored_bytes(topo):
     """A publish failure after reserve leaves the release reserved; the sweeper publishes those bytes once."""
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger)
         with pytest.raises(ConnectionError):
             await rel.release("hist", (_T0, _T0 + 3600), {"a": 3, "b": 4}, _Sink(fail=True))
@@ -158,7 +159,7 @@ def test_window_straddling_a_period_boundary_is_charged_to_both_periods():
     topo = load_topology_text(_STRADDLE_YAML)
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger)
         sink = _Sink()
         window = (_T0 + 3540, _T0 + 3660)  # 00:59–01:01 across the hour boundary
@@ -182,7 +183,7 @@ def test_refusal_in_the_later_period_publishes_nothing_and_charges_nothing_earli
     topo = load_topology_text(_STRADDLE_YAML)
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         await ledger.open_breaker("b", "test: later period closed", "pytest")
         rel = Releaser(topo, ledger)
         sink = _Sink()
@@ -206,7 +207,7 @@ def test_prepare_builds_the_mechanism_at_the_planned_cost_without_sampling(topo)
         return build_release_mechanism(metric, accounting, cost, delta=delta)
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger, mechanism_factory=factory)
         rel.prepare(topo.metrics["hist"])
         rel.prepare(topo.metrics["hist"], 0.0)  # a refused quote prices 0: the planned cost is built
@@ -241,7 +242,7 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
             return call
 
     async def go():
-        ledger = _RoundTrips(await open_ledger("memory", topo))
+        ledger = _RoundTrips(await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600)))
         rel = Releaser(topo, ledger)
         day_end = (_T0 // 86_400 + 1) * 86_400
         starts = [day_end - 3 * 3600, day_end - 2 * 3600, day_end - 3600]
@@ -255,7 +256,7 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
     costs = [json.loads(r.payload)["cost"]["rho"] for r in results]
     # a third of what is left each, as in turn (the first exactly as quoted alone; the later ones take
     # the step-down's remainders too, the last everything left); racing quotes would differ by a third
-    assert costs[0] == before.cost
+    assert costs[0] == before.shared_cost
     assert max(costs) - min(costs) <= len(costs) * 2.0**-GRANT_BITS * max(costs)
 
 
@@ -326,7 +327,7 @@ def test_selection_delta_is_calibrated_and_charged_as_one_amount():
         return build_release_mechanism(metric, accounting, cost, delta=delta)
 
     async def go():
-        ledger = await open_ledger("memory", topo)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
         rel = Releaser(topo, ledger, mechanism_factory=factory)
         res = await rel.release("hist", (_T0, _T0 + 3600), {"a": 500, "b": 400}, _Sink())
         return res, await ledger.status("b"), (await ledger.history("b"))[0]

@@ -135,11 +135,12 @@ def _demands(
 
 
 GRANT_BITS = 11
-"""A grant below everything left is rounded down to 11 significant bits (< 0.1 % less, handed to
-the releases after it): on plan a period's grants then repeat a handful of values, so a release
-reuses the OpenDP measurement and the noise drawn ahead for its cost instead of building new ones
-(the exact rule gives a grant one unit apart almost every release). The grant that takes all that
-is left is never rounded, so a period's last release still spends the pool to the unit."""
+"""`Quote.shared_cost` is the grant rounded down to 11 significant bits (< 0.1 % less, left to the
+releases after it): on plan a period's releases then charge a handful of values, so a release reuses
+the OpenDP measurement and the noise drawn ahead for its cost instead of building new ones (the
+exact rule gives a grant one unit apart almost every release). The grant itself stays exact (the
+worked examples' numbers), and a grant that takes all that is left is never rounded, so a period's
+last release still spends the pool to the unit."""
 
 
 def step_down(units: int) -> int:
@@ -162,19 +163,26 @@ def price(
     state = state_of(snap.spent_units, snap.warn_units, snap.breaker is not None)
 
     def quote(
-        units: int, *, thinned: bool = False, stretched: bool = False, refused_reason: str | None = None
+        units: int,
+        *,
+        thinned: bool = False,
+        stretched: bool = False,
+        refused_reason: str | None = None,
+        limit: int = 0,
     ) -> Quote:
+        cost = _grantable(units)
         return Quote(
             metric,
             cfg.name,
             period_id,
-            _grantable(units),
+            cost,
             units,
             state,
             thinned=thinned,
             stretched=stretched,
             refused_reason=refused_reason,
             may_use_reserve=plan.may_use_reserve,
+            shared_cost=cost if units >= limit else _grantable(step_down(units)),
         )
 
     if snap.breaker is not None:
@@ -197,8 +205,6 @@ def price(
         if cfg.on_warning.stretch != 1.0:
             units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
-    if units < limit:
-        units = step_down(units)
     if units <= 0:
         reason = (
             "budget exhausted: nothing left of the cap"
@@ -206,4 +212,4 @@ def price(
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
         return quote(0, refused_reason=reason)
-    return quote(units, thinned=thinned, stretched=stretched)
+    return quote(units, thinned=thinned, stretched=stretched, limit=limit)
