@@ -69,6 +69,8 @@ def _source(source: Source) -> dict[str, Any]:
         out["keyed_by_unit"] = True
     if source.max_future_s != Source("", "", "").max_future_s:
         out["max_future"] = format_duration(source.max_future_s)
+    if source.privacy_unit_hash is not None:
+        out["privacy_unit_hash"] = source.privacy_unit_hash.value
     return out
 
 

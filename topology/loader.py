@@ -27,6 +27,7 @@ from typing import Any
 from dpstream.topology.errors import ConfigError, ConfigWarning
 from dpstream.topology.lint import lint_topology
 from dpstream.topology.model import (
+    EVENT_LEVEL_UNIT,
     Accounting,
     Aggregate,
     Bounds,
@@ -40,6 +41,7 @@ from dpstream.topology.model import (
     Sinks,
     Source,
     Topology,
+    UnitHash,
     WarningPolicy,
     Window,
 )
@@ -61,7 +63,16 @@ from dpstream.topology.yaml_positions import LocatedError, Map, Node, Scalar, Se
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     "topology": ("version", "start", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
-    "source": ("topic", "privacy_unit", "timestamp", "allowed_lateness", "idle_timeout", "keyed_by_unit", "max_future"),
+    "source": (
+        "topic",
+        "privacy_unit",
+        "timestamp",
+        "allowed_lateness",
+        "idle_timeout",
+        "keyed_by_unit",
+        "max_future",
+        "privacy_unit_hash",
+    ),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
     "metric": (
         "source",
@@ -336,9 +347,12 @@ class _Loader:
         idle = f.get("idle_timeout", read_duration, default=30)
         keyed = f.get("keyed_by_unit", read_bool, default=False)
         future = f.get("max_future", read_duration, default=3600)
+        unit_hash = f.get("privacy_unit_hash", read_enum, UnitHash)
+        if unit_hash is not None and unit == EVENT_LEVEL_UNIT:
+            f.bad("privacy_unit_hash", f"has no unit id to hash with privacy_unit: {EVENT_LEVEL_UNIT}; remove it")
         if not f.ok:
             return None
-        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future)
+        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future, unit_hash)
 
     def _budget(self, name: str, node: Node, line: int) -> Budget | None:
         f = _Fields(self, "budget", name, f"budget '{name}'", node, line)

@@ -12,6 +12,7 @@ __all__ = [
     "Aggregate",
     "Mechanism",
     "WindowKind",
+    "UnitHash",
     "EVENT_LEVEL_UNIT",
     "Window",
     "WarningPolicy",
@@ -69,6 +70,14 @@ class Mechanism(Enum):
     """Discrete Gaussian on integers (zCDP only; ρ = Δ₂²/(2σ²))."""
     EXPONENTIAL = "exponential"
     """Exponential mechanism / noisy top-k (pure ε; ε²/8 in zCDP)."""
+
+
+class UnitHash(Enum):
+    """How a source's privacy unit ids are replaced at ingest, before anything stores or forwards them."""
+
+    HMAC_SHA256 = "hmac-sha256"
+    """HMAC-SHA-256 keyed by the secret in the environment variable DPSTREAM_UNIT_HMAC_KEY (the same on
+    every worker): the repartition hop, internal topics and worker memory see only the keyed hash."""
 
 
 class WindowKind(Enum):
@@ -181,6 +190,8 @@ class Source:
     max_future_s: int = 3600
     """A live worker dead-letters events timed more than this ahead of its clock (`future_timestamp`):
     one bogus far-future time would otherwise move the watermark past every real event to come."""
+    privacy_unit_hash: UnitHash | None = None
+    """Replace unit ids by a keyed hash at ingest (None: raw ids, as sent); bounding is unchanged."""
 
     @property
     def event_level(self) -> bool:

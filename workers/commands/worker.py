@@ -61,10 +61,12 @@ def _run(args: argparse.Namespace) -> int:
         os.nice(args.nice)
 
     from dpstream.topology.loader import load_topology
+    from dpstream.workers.pipeline.unit_ids import check_unit_hashing
     from dpstream.workers.runtime.app import Role, build_runtime, run_worker
     from dpstream.workers.runtime.settings import RuntimeSettings
 
     topology = load_topology(args.file)
+    check_unit_hashing(topology)  # a missing HMAC secret is one line now, not a traceback at the first batch
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     settings = RuntimeSettings(
         bootstrap=args.bootstrap or topology.kafka.bootstrap,

@@ -33,6 +33,7 @@ from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.partials import WindowPartial
+from dpstream.workers.pipeline.unit_ids import unit_hasher
 
 MAX_WINDOWS_PER_CLOSE = 5_000
 """Windows one metric emits per close call (a long catch-up is emitted over several calls)."""
@@ -113,6 +114,8 @@ class PartitionPipeline:
         self._lateness = float(self.source.allowed_lateness_s)
         self._max_future = float(self.source.max_future_s)
         self._check_keys = check_keys and not self.source.event_level
+        # unit ids are keyed-hashed here, before bounding, unless the repartition hop already did (its topic)
+        self._hash_unit = unit_hasher(self.source) if self.topic == self.source.topic else None
         self._event_range = event_range
         self.last_offset: int | None = None if start_offset is None else start_offset - 1
         self._marks: list[tuple[float, int]] = []
@@ -128,6 +131,7 @@ class PartitionPipeline:
         lateness = self._lateness
         max_future = self._max_future
         check_keys = self._check_keys
+        hash_unit = self._hash_unit
         lo, hi = self._event_range if self._event_range is not None else (-math.inf, math.inf)
         start = self.schedule_start
         dead: list[DeadLetter] = []
@@ -143,6 +147,8 @@ class PartitionPipeline:
             if check_keys and rec.key != unit.encode():  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
                 self._dead_letter(dead, "key_mismatch", offset, rec.value)
                 continue
+            if hash_unit is not None:
+                unit = hash_unit(unit)
             if not lo <= ts < hi:
                 self._dead_letter(dead, "out_of_range", offset, rec.value)
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = ["RepartitionService"]
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -19,15 +20,20 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from dpstream.topology.model import Source, Topology
+from dpstream.workers.pipeline.unit_ids import hashed_copy, unit_hasher
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import repartition_topic
 
 _log = logging.getLogger(__name__)
 
 try:
+    from orjson import dumps as _dumps
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover
     from json import loads as _loads  # type: ignore[assignment]  # the stdlib fallback: same use, wider signature
+
+    def _dumps(obj: Any) -> bytes:  # type: ignore[misc]  # the stdlib fallback of orjson.dumps
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _unit_key(raw: bytes, field: str) -> bytes | None:
@@ -50,6 +56,8 @@ class RepartitionService(Service):
         self.topology = topology
         self.settings = settings
         self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}
+        self._hashers = {s.topic: unit_hasher(s) for s in sources}
+        """Sources with `privacy_unit_hash`: the hop forwards the keyed hash, never the raw unit id."""
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.copied = 0
@@ -91,9 +99,15 @@ class RepartitionService(Service):
             sends = []
             for tp, records in batches.items():
                 target, field = self._targets[tp.topic]
+                hasher = self._hashers[tp.topic]
                 for rec in records:
-                    key = _unit_key(rec.value, field) or rec.key
-                    sends.append(await self._producer.send(target, rec.value, key=key, timestamp_ms=rec.timestamp))
+                    value, key = rec.value, None
+                    if hasher is None:
+                        key = _unit_key(rec.value, field)
+                    elif (hashed := hashed_copy(rec.value, field, hasher, _loads, _dumps)) is not None:
+                        value, key = hashed
+                    key = key or rec.key
+                    sends.append(await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp))
             if not sends:
                 continue
             await asyncio.gather(*sends)
