@@ -1,0 +1,88 @@
+"""Keyed hashing of privacy unit ids at ingest (`privacy_unit_hash: hmac-sha256` on a source).
+
+With it on, a raw unit id lives only in the source topic (and in a dead letter's raw payload): the
+ingest pipeline bounds by HMAC(secret, id), and the repartition hop forwards events whose unit field
+and Kafka key are that hash. HMAC-SHA-256 is injective in practice, so bounding, and every release,
+is the same as without it. The secret comes from the environment, never from the topology file, and
+is never printed.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UNIT_HMAC_KEY_ENV", "MIN_KEY_BYTES", "UnitHasher", "unit_hasher", "check_unit_hashing", "hashed_copy"]
+
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import Source, Topology, UnitHash
+from dpstream.workers.pipeline.events import MAX_UNIT_LENGTH
+
+UNIT_HMAC_KEY_ENV = "DPSTREAM_UNIT_HMAC_KEY"
+"""The environment variable holding the HMAC secret (the same value on every worker of a deployment)."""
+
+MIN_KEY_BYTES = 16
+"""A shorter secret is refused: unit ids are guessable, so the key is all that hides them."""
+
+
+@dataclass(frozen=True)
+class UnitHasher:
+    """unit id → hex HMAC-SHA-256 of its UTF-8 bytes under the deployment's secret."""
+
+    key: bytes = field(repr=False)
+    """The secret (kept out of repr, so no log or traceback can show it)."""
+
+    def __call__(self, unit: str) -> str:
+        return hmac.digest(self.key, unit.encode("utf-8", "surrogatepass"), hashlib.sha256).hex()
+
+
+def unit_hasher(source: Source, environ: Mapping[str, str] | None = None) -> UnitHasher | None:
+    """The source's hasher (None when it keeps raw ids); ConfigError when the secret is missing or short."""
+    if source.privacy_unit_hash is None:
+        return None
+    assert source.privacy_unit_hash is UnitHash.HMAC_SHA256
+    secret = (os.environ if environ is None else environ).get(UNIT_HMAC_KEY_ENV, "")
+    where = f"source '{source.name}': privacy_unit_hash {source.privacy_unit_hash.value}"
+    if not secret:
+        raise ConfigError(
+            f"{where}: the environment variable {UNIT_HMAC_KEY_ENV} is not set; set it to a secret of at least "
+            f"{MIN_KEY_BYTES} bytes, the same on every worker (or remove privacy_unit_hash)"
+        )
+    key = secret.encode("utf-8", "surrogatepass")
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError(
+            f"{where}: the secret in {UNIT_HMAC_KEY_ENV} is shorter than {MIN_KEY_BYTES} bytes; use a longer "
+            "random one (e.g. `openssl rand -hex 32`)"
+        )
+    return UnitHasher(key)
+
+
+def check_unit_hashing(topology: Topology, environ: Mapping[str, str] | None = None) -> None:
+    """Fail fast (one-line ConfigError) when a source hashes unit ids and the secret is not usable."""
+    for source in topology.sources.values():
+        unit_hasher(source, environ)
+
+
+def hashed_copy(
+    raw: bytes, field_name: str, hasher: UnitHasher, loads: Callable[[bytes], Any], dumps: Callable[[Any], bytes]
+) -> tuple[bytes, bytes] | None:
+    """The event re-encoded with its unit field replaced by the hash, and the hash as Kafka key; None when
+    the event has no unit the parser would accept (forwarded as it is, the ingest dead-letters it)."""
+    try:
+        obj = loads(raw)
+    except (ValueError, TypeError):
+        return None
+    if type(obj) is not dict:
+        return None
+    unit = obj.get(field_name)
+    if type(unit) is int:
+        unit = str(unit)
+    elif type(unit) is not str or not unit or len(unit) > MAX_UNIT_LENGTH:
+        return None
+    hashed = hasher(unit)
+    obj[field_name] = hashed
+    return dumps(obj), hashed.encode()
