@@ -91,8 +91,13 @@ def capped(redis_server: Any, events: Path, day: int, tmp_path_factory: pytest.T
 
     asyncio.run(grant())
     _replay(EXAMPLE, events, url, day + DAY // 2, day + DAY, tmp / "pm.jsonl")
+    _MORNING["A"] = tmp / "am.jsonl"
     yield url
     _flush(redis_server, 3)
+
+
+_MORNING: dict[str, Path] = {}
+"""The morning's release records of period A (before the grant: on plan under the file's weights)."""
 
 
 _REPORTS: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -195,3 +200,104 @@ def test_a_tampered_record_is_flagged(capped: str, capsys: pytest.CaptureFixture
     flagged = rep["accounting"]["record_check"]["flagged"]
     assert code == 1 and [f["release_id"] for f in flagged] == [rec["release_id"]]
     assert "privacy map" in flagged[0]["problems"][0]
+
+
+def _with_weights(text: str, weights: dict[str, float]) -> str:
+    """The topology text with each metric's `weight:` line replaced (metrics are 2-space keys under `metrics:`)."""
+    out, section, metric = [], "", ""
+    for line in text.splitlines():
+        if re.match(r"^\S", line):
+            section = line.split(":", 1)[0]
+        elif section == "metrics" and re.match(r"^  \w", line):
+            metric = line.strip().rstrip(":")
+        elif section == "metrics" and re.match(r"^    weight:", line) and metric in weights:
+            line = f"    weight: {weights[metric]!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _truth(day: int) -> Any:
+    """The morning's true values per (metric, window), from the same seeded events (test-only)."""
+    import dpstream.workers.demo.truth as truth_mod
+
+    truth_mod._KEEP_WINDOWS = 10**6  # keep every closed window of the morning (the demo keeps 64)
+    topo = load_topology(EXAMPLE)
+    book = truth_mod.TruthBook(topo, day)
+    gen = EventGenerator(topo, config=GeneratorConfig(users=USERS, seed=13, start_ts=day + 0.5))
+    for ev in gen.events(EVENTS, rate=EVENTS / DAY):
+        if ev.ts >= day + DAY // 2:
+            break
+        book.observe([ev], ev.ts)
+    book.close_through(day + DAY // 2 + 3600)
+    return book
+
+
+_EXACT = ("count", "count_units", "sum")
+"""Aggregates whose released error is exactly Gaussian noise of the recorded σ (a noisy-ratio mean's σ comes
+from a noisy count, and top-k releases keys): the measured sum runs over these."""
+_GAUSS_ABS = math.sqrt(2.0 / math.pi)
+
+
+def _measure(path: Path, book: Any, weights: dict[str, float], mags: dict[str, float]) -> tuple[float, float, float]:
+    """(measured Σ w/m·mean|noisy − truth|, its expectation from the records' σ, its sub-Gaussian proxy)."""
+    sums: dict[str, list[float]] = {}
+    for line in path.read_bytes().splitlines():
+        rec = json.loads(line)
+        name = rec["metric"]
+        if rec["aggregate"] not in _EXACT:
+            continue
+        truth = book.values(name, rec["window"]["start_epoch"])
+        assert truth is not None, (name, rec["window"])
+        sigma = rec["noise"]["stddev"]
+        acc = sums.setdefault(name, [0.0, 0.0, 0.0, 0])
+        for key, noisy in rec["values"].items():
+            acc[0] += abs(noisy - truth[key])
+            acc[1] += sigma * _GAUSS_ABS
+            acc[2] += 4.0 * sigma**2  # |X| of a discrete Gaussian: sub-Gaussian proxy taken twice σ wide
+            acc[3] += 1
+    measured = expected = proxy = 0.0
+    for name, (err, exp, var, n) in sums.items():
+        f = weights[name] / (mags[name] * n)
+        measured, expected, proxy = measured + f * err, expected + f * exp, proxy + f * f * var
+    return measured, expected, proxy
+
+
+def test_advice_predicts_the_fall_of_the_weighted_error(
+    capped: str, capsys: pytest.CaptureFixture[str], redis_server: Any, events: Path, day: int, tmp_path: Path
+) -> None:
+    """Replaying the same morning under the advised weights changes the measured weighted error (importance ×
+    |error| / typical magnitude) by what the report predicted: the measured fall is within a noise bound
+    (false failure < 1e-6) of the fall expected from the records' σ, which equals the predicted fall to 2 %.
+
+    The bound treats each |noisy − truth| as sub-Gaussian with proxy (2σ)² (conservative for the discrete
+    Gaussian); at this size it is about as large as the fall itself, so the test pins the size of the fall,
+    not merely its sign."""
+    _code, rep = _cached_report(capsys, capped)
+    adv = rep["advice"]
+    rows = {r["metric"]: r for r in adv["metrics"]}
+    topo = load_topology(EXAMPLE)
+    exact = [n for n in rows if topo.metrics[n].aggregate.value in _EXACT]
+    importance = {n: rows[n]["importance"] for n in exact}
+    mags = {n: rows[n]["typical_magnitude"] for n in exact}
+    predicted_now = sum(importance[n] * rows[n]["c"] / rows[n]["epsilon_now_planned"] / mags[n] for n in exact)
+    predicted_adv = sum(importance[n] * rows[n]["expected_abs_error_advised"] / mags[n] for n in exact)
+    assert predicted_adv < predicted_now
+    advised = tmp_path / "advised.yaml"
+    advised.write_text(_with_weights(EXAMPLE.read_text(encoding="utf-8"), adv["weights"]), encoding="utf-8")
+    assert {n: m.weight for n, m in load_topology(advised).metrics.items()} == adv["weights"]
+    url = _db(redis_server.url, 4)
+    _flush(redis_server, 4)
+    try:
+        _replay(advised, events, url, day, day + DAY // 2, tmp_path / "am_advised.jsonl")
+    finally:
+        _flush(redis_server, 4)
+    book = _truth(day)
+    w1, e1, v1 = _measure(_MORNING["A"], book, importance, mags)
+    w2, e2, v2 = _measure(tmp_path / "am_advised.jsonl", book, importance, mags)
+    bound = math.sqrt(2.0 * (v1 + v2) * math.log(2.0 / 1e-6))
+    print(
+        f"weighted error: measured {w1:.4g} -> {w2:.4g}, expected {e1:.4g} -> {e2:.4g}, "
+        f"predicted {predicted_now:.4g} -> {predicted_adv:.4g}, noise bound {bound:.3g}"
+    )
+    assert abs((w1 - w2) - (e1 - e2)) <= bound
+    assert math.isclose(e1 - e2, predicted_now - predicted_adv, rel_tol=0.02)
