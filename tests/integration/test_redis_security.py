@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,7 +20,8 @@ from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, 
 from dpstream.workers.ledger.connection import LedgerAddress, redact
 from dpstream.workers.ledger.testing import one_scope_topology
 from dpstream.workers.localstack import free_port
-from dpstream.workers.localstack.redis_secure import SecureRedisHandle, TlsFiles, make_certificates
+from dpstream.workers.localstack.redis_secure import NodeSecurity, SecureRedisHandle, TlsFiles, make_certificates
+from dpstream.workers.localstack.sentinel import SentinelLedger
 
 DAY = 86_400
 ADMIN_PASSWORD = "adm-" + secrets.token_urlsafe(18)
@@ -33,9 +35,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRedisHand
     """A TLS-only redis-server (no plain port) with users admin and ledger, default user off."""
     base = tmp_path_factory.mktemp("secure-redis")
     tls = make_certificates(base / "tls")
-    handle = SecureRedisHandle(
-        free_port(), base / "data", tls, admin_password=ADMIN_PASSWORD, ledger_password=LEDGER_PASSWORD
-    )
+    security = NodeSecurity(tls, admin_password=ADMIN_PASSWORD, ledger_password=LEDGER_PASSWORD)
+    handle = SecureRedisHandle(free_port(), base / "data", security)
     handle.start()
     try:
         yield handle
@@ -80,7 +81,11 @@ def _session(url: str) -> None:
 
 
 def _env(secure: SecureRedisHandle, password: str) -> dict[str, str]:
-    return {"DPSTREAM_REDIS_PASSWORD": password, "DPSTREAM_REDIS_CA_FILE": str(secure.tls.ca)}
+    return _env_of(secure.security, password)
+
+
+def _env_of(security: NodeSecurity, password: str) -> dict[str, str]:
+    return {"DPSTREAM_REDIS_PASSWORD": password, "DPSTREAM_REDIS_CA_FILE": str(security.tls.ca)}
 
 
 def test_ledger_user_over_tls_from_the_environment(secure: SecureRedisHandle, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,3 +175,29 @@ def test_no_secret_is_ever_printed(secure: SecureRedisHandle, other_ca: TlsFiles
     shown = [run.stdout + run.stderr for run in runs.values()] + messages
     leaked = [(i, s) for i, text in enumerate(shown) for s in SECRETS if s in text]
     assert not leaked, f"a password was printed: output #{leaked[0][0]}"  # ... never its password
+
+
+def test_sentinel_group_with_acl_and_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Primary, replica and sentinel all TLS-only with ACL users (replication as `replica`, Sentinel as
+    `sentinel`): the ledger user runs the whole ledger through rediss+sentinel://, its charges
+    confirmed by WAIT; Sentinel fails over with its own user, the old primary rejoins as `replica`,
+    and the ledger runs again on the promoted node."""
+    base = tmp_path
+    security = NodeSecurity(make_certificates(base / "tls"), ADMIN_PASSWORD, LEDGER_PASSWORD)
+    group = SentinelLedger(base, replicas=1, sentinels=1, security=security)
+    for name, value in {"DPSTREAM_REDIS_USERNAME": "ledger", **_env_of(security, LEDGER_PASSWORD)}.items():
+        monkeypatch.setenv(name, value)
+    group.start()
+    try:
+        assert group.url.startswith("rediss+sentinel://")
+        _session(group.url + "?min_replicas=1")
+        old = group.primary()
+        old.kill()
+        group.wait_failover(old.port)
+        old.start()
+        group.wait_replicas(1)
+        with redis.Redis(port=group.primary().port, **security.admin_kwargs()) as admin:
+            admin.flushall()
+        _session(group.url + "?min_replicas=1")
+    finally:
+        group.stop()

@@ -49,9 +49,10 @@ LEDGER_ACL_COMMANDS = (
     "+auth +hello +ping +select "
     # scripts (register_script: EVALSHA, NOSCRIPT → EVAL; SCRIPT LOAD at start) and what they call
     "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +hkeys +xadd +zadd +zrem +expire "
-    # reads, the scope index, the deployment start (MULTI SET NX / GET), the WAIT fence
+    # reads, the scope index, the deployment start (MULTI SET NX / GET), the WAIT fence (redis-py's
+    # incr() sends INCRBY)
     "+hgetall +zcount +zrangebyscore +zrevrange +xrange +sadd +smembers +set +get +multi +exec +discard "
-    "+incr +wait "
+    "+incr +incrby +wait "
     # the durability check and replica discovery at start
     "+config|get +info"
 )

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister, parked_from_json
@@ -76,6 +76,11 @@ class RedisLedger(Ledger):
     async def _guard(self, awaitable: Awaitable[_T]) -> _T:
         try:
             return await awaitable
+        except NoPermissionError as exc:  # before the script check: its message may name a dpstream: key
+            raise LedgerUnavailable(
+                f"ledger Redis {self._url} refused the call: {exc}: the ledger's ACL user needs the commands "
+                "in LEDGER_ACL_COMMANDS (workers/ledger/connection.py) on keys ~dpstream:*"
+            ) from exc
         except ResponseError as exc:
             if "dpstream:" in str(exc):
                 raise InternalError(f"ledger script failed (this is a bug): {exc}") from exc

@@ -1,19 +1,22 @@
 """A ledger Redis with TLS and ACL users on loopback, and a throwaway CA to go with it (openssl CLI).
 
 Debian's redis-server 7.0 is built with TLS (`tls-port`). The ACL file disables the default user
-and holds an admin and a dedicated ledger user limited to `ledger.connection.LEDGER_ACL_COMMANDS`
-on `dpstream:*` keys; passwords are stored as SHA-256 (`#…`), never in plain text.
+and holds an admin, a dedicated ledger user limited to `ledger.connection.LEDGER_ACL_COMMANDS` on
+`dpstream:*` keys, and the `replica` and `sentinel` users replication and Sentinel need (the
+commands Redis's documentation lists for them); passwords are stored as SHA-256 (`#…`).
 """
 
 from __future__ import annotations
 
-__all__ = ["TlsFiles", "SecureRedisHandle", "make_certificates"]
+__all__ = ["NodeSecurity", "SecureRedisHandle", "SecureReplicaHandle", "TlsFiles", "make_certificates"]
 
 import hashlib
+import secrets
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger.connection import LEDGER_ACL_COMMANDS
@@ -30,6 +33,32 @@ class TlsFiles:
     ca: Path
     cert: Path
     key: Path
+
+
+@dataclass(frozen=True)
+class NodeSecurity:
+    """TLS files and the passwords of the ACL users every node of a group shares."""
+
+    tls: TlsFiles
+    admin_password: str = field(repr=False)
+    ledger_password: str = field(repr=False)
+    replica_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+    sentinel_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+
+    def admin_kwargs(self) -> dict[str, Any]:
+        """redis-py keywords for an admin connection over TLS (the stack's own probes)."""
+        return {"username": "admin", "password": self.admin_password, **self.tls_kwargs()}
+
+    def tls_kwargs(self) -> dict[str, Any]:
+        """redis-py keywords for a TLS connection that verifies the server against the CA."""
+        return {"ssl": True, "ssl_ca_certs": str(self.tls.ca)}
+
+    def tls_conf(self, port: int) -> str:
+        """The TLS lines of a server's or a sentinel's config (no plain-text port)."""
+        return (
+            f'port 0\ntls-port {port}\ntls-cert-file "{self.tls.cert}"\ntls-key-file "{self.tls.key}"\n'
+            f'tls-ca-cert-file "{self.tls.ca}"\ntls-auth-clients no\ntls-replication yes\n'
+        )
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -70,18 +99,15 @@ class SecureRedisHandle(RedisHandle):
         self,
         port: int,
         data_dir: Path,
-        tls: TlsFiles,
+        security: NodeSecurity,
         *,
-        admin_password: str,
-        ledger_password: str,
         ledger_user: str = "ledger",
         progress: Progress = no_progress,
     ) -> None:
         super().__init__(port, data_dir, progress=progress)
-        self.tls = tls
+        self.security = security
+        self.tls = security.tls
         self.ledger_user = ledger_user
-        self._admin_password = admin_password
-        self._ledger_password = ledger_password
 
     @property
     def url(self) -> str:
@@ -98,10 +124,12 @@ class SecureRedisHandle(RedisHandle):
         acl = render_template(
             "redis-users.acl",
             admin_user="admin",
-            admin_sha256=_sha256(self._admin_password),
+            admin_sha256=_sha256(self.security.admin_password),
             ledger_user=self.ledger_user,
-            ledger_sha256=_sha256(self._ledger_password),
+            ledger_sha256=_sha256(self.security.ledger_password),
             ledger_commands=LEDGER_ACL_COMMANDS,
+            replica_sha256=_sha256(self.security.replica_password),
+            sentinel_sha256=_sha256(self.security.sentinel_password),
         )
         self.acl_file.write_text(acl, encoding="utf-8")
         extra = render_template(
@@ -113,6 +141,9 @@ class SecureRedisHandle(RedisHandle):
             auth_clients="no",
             acl_file=self.acl_file,
         )
+        # every node can become a replica (Sentinel turns a returning primary into one): it then
+        # replicates as user `replica`
+        extra += f"masteruser replica\nmasterauth {self.security.replica_password}\n"
         with self.conf_file.open("a", encoding="utf-8") as conf:
             conf.write("\n" + extra)
 
@@ -120,14 +151,7 @@ class SecureRedisHandle(RedisHandle):
         import redis
 
         client = redis.Redis(
-            host=HOST,
-            port=self._port,
-            username="admin",
-            password=self._admin_password,
-            ssl=True,
-            ssl_ca_certs=str(self.tls.ca),
-            socket_connect_timeout=0.5,
-            socket_timeout=1.0,
+            host=HOST, port=self._port, socket_connect_timeout=0.5, socket_timeout=1.0, **self.security.admin_kwargs()
         )
         try:
             return bool(client.ping())
@@ -135,3 +159,17 @@ class SecureRedisHandle(RedisHandle):
             return False
         finally:
             client.close()
+
+
+class SecureReplicaHandle(SecureRedisHandle):
+    """A SecureRedisHandle started as a replica of `primary_port` (over TLS, as user `replica`)."""
+
+    def __init__(self, port: int, data_dir: Path, security: NodeSecurity, primary_port: int) -> None:
+        super().__init__(port, data_dir, security)
+        self.primary_port = primary_port
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        extra = render_template("redis-replica.conf", primary_port=self.primary_port, auth="")
+        with self.conf_file.open("a", encoding="utf-8") as conf:
+            conf.write("\n" + extra)

@@ -3,7 +3,9 @@
 Debian's `redis-server` and `redis-sentinel` (installed with apt-get as root when missing), each
 with its own data directory; primary and replicas all run AOF with `appendfsync always`, since a
 failover makes a replica the ledger. `SentinelLedger.url` is the `redis+sentinel://` URL the ledger
-takes; `kill_primary()` + `wait_failover()` is the failover the tests drive.
+takes; a node's `kill()` + `wait_failover()` is the failover the tests drive. With a
+`NodeSecurity`, every node and sentinel listens on TLS only, nodes take ACL users (replication as
+user `replica`, Sentinel as user `sentinel`) and the URL is `rediss+sentinel://`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dpstream.workers.localstack import sysdeps
 from dpstream.workers.localstack.errors import ServiceStartError
@@ -21,6 +24,7 @@ from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progr
 from dpstream.workers.localstack.paths import render_template
 from dpstream.workers.localstack.ports import HOST, free_port
 from dpstream.workers.localstack.redis import RedisHandle
+from dpstream.workers.localstack.redis_secure import NodeSecurity, SecureRedisHandle, SecureReplicaHandle
 
 SENTINEL = sysdeps.Requirement("redis-sentinel", "redis-sentinel")
 
@@ -32,10 +36,6 @@ class ReplicaHandle(RedisHandle):
         super().__init__(port, data_dir, progress=progress)
         self.primary_port = primary_port
 
-    def in_sync(self) -> bool:
-        """True once this node is a replica whose link to its primary is up (full sync done)."""
-        return _replication(self.port).get("master_link_status") == "up"
-
     def _prepare(self) -> None:
         super()._prepare()
         extra = render_template("redis-replica.conf", primary_port=self.primary_port, auth="")
@@ -43,11 +43,11 @@ class ReplicaHandle(RedisHandle):
             conf.write("\n" + extra)
 
 
-def _replication(port: int) -> dict[str, object]:
+def _replication(port: int, **kwargs: Any) -> dict[str, object]:
     """`INFO replication` of the node on `port` ({} when it does not answer)."""
     import redis
 
-    client = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=1.0)
+    client = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=1.0, **kwargs)
     try:
         return dict(client.info("replication"))
     except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
@@ -72,9 +72,11 @@ class SentinelHandle(ServiceHandle):
         quorum: int = 1,
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 3000,
+        security: NodeSecurity | None = None,
         progress: Progress = no_progress,
     ) -> None:
         super().__init__(port, data_dir, 20.0, progress)
+        self.security = security
         self.primary_port = primary_port
         self.master_name = master_name
         self.quorum = quorum
@@ -94,7 +96,7 @@ class SentinelHandle(ServiceHandle):
         """Where this sentinel says the primary is now, or None if it cannot answer."""
         import redis
 
-        client = redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.5, socket_timeout=1.0)
+        client = redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.5, socket_timeout=1.0, **self._tls())
         try:
             got = client.sentinel_get_master_addr_by_name(self.master_name)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
@@ -110,7 +112,7 @@ class SentinelHandle(ServiceHandle):
         """Replicas this sentinel knows and sees up (not down, not disconnected)."""
         import redis
 
-        client = redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.5, socket_timeout=1.0)
+        client = redis.Redis(host=HOST, port=self.port, socket_connect_timeout=0.5, socket_timeout=1.0, **self._tls())
         try:
             rows = client.sentinel_slaves(self.master_name)
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
@@ -118,6 +120,9 @@ class SentinelHandle(ServiceHandle):
         finally:
             client.close()
         return sum(1 for r in rows if not ({"s_down", "o_down", "disconnected"} & set(str(r["flags"]).split(","))))
+
+    def _tls(self) -> dict[str, Any]:
+        return self.security.tls_kwargs() if self.security is not None else {}
 
     def _marker(self) -> str:
         return "sentinel"
@@ -134,9 +139,18 @@ class SentinelHandle(ServiceHandle):
             quorum=self.quorum,
             down_after_ms=self.down_after_ms,
             failover_timeout_ms=self.failover_timeout_ms,
-            auth="",
+            auth=self._auth(),
         )
         self.conf_file.write_text(text, encoding="utf-8")
+
+    def _auth(self) -> str:
+        """TLS and the `sentinel` user's credentials on the nodes, when the group is secured."""
+        if self.security is None:
+            return ""
+        return self.security.tls_conf(self._port) + (
+            f"sentinel auth-user {self.master_name} sentinel\n"
+            f"sentinel auth-pass {self.master_name} {self.security.sentinel_password}\n"
+        )
 
     def _argv(self) -> list[str]:
         return [shutil.which("redis-sentinel") or "redis-sentinel", str(self.conf_file)]
@@ -157,14 +171,23 @@ class SentinelLedger:
         master_name: str = "dpstream",
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 3000,
+        security: NodeSecurity | None = None,
         progress: Progress = no_progress,
     ) -> None:
         base = Path(base_dir).resolve()
         primary_port = free_port()
         self.master_name = master_name
-        self.nodes: list[RedisHandle] = [RedisHandle(primary_port, base / "node0", progress=progress)]
-        for i in range(replicas):
-            self.nodes.append(ReplicaHandle(free_port(), base / f"node{i + 1}", primary_port, progress=progress))
+        self.security = security
+        self.nodes: list[RedisHandle] = []
+        for i in range(replicas + 1):
+            port, data = (primary_port, base / "node0") if i == 0 else (free_port(), base / f"node{i}")
+            if security is not None:
+                secure = SecureRedisHandle(port, data, security) if i == 0 else None
+                self.nodes.append(secure or SecureReplicaHandle(port, data, security, primary_port))
+            elif i == 0:
+                self.nodes.append(RedisHandle(port, data, progress=progress))
+            else:
+                self.nodes.append(ReplicaHandle(port, data, primary_port, progress=progress))
         self.sentinels = [
             SentinelHandle(
                 free_port(),
@@ -174,6 +197,7 @@ class SentinelLedger:
                 quorum=sentinels // 2 + 1,
                 down_after_ms=down_after_ms,
                 failover_timeout_ms=failover_timeout_ms,
+                security=security,
                 progress=progress,
             )
             for i in range(sentinels)
@@ -183,7 +207,8 @@ class SentinelLedger:
     def url(self) -> str:
         """The ledger URL: `redis+sentinel://127.0.0.1:p1,…/master-name/0`."""
         hosts = ",".join(f"{HOST}:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+        scheme = "redis" if self.security is None else "rediss"
+        return f"{scheme}+sentinel://{hosts}/{self.master_name}/0"
 
     def start(self, timeout: float = 30.0) -> None:
         """Start every node and sentinel; return once each sentinel sees every replica up."""
@@ -211,7 +236,7 @@ class SentinelLedger:
         (ServiceStartError after `timeout` s)."""
 
         def ready() -> bool:
-            info = _replication(self.primary().port)
+            info = _replication(self.primary().port, **self._admin())
             online = sum(
                 1
                 for k, v in info.items()
@@ -230,6 +255,9 @@ class SentinelLedger:
 
         self._wait(moved, timeout, "a failover")
         return self.primary()
+
+    def _admin(self) -> dict[str, Any]:
+        return self.security.admin_kwargs() if self.security is not None else {}
 
     def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
