@@ -301,3 +301,17 @@ def test_advice_predicts_the_fall_of_the_weighted_error(
     )
     assert abs((w1 - w2) - (e1 - e2)) <= bound
     assert math.isclose(e1 - e2, predicted_now - predicted_adv, rel_tol=0.02)
+
+
+def test_demo_ends_by_writing_its_report(capped: str, tmp_path: Path) -> None:
+    """`dpstream demo`'s closing step writes the period's report card (JSON and page) and prints its path."""
+    from dpstream.workers.demo.run import _write_reports
+
+    said: list[str] = []
+    _write_reports(load_topology(EXAMPLE), capped, tmp_path, said.append)
+    (line,) = said
+    named = re.search(r": (\S+\.html) ", line)
+    assert named, line
+    page = Path(named[1])
+    assert page.exists() and page.with_suffix(".json").exists()
+    assert json.loads(page.with_suffix(".json").read_text())["accounting"]["record_check"]["ok"] == 3280

@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = ["DemoOptions", "run_demo", "demo_topology_path", "for_run", "schedule_start"]
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import Metric, Topology
@@ -343,6 +345,7 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         say("")
         for line in _summary(result, prometheus_url):
             say(line)
+        _write_reports(run, redis_url, log_dir, say)
         exit_code = 0 if result.tally.total else 1
         if not result.tally.total:
             say(f"no release arrived; the worker's log is {log_dir / 'worker.log'}")
@@ -353,6 +356,37 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
             for status in stack.down(stopped):
                 say(status.line())
     return exit_code
+
+
+def _write_reports(topology: Topology, redis_url: str, log_dir: Path, say: Say) -> None:
+    """Write the report card of the run's period (JSON and page) per scope and print where (issue 13)."""
+    from dpstream.topology.errors import ConfigError
+
+    async def build() -> list[dict[str, Any]]:
+        from dpstream.workers.ledger import open_ledger
+        from dpstream.workers.report.build import build_report
+        from dpstream.workers.report.collect import collect_period
+
+        ledger = await open_ledger(redis_url, None)
+        try:
+            return [build_report(await collect_period(ledger, topology, s)) for s in sorted(topology.budgets)]
+        finally:
+            await ledger.close()
+
+    try:
+        import dp_accounting  # noqa: F401 - the report's extra: checked before the ledger is read
+
+        from dpstream.workers.report.page import write_page
+
+        for rep in asyncio.run(build()):
+            stem = log_dir / f"report-{rep['scope']}-{rep['period']['id'].replace(':', '')}"
+            stem.with_suffix(".json").write_text(json.dumps(rep, indent=1, ensure_ascii=False))
+            page = write_page(rep, stem.with_suffix(".html"))
+            say(f"report card of the period ({rep['scope']} {rep['period']['id']}): {page} (JSON beside it)")
+    except ImportError as exc:
+        say(f"report card skipped: {exc.name} is missing (pip install -e '.[report]')")
+    except ConfigError as exc:
+        say(f"report card skipped: {exc}")
 
 
 def _default_home() -> Path:
