@@ -4,6 +4,7 @@ node, or a cluster of several (`KafkaCluster`, `stack up --brokers 3`) whose int
 from __future__ import annotations
 
 __all__ = [
+    "BrokerSecurity",
     "KafkaCluster",
     "KafkaHandle",
     "render_server_properties",
@@ -18,8 +19,9 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError
@@ -30,6 +32,7 @@ from dpstream.workers.localstack.kafka_libs import ensure_libs
 from dpstream.workers.localstack.paths import default_home, render_template, repo_deploy_dir
 from dpstream.workers.localstack.ports import HOST, port_open
 from dpstream.workers.runtime.admin import broker_ready
+from dpstream.workers.runtime.kafka_security import KafkaSecurity, Protocol, Secret
 
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -48,6 +51,70 @@ def new_cluster_id() -> str:
             return cid
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """A SASL_SSL listener: TLS from a PKCS12 keystore, SCRAM users made at format time, and ACLs on
+    (StandardAuthorizer; no ACL means no access). `admin` is the broker's own inter-broker user and the
+    only super user besides the plaintext controller listener's (loopback, controller APIs only)."""
+
+    keystore: Path
+    keystore_password: Secret
+    cafile: Path
+    users: Mapping[str, Secret]
+    truststore: Path | None = None
+    """PKCS12 truststore with the CA (same password as the keystore), for the broker's own TLS clients."""
+    admin: str = "admin"
+    mechanism: str = "SCRAM-SHA-512"
+
+    def client(self, user: str | None = None) -> KafkaSecurity:
+        """Client settings of `user` (default the admin) against this listener."""
+        name = user or self.admin
+        return KafkaSecurity(Protocol.SASL_SSL, self.mechanism, name, self.users[name], cafile=str(self.cafile))
+
+    def properties(self) -> str:
+        """The server.properties lines of the listener (they hold secrets: the file is mode 0600)."""
+        mech = self.mechanism
+        admin_password = self.users[self.admin].reveal()
+        return "\n".join(
+            [
+                f"sasl.enabled.mechanisms={mech}",
+                f"sasl.mechanism.inter.broker.protocol={mech}",
+                f"listener.name.sasl_ssl.{mech.lower()}.sasl.jaas.config="
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{self.admin}" password="{admin_password}";',
+                "ssl.keystore.type=PKCS12",
+                f"ssl.keystore.location={Path(self.keystore).resolve()}",
+                f"ssl.keystore.password={self.keystore_password.reveal()}",
+                "ssl.client.auth=none",
+                *(
+                    [
+                        "ssl.truststore.type=PKCS12",
+                        f"ssl.truststore.location={Path(self.truststore).resolve()}",
+                        f"ssl.truststore.password={self.keystore_password.reveal()}",
+                    ]
+                    if self.truststore is not None
+                    else []
+                ),
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found=false",
+                f"super.users=User:{self.admin};User:ANONYMOUS",
+            ]
+        )
+
+    def scram_arguments(self) -> list[str]:
+        """`kafka-storage format --add-scram` arguments creating every user's SCRAM credential."""
+        out: list[str] = []
+        for name, password in self.users.items():
+            out += ["--add-scram", f"{self.mechanism}=[name={name},password={password.reveal()}]"]
+        return out
+
+    def redact(self, text: str) -> str:
+        """`text` with every password replaced by ***."""
+        for secret in (self.keystore_password, *self.users.values()):
+            text = text.replace(secret.reveal(), "***")
+        return text
+
+
 def render_server_properties(
     broker_port: int,
     controller_port: int,
@@ -56,8 +123,9 @@ def render_server_properties(
     auto_create_topics: bool = False,
     node_id: int = 1,
     voters: Sequence[tuple[int, int]] = (),
+    security: BrokerSecurity | None = None,
 ) -> str:
-    """server.properties of one KRaft node listening on 127.0.0.1 only.
+    """server.properties of one KRaft node listening on 127.0.0.1 only (SASL_SSL with `security`).
 
     `voters` lists every node of the cluster as (node id, controller port); empty means a one-node
     cluster of this node. Internal topics get one replica per node up to 3, and `min.insync.replicas`
@@ -76,6 +144,8 @@ def render_server_properties(
         quorum_voters=",".join(f"{node}@{HOST}:{port}" for node, port in quorum),
         replication=replication,
         min_insync=2 if replication >= 3 else 1,
+        listener="SASL_SSL" if security is not None else "PLAINTEXT",
+        security=security.properties() if security is not None else "",
     )
 
 
@@ -99,7 +169,10 @@ class KafkaHandle(ServiceHandle):
         node_id: int = 1,
         voters: Sequence[tuple[int, int]] = (),
         cluster_id: str | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
+        self.security = security
+        """A SASL_SSL listener with SCRAM users and ACLs instead of PLAINTEXT (tests of Kafka security)."""
         self.controller_port = controller_port
         self.node_id = node_id
         self.voters = tuple(voters)
@@ -162,9 +235,11 @@ class KafkaHandle(ServiceHandle):
                 self.auto_create_topics,
                 node_id=self.node_id,
                 voters=self.voters,
+                security=self.security,
             ),
             encoding="utf-8",
         )
+        self.properties_file.chmod(0o600)
         (self.data_dir / "log4j.properties").write_text(
             render_template("log4j.properties", log_file=self.server_log), encoding="utf-8"
         )
@@ -189,10 +264,12 @@ class KafkaHandle(ServiceHandle):
             cluster_id,
             "-c",
             str(self.properties_file),
+            *(self.security.scram_arguments() if self.security is not None else []),
         ]
         result = subprocess.run(argv, capture_output=True, text=True, cwd=self.data_dir, check=False)
         if result.returncode != 0:
-            out = (result.stdout + result.stderr).strip().splitlines()[-15:]
+            text = result.stdout + result.stderr
+            out = (self.security.redact(text) if self.security is not None else text).strip().splitlines()[-15:]
             raise ServiceStartError(f"kafka StorageTool format failed (exit {result.returncode}):\n" + "\n".join(out))
 
     def _java(self) -> list[str]:
@@ -211,8 +288,12 @@ class KafkaHandle(ServiceHandle):
     def _argv(self) -> list[str]:
         return [*self._java(), _MAIN, str(self.properties_file)]
 
+    def client_security(self) -> KafkaSecurity:
+        """How a client reaches this broker as its admin (PLAINTEXT unless it has a SASL_SSL listener)."""
+        return self.security.client() if self.security is not None else KafkaSecurity()
+
     def _ready(self) -> bool:
-        return port_open(self._port) and broker_ready(self.bootstrap)
+        return port_open(self._port) and broker_ready(self.bootstrap, security=self.client_security())
 
 
 class KafkaCluster:

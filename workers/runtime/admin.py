@@ -11,24 +11,94 @@ __all__ = [
     "TopicAdminError",
     "broker_count",
     "broker_ready",
+    "client_options",
     "create_topics",
     "create_topics_async",
     "replication_for",
+    "start_admin",
 ]
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dpstream.topology.errors import ConfigError, DpstreamError
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 
 _T = TypeVar("_T")
 _TOPIC_ALREADY_EXISTS = 36
+_UNKNOWN_TOPIC = 3
+_TOPIC_AUTHORIZATION_FAILED = 29
 
 
 class TopicAdminError(DpstreamError):
     """The broker did not create or describe topics (unreachable, or partitions without a leader in time)."""
+
+
+def client_options(security: KafkaSecurity | None) -> dict[str, Any]:
+    """TLS/SASL keywords of an aiokafka client: `security`'s, or the environment's when None."""
+    return (security or KafkaSecurity.from_env()).client_options()
+
+
+class _Captured(logging.Handler):
+    """Keeps the aiokafka records logged while a client bootstraps (they hold the cause of a failure)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _bootstrap_logs() -> Iterator[_Captured]:
+    """Hold aiokafka's connection warnings back while a client starts: a failed start becomes one line
+    (`_start_failure`) instead of a log line per broker and then the error."""
+    logger = logging.getLogger("aiokafka")
+    captured = _Captured()
+    logger.addHandler(captured)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield captured
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(captured)
+
+
+def _start_failure(bootstrap: str, captured: _Captured, exc: Exception) -> DpstreamError:
+    """The one-line error of a client that could not bootstrap: bad credentials or TLS are the user's to fix."""
+    text = " ".join(captured.messages)
+    prefix = "DPSTREAM_KAFKA_"
+    if "SaslAuthenticationFailed" in text or "Authentication failed" in text:
+        return ConfigError(
+            f"Kafka at {bootstrap}: SASL authentication failed (wrong user, password or mechanism); "
+            f"check {prefix}SASL_USERNAME, {prefix}SASL_PASSWORD and {prefix}SASL_MECHANISM"
+        )
+    if "CERTIFICATE_VERIFY_FAILED" in text or "SSLError" in text or "SSL" in type(exc).__name__:
+        return ConfigError(
+            f"Kafka at {bootstrap}: TLS handshake failed (the broker's certificate is not trusted or the "
+            f"protocol does not match); check {prefix}SSL_CAFILE and {prefix}SECURITY_PROTOCOL"
+        )
+    return TopicAdminError(f"Kafka at {bootstrap}: cannot connect ({type(exc).__name__}); check that the broker runs")
+
+
+async def start_admin(bootstrap: str, timeout_ms: int, security: KafkaSecurity | None) -> Any:
+    """A started AIOKafkaAdminClient; a failed start raises one line (ConfigError for credentials/TLS)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **client_options(security))
+    with _bootstrap_logs() as captured:
+        try:
+            await admin.start()
+        except (KafkaError, OSError) as exc:
+            await admin.close()
+            raise _start_failure(bootstrap, captured, exc) from None
+    return admin
 
 
 def _run(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -41,13 +111,14 @@ def _run(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def _broker_ready_async(bootstrap: str, timeout_ms: int) -> bool:
+async def _broker_ready_async(bootstrap: str, timeout_ms: int, security: KafkaSecurity | None) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **client_options(security))
     try:
-        await admin.start()
+        with _bootstrap_logs():
+            await admin.start()
         cluster = await admin.describe_cluster()
         return bool(cluster.get("brokers")) and cluster.get("controller_id", -1) != -1
     except (TimeoutError, KafkaError, OSError):
@@ -56,19 +127,20 @@ async def _broker_ready_async(bootstrap: str, timeout_ms: int) -> bool:
         await admin.close()
 
 
-def broker_ready(bootstrap: str, timeout_ms: int = 3000) -> bool:
+def broker_ready(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> bool:
     """True when the broker answers a metadata request and knows its controller."""
-    return _run(_broker_ready_async(bootstrap, timeout_ms))
+    return _run(_broker_ready_async(bootstrap, timeout_ms, security))
 
 
-async def broker_count_async(bootstrap: str, timeout_ms: int = 3000) -> int:
+async def broker_count_async(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> int:
     """Live brokers the cluster's metadata lists (0 when unreachable)."""
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **client_options(security))
     try:
-        await admin.start()
+        with _bootstrap_logs():
+            await admin.start()
         return len((await admin.describe_cluster()).get("brokers") or ())
     except (TimeoutError, KafkaError, OSError):
         return 0
@@ -76,9 +148,9 @@ async def broker_count_async(bootstrap: str, timeout_ms: int = 3000) -> int:
         await admin.close()
 
 
-def broker_count(bootstrap: str, timeout_ms: int = 3000) -> int:
+def broker_count(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> int:
     """Sync form of `broker_count_async`."""
-    return _run(broker_count_async(bootstrap, timeout_ms))
+    return _run(broker_count_async(bootstrap, timeout_ms, security))
 
 
 def replication_for(brokers: int) -> tuple[int, dict[str, str]]:
@@ -96,6 +168,7 @@ async def create_topics_async(
     partitions: int = 4,
     timeout_s: float = 30.0,
     configs: Mapping[str, Mapping[str, str]] | None = None,
+    security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet and wait until every partition has a leader.
 
@@ -104,7 +177,7 @@ async def create_topics_async(
     source topics get `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival, DESIGN §3).
     Returns the names created now; existing topics are left as they are (their configs are not changed).
     """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
     from aiokafka.errors import KafkaError, for_code
 
     if partitions < 1:
@@ -112,18 +185,29 @@ async def create_topics_async(
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return []
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = await start_admin(bootstrap, int(timeout_s * 1000), security)
     try:
-        await admin.start()
+        # Only missing topics are created: a worker needs no Create ACL on topics an operator made.
+        described = await admin.describe_topics(wanted)
+        for t in described:
+            if t["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
+                raise ConfigError(
+                    f"topic {t['topic']!r}: this Kafka user may not describe it; grant the worker's principal "
+                    "the topic ACLs listed in the README (deploy: Kafka ACLs)"
+                )
+        missing = [t["topic"] for t in described if t["error_code"] == _UNKNOWN_TOPIC]
+        created: list[str] = []
+        if not missing:
+            await _wait_leaders(admin, wanted, timeout_s)
+            return created
         replicas, durable = replication_for(len((await admin.describe_cluster()).get("brokers") or ()))
         response = await admin.create_topics(
             [
                 NewTopic(name, partitions, replicas, topic_configs={**durable, **(configs or {}).get(name, {})})
-                for name in wanted
+                for name in missing
             ],
             timeout_ms=int(timeout_s * 1000),
         )
-        created: list[str] = []
         for entry in response.topic_errors:
             topic, code = entry[0], entry[1]
             if code == 0:
@@ -163,6 +247,7 @@ def create_topics(
     partitions: int = 4,
     timeout_s: float = 30.0,
     configs: Mapping[str, Mapping[str, str]] | None = None,
+    security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Sync form of `create_topics_async` (idempotent): create missing topics, return those created now."""
-    return _run(create_topics_async(bootstrap, names, partitions, timeout_s, configs))
+    return _run(create_topics_async(bootstrap, names, partitions, timeout_s, configs, security))

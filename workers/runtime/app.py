@@ -66,13 +66,14 @@ class _Lifecycle(Service):
         await self._releases.stop()
 
 
-def _expected_partials(topology: Topology, bootstrap: str) -> dict[str, int]:
+def _expected_partials(topology: Topology, settings: RuntimeSettings) -> dict[str, int]:
     """metric → partitions of its source's ingest topic (each reports one partial per window)."""
     counts: dict[str, int] = {}
 
     async def _count() -> None:
         for name, metric in topology.metrics.items():
-            counts[name] = await partition_count(bootstrap, ingest_topic(topology.sources[metric.source]))
+            topic = ingest_topic(topology.sources[metric.source])
+            counts[name] = await partition_count(settings.bootstrap, topic, settings.kafka_security)
 
     asyncio.run(_count())
     return counts
@@ -115,6 +116,8 @@ def new_app(app_id: str, settings: RuntimeSettings, replicas: int = 1) -> faust.
     table changelog) get `replicas` replicas."""
     web = web_settings(settings)
     datadir: dict[str, Any] = {"datadir": settings.datadir} if settings.datadir else {}
+    credentials = settings.kafka_security.faust_credentials()
+    auth: dict[str, Any] = {"broker_credentials": credentials} if credentials is not None else {}
     app = faust.App(
         app_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -131,6 +134,7 @@ def new_app(app_id: str, settings: RuntimeSettings, replicas: int = 1) -> faust.
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=settings.heartbeat_interval_s,
         **datadir,
+        **auth,
         **web,
     )
     # Faust lets environment variables (WEB_BIND, APP_WEB_TABLES_ENABLED, APP_WEB_ENABLED, ...) win over
@@ -145,14 +149,14 @@ def new_app(app_id: str, settings: RuntimeSettings, replicas: int = 1) -> faust.
 
 def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Role.ALL) -> Runtime:
     """Create missing topics, then the Faust app with the services, agents, tables and timers of `role`."""
-    ensure_topics(settings.bootstrap, topology, settings.partitions)
+    ensure_topics(settings.bootstrap, topology, settings.partitions, settings.kafka_security)
     # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
     app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
-    replicas, durable = replication_for(broker_count(settings.bootstrap))
+    replicas, durable = replication_for(broker_count(settings.bootstrap, security=settings.kafka_security))
     app = new_app(app_id, settings, replicas)
     releases = ingest = repartition = None
     if role is not Role.INGEST:
-        releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings.bootstrap))
+        releases = ReleaseSide(app, topology, settings, _expected_partials(topology, settings))
         # The changelog holds merged true aggregates: replicated like the internal topics (read lazily at start).
         table: Any = releases.table  # a faust.Table; the TableT protocol does not declare this attribute
         table.extra_topic_configs = durable

@@ -131,15 +131,23 @@ class IngestService(Service):
         gc.set_threshold(GC_YOUNG_THRESHOLD, 50, 100)
         self.schedule_start = await resolve_schedule_start(self.topology, self.settings.redis_url)
         for topic in self._by_topic:
-            self._counts[topic] = await partition_count(self.settings.bootstrap, topic)
+            self._counts[topic] = await partition_count(self.settings.bootstrap, topic, self.settings.kafka_security)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap, linger_ms=2, acks="all", enable_idempotence=True
+            bootstrap_servers=self.settings.bootstrap,
+            linger_ms=2,
+            acks="all",
+            enable_idempotence=True,
+            **self.settings.kafka_options(),
         )
         await self._producer.start()
         if self._hop_of:
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
+            self._admin = AIOKafkaAdminClient(
+                bootstrap_servers=self.settings.bootstrap, **self.settings.kafka_options()
+            )
             await self._admin.start()
-            self._ends = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, enable_auto_commit=False)
+            self._ends = AIOKafkaConsumer(
+                bootstrap_servers=self.settings.bootstrap, enable_auto_commit=False, **self.settings.kafka_options()
+            )
             await self._ends.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.bootstrap,
@@ -151,6 +159,7 @@ class IngestService(Service):
             fetch_max_bytes=32 * 1024 * 1024,
             fetch_max_wait_ms=self.settings.fetch_timeout_ms,
             **self.settings.group_timeouts(),
+            **self.settings.kafka_options(),
             max_poll_interval_ms=300_000,
         )
         self._consumer.subscribe(list(self._by_topic), listener=_Listener(self))
@@ -277,7 +286,7 @@ class IngestService(Service):
         """True when the repartition hop has committed past every record of `source_topic` that was
         in the topic now (so all of them are in the by-unit topic, acknowledged)."""
         assert self._admin is not None and self._ends is not None
-        parts = range(await partition_count(self.settings.bootstrap, source_topic))
+        parts = range(await partition_count(self.settings.bootstrap, source_topic, self.settings.kafka_security))
         tps = [TopicPartition(source_topic, p) for p in parts]
         ends = await self._ends.end_offsets(tps)
         group = f"{self.settings.group_id(self.topology)}-repartition"

@@ -133,7 +133,11 @@ class ReleaseSide:
         from dpstream.workers.ledger import open_ledger
 
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap, enable_idempotence=True, acks="all", linger_ms=0
+            bootstrap_servers=self.settings.bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+            **self.settings.kafka_options(),
         )
         await self._producer.start()
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 __all__ = ["RuntimeSettings"]
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class RuntimeSettings:
     default `group.min.session.timeout.ms`, the shortest it accepts (DESIGN §8, issue 11 item 4)."""
     heartbeat_interval_s: float = 1.0
     """How often members heart-beat; a third of the session timeout or less, so one lost beat is no expiry."""
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity.from_env)
+    """TLS and SASL of every Kafka client of the worker (default: the `DPSTREAM_KAFKA_*` environment)."""
     park_after_attempts: int = 8
     """A window whose release fails this many times in a row on an internal error is parked (audited,
     alerted) until `dpstream budget retry`; ledger or Kafka outages never count (issue 11 item 5)."""
@@ -57,6 +61,10 @@ class RuntimeSettings:
                 f"heartbeat interval {self.heartbeat_interval_s} s: must be positive and at most a third of "
                 f"the session timeout ({self.session_timeout_s} s)"
             )
+
+    def kafka_options(self) -> dict[str, Any]:
+        """TLS/SASL keywords every aiokafka client of the worker is built with."""
+        return self.kafka_security.client_options()
 
     def group_timeouts(self) -> dict[str, int]:
         """aiokafka consumer-group keywords: session timeout and heartbeat interval (ms)."""

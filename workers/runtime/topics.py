@@ -16,7 +16,8 @@ __all__ = [
 from dataclasses import dataclass
 
 from dpstream.topology.model import Source, Topology
-from dpstream.workers.runtime.admin import create_topics
+from dpstream.workers.runtime.admin import client_options, create_topics
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 
 
 def repartition_topic(source: Source) -> str:
@@ -67,16 +68,20 @@ def topic_configs(topology: Topology) -> dict[str, dict[str, str]]:
     return {s.topic: dict(APPEND_TIME) for s in topology.sources.values()}
 
 
-def ensure_topics(bootstrap: str, topology: Topology, partitions: int = 4) -> list[str]:
-    """Create the topology's missing topics (existing ones are left alone); returns those created."""
-    return create_topics(bootstrap, topic_names(topology).all, partitions, configs=topic_configs(topology))
+def ensure_topics(
+    bootstrap: str, topology: Topology, partitions: int = 4, security: KafkaSecurity | None = None
+) -> list[str]:
+    """Create the topology's missing topics (existing ones are left alone); returns those created.
+    `security` defaults to the environment's (`KafkaSecurity.from_env`)."""
+    names = topic_names(topology).all
+    return create_topics(bootstrap, names, partitions, configs=topic_configs(topology), security=security)
 
 
-async def partition_count(bootstrap: str, topic: str) -> int:
+async def partition_count(bootstrap: str, topic: str, security: KafkaSecurity | None = None) -> int:
     """Number of partitions of `topic` (0 when it does not exist)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options(security))
     await admin.start()
     try:
         described = await admin.describe_topics([topic])

@@ -26,6 +26,7 @@ from typing import Any
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
+from dpstream.workers.runtime.admin import client_options
 from dpstream.workers.runtime.topics import partition_count
 
 RELEASE_STATES = ("reserved", "published")
@@ -82,6 +83,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> li
         max_partition_fetch_bytes=_FETCH_BYTES,
         fetch_max_bytes=_FETCH_BYTES,
         request_timeout_ms=30_000,
+        **client_options(None),  # TLS/SASL from the DPSTREAM_KAFKA_* environment, as the workers
     )
     try:
         try:
