@@ -65,7 +65,11 @@ class RepartitionService(Service):
 
     async def on_start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap, linger_ms=5, acks="all", enable_idempotence=True
+            bootstrap_servers=self.settings.bootstrap,
+            linger_ms=5,
+            acks="all",
+            enable_idempotence=True,
+            **self.settings.kafka_options(),
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
@@ -76,6 +80,7 @@ class RepartitionService(Service):
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.settings.fetch_timeout_ms,
             **self.settings.group_timeouts(),
+            **self.settings.kafka_options(),
         )
         await self._consumer.start()
         self.add_future(self._copy_forever())
