@@ -97,6 +97,12 @@ def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str,
     if not zcdp or not components:
         section["tight"] = None
         section["gap"] = None
+        section["tight_note"] = (
+            "pure scope: ε adds up exactly at δ = 0, which is the scope's promise; a tighter figure exists only "
+            "at a δ > 0 the scope does not hold"
+            if not zcdp
+            else "no charge with a readable record in this period"
+        )
         return section
     tight = tight_epsilons(components, conv_delta)
     section["tight"] = {

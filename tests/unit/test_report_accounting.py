@@ -1,0 +1,143 @@
+"""The report's accounting (workers/report): the per-record cost check and the tight recomputation, on
+periods replayed through the in-process ledger (no servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpstream.topology.loader import load_topology
+from dpstream.topology.model import Topology
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.report.build import build_report
+from dpstream.workers.report.collect import PeriodData, collect_period
+from dpstream.workers.runtime.replay import replay_lines
+from dpstream.workers.synthetic import EventGenerator, GeneratorConfig
+
+pytest.importorskip("dp_accounting")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
+DAY = 86_400
+START = 1_764_460_800  # 2025-11-30T00:00Z: a fixed past day
+
+
+def _period(name: str, hours: int, events: int) -> tuple[Topology, PeriodData]:
+    """`hours` of a period of an example replayed through the in-process ledger, read back as the report does."""
+    topo = load_topology(EXAMPLES / name)
+    gen = EventGenerator(topo, config=GeneratorConfig(users=200, seed=3, start_ts=START + 0.5))
+    lines = [e.value for e in gen.events(events, rate=events / (hours * 3600))]
+
+    async def run() -> PeriodData:
+        ledger = await open_ledger("memory", topo, clock=lambda: float(START + 60))
+
+        async def publish(value: bytes, key: bytes) -> None:
+            return None
+
+        await replay_lines(topo, lines, ledger, publish, start=START, end=START + hours * 3600)
+        try:
+            return await collect_period(ledger, topo, next(iter(topo.budgets)))
+        finally:
+            await ledger.close()
+
+    return topo, asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def web_hour() -> tuple[Topology, PeriodData]:
+    """The first hour of the web-analytics example (zCDP: Gaussians, a mean, top-k with selection)."""
+    return _period("web-analytics.yaml", 1, 600)
+
+
+@pytest.fixture(scope="module")
+def seed_day() -> tuple[Topology, PeriodData]:
+    """A day of seed 000's example (pure ε: Laplace count, sum, mean, exponential top-5)."""
+    return _period("seed-example.yaml", 24, 300)
+
+
+def test_every_record_maps_to_its_charge(web_hour: Any, seed_day: Any) -> None:
+    """zCDP and pure periods: every record's noise scale maps (OpenDP) to exactly its charged cost."""
+    for _topo, data in (web_hour, seed_day):
+        rep = build_report(data)
+        rc = rep["accounting"]["record_check"]
+        assert rc["checked"] == len(data.charges) > 0 and rc["flagged"] == []
+        assert rep["accounting"]["charged"]["reconciles"]
+        for row in rep["accounting"]["charges"]:
+            assert math.isclose(row["mapped_cost"], row["cost"], rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("factor", [1.001, 0.5, 2.0])
+def test_a_changed_scale_is_flagged(web_hour: Any, factor: float) -> None:
+    """A record whose scale differs from what was drawn (any factor) fails the check; the others pass."""
+    _topo, data = web_hour
+    first = data.charges[0]
+    rec = dict(first.record or {})
+    rec["noise"] = dict(rec["noise"]) | {"scale": rec["noise"]["scale"] * factor}
+    tampered = dataclasses.replace(data, charges=[dataclasses.replace(first, record=rec), *data.charges[1:]])
+    flagged = build_report(tampered)["accounting"]["record_check"]["flagged"]
+    assert [f["release_id"] for f in flagged] == [first.release_id]
+
+
+def test_a_missing_or_foreign_record_is_flagged(web_hour: Any) -> None:
+    """A charge without a stored record, or whose record names another release, is flagged."""
+    _topo, data = web_hour
+    a, b = data.charges[0], data.charges[1]
+    changed = [dataclasses.replace(a, record=None), dataclasses.replace(b, record=a.record), *data.charges[2:]]
+    flagged = build_report(dataclasses.replace(data, charges=changed))["accounting"]["record_check"]["flagged"]
+    assert [f["release_id"] for f in flagged] == [a.release_id, b.release_id]
+
+
+def test_tight_figures_against_dp_accounting_and_the_charge(web_hour: Any) -> None:
+    """The PLD figure equals dp-accounting's PLD of the same parts built here, is below the charged ε, and
+    the RDP figure is dp-accounting's RdpAccountant of the parts' zCDP/RDP (≥ the PLD)."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    from dpstream.workers.report.accounting import checks_of
+
+    _topo, data = web_hour
+    rep = build_report(data)
+    tight, charged = rep["accounting"]["tight"], rep["accounting"]["charged"]
+    parts = [p for c in checks_of(data) for p in c.components]
+    gauss = [p for p in parts if p.kind == "gaussian"]
+    topk = [p for p in parts if p.kind == "top_k"]
+    assert gauss and topk and len(gauss) + len(topk) == len(parts)
+    mult = 1.0 / math.sqrt(math.fsum((p.sensitivity / p.scale) ** 2 for p in gauss))
+    pld = pld_lib.from_gaussian_mechanism(mult, value_discretization_interval=1e-4)
+    for p in topk:
+        assert math.isclose(p.epsilon0, p.sensitivity / p.scale, rel_tol=1e-12)  # OpenDP's monotone map: Δ∞/scale
+        one = pld_lib.from_privacy_parameters(common.DifferentialPrivacyParameters(p.epsilon0, 0.0), 1e-4)
+        pld = pld.compose(one.self_compose(p.k))
+    assert math.isclose(pld.get_epsilon_for_delta(tight["delta"]), tight["pld_epsilon"], rel_tol=1e-6)
+    rdp = RdpAccountant(
+        orders=[1.0 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [64, 80, 96, 128, 256, 512, 1024]
+    )
+    rdp.compose(dp_event.GaussianDpEvent(mult))
+    for p in topk:
+        rdp.compose(dp_event.ZCDpEvent(p.k * (2.0 * p.sensitivity / p.scale) ** 2 / 8.0))
+    assert math.isclose(rdp.get_epsilon(tight["delta"]), tight["rdp_epsilon"], rel_tol=1e-9)
+    assert tight["pld_epsilon"] < charged["epsilon"] <= tight["rdp_epsilon"] * (1 + 1e-3)
+    assert rep["accounting"]["gap"]["credited"] is False
+
+
+def test_pure_scope_has_no_tight_figure_and_says_why(seed_day: Any) -> None:
+    """In a pure scope the charged ε is exact at δ = 0: no PLD figure, a note instead."""
+    rep = build_report(seed_day[1])
+    assert rep["accounting"]["tight"] is None and "δ = 0" in rep["accounting"]["tight_note"]
+    assert rep["accounting"]["charged"]["epsilon"] == rep["accounting"]["charged"]["total"]
+
+
+def test_page_has_four_svg_plots_and_no_external_reference(web_hour: Any) -> None:
+    """The page is one file: four inline SVG plots, no script, no link."""
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import PLOTS, render_page
+
+    text = render_page(build_report(web_hour[1]))
+    assert all(f"<figure data-plot='{p}'><svg" in text for p in PLOTS)
+    assert "<script" not in text and "<link" not in text and "<img" not in text
