@@ -22,6 +22,7 @@ from dpstream.workers.pipeline.unit_ids import (
     UnitHasher,
     check_unit_hashing,
     hashed_copy,
+    refusal_reason,
     unit_hasher,
 )
 
@@ -187,3 +188,15 @@ def test_worker_without_the_secret_exits_2_with_one_line(
     assert main(["worker", str(path), "--bootstrap", "127.0.0.1:1", "--redis", "redis://127.0.0.1:1/0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and UNIT_HMAC_KEY_ENV in err and "Traceback" not in err, err
+
+
+def test_refusal_reason_names_what_the_ingest_would_say() -> None:
+    """An event the hop cannot rewrite gets the parser's reason (the hop dead-letters it in place)."""
+    parser = EventParser(_topology(hashed=True).sources["clicks"])
+    cases = {b"{": "not_json", None: "not_json", b"[1]": "not_object", b'{"ts": 1}': "missing_unit"}
+    cases[b'{"user_id": true}'] = "bad_unit"
+    cases[json.dumps({"user_id": "x" * (MAX_UNIT_LENGTH + 1)}).encode()] = "bad_unit"
+    h = UnitHasher(SECRET.encode())
+    for raw, reason in cases.items():
+        assert raw is None or hashed_copy(raw, "user_id", h, orjson.loads, orjson.dumps) is None
+        assert refusal_reason(raw, parser) == reason, raw

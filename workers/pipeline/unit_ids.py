@@ -9,7 +9,15 @@ is never printed.
 
 from __future__ import annotations
 
-__all__ = ["UNIT_HMAC_KEY_ENV", "MIN_KEY_BYTES", "UnitHasher", "unit_hasher", "check_unit_hashing", "hashed_copy"]
+__all__ = [
+    "UNIT_HMAC_KEY_ENV",
+    "MIN_KEY_BYTES",
+    "UnitHasher",
+    "unit_hasher",
+    "check_unit_hashing",
+    "hashed_copy",
+    "refusal_reason",
+]
 
 import hashlib
 import hmac
@@ -18,9 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpstream.topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Source, Topology, UnitHash
-from dpstream.workers.pipeline.events import MAX_UNIT_LENGTH
+from dpstream.workers.pipeline.events import MAX_UNIT_LENGTH, EventParser
 
 UNIT_HMAC_KEY_ENV = "DPSTREAM_UNIT_HMAC_KEY"
 """The environment variable holding the HMAC secret (the same value on every worker of a deployment)."""
@@ -86,3 +94,13 @@ def hashed_copy(
     hashed = hasher(unit)
     obj[field_name] = hashed
     return dumps(obj), hashed.encode()
+
+
+def refusal_reason(raw: bytes | None, parser: EventParser) -> str:
+    """Why the ingest would refuse an event `hashed_copy` could not rewrite (not_json, not_object,
+    missing_unit or bad_unit): the hop dead-letters it itself, so its raw id stays out of the by-unit topic."""
+    try:
+        parser.parse(raw or b"")
+    except EventError as exc:
+        return exc.reason
+    return "bad_unit"  # pragma: no cover - hashed_copy refuses only what the parser refuses

@@ -4,6 +4,9 @@ A consumer-group member reads the source topic in batches, extracts the unit fie
 and produces the unchanged bytes to `<topic>.by-unit` with Kafka key = unit, committing after the
 acks. Events without a readable unit are forwarded with their original key: the core dead-letters
 them with the right reason (the DLQ record then names the repartition topic's partition and offset).
+With `privacy_unit_hash` on, the copy's unit field and key are the keyed hash instead, and an event
+without a usable unit is dead-lettered by the hop itself (naming the source topic's partition and
+offset), so no raw unit id reaches the by-unit topic.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from dpstream.topology.model import Source, Topology
-from dpstream.workers.pipeline.unit_ids import hashed_copy, unit_hasher
+from dpstream.workers.pipeline.events import DeadLetter, EventParser
+from dpstream.workers.pipeline.unit_ids import hashed_copy, refusal_reason, unit_hasher
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import repartition_topic
 
@@ -58,6 +62,7 @@ class RepartitionService(Service):
         self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}
         self._hashers = {s.topic: unit_hasher(s) for s in sources}
         """Sources with `privacy_unit_hash`: the hop forwards the keyed hash, never the raw unit id."""
+        self._parsers = {s.topic: EventParser(s) for s in sources}
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.copied = 0
@@ -111,6 +116,18 @@ class RepartitionService(Service):
                         key = _unit_key(rec.value, field)
                     elif (hashed := hashed_copy(rec.value, field, hasher, _loads, _dumps)) is not None:
                         value, key = hashed
+                    else:  # no unit to hash: dead-lettered here, so no raw id reaches the by-unit topic
+                        parser = self._parsers[tp.topic]
+                        letter = DeadLetter(
+                            refusal_reason(rec.value, parser),
+                            parser.source.name,
+                            tp.topic,
+                            tp.partition,
+                            rec.offset,
+                            rec.value or b"",
+                        )
+                        sends.append(await self._producer.send(self.topology.sinks.dead_letter, letter.to_bytes()))
+                        continue
                     key = key or rec.key
                     sends.append(await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp))
             if not sends:
