@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
+from dpstream.workers.commands.budget import default_actor
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.release.record import iso_utc
 from dpstream.workers.runtime.replay import data_range, replay_lines
@@ -65,7 +66,7 @@ async def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
     out: BinaryIO = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - closed in finally
-    ledger = await open_ledger(args.ledger, topology)
+    ledger = await open_ledger(args.ledger, topology, actor=args.actor)
 
     async def publish(value: bytes, key: bytes) -> None:
         out.write(value + b"\n")
@@ -81,6 +82,7 @@ async def _run(args: argparse.Namespace) -> int:
                 end=span[1],
                 source=args.source,
                 partitions=args.partitions,
+                actor=args.actor,
             )
     finally:
         await ledger.close()
@@ -123,7 +125,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", help="topology YAML")
     parser.add_argument("events", help="JSON-lines file, one event per line")
-    parser.add_argument("--ledger", default="memory", help="memory (default) or redis://host:port/db")
+    parser.add_argument(
+        "--ledger",
+        "--redis",
+        dest="ledger",
+        default="memory",
+        help="memory (default) or a Redis ledger URL (redis://host:port/db): the replayed period can then be "
+        "reviewed with `dpstream budget report --redis URL`",
+    )
+    parser.add_argument(
+        "--actor",
+        default=f"replay:{default_actor()}",
+        help="who runs it, for the ledger's audit trail when --ledger is a shared Redis (default replay:$USER)",
+    )
     parser.add_argument("--out", default=None, help="where to write release records (JSON lines; default stdout)")
     parser.add_argument("--partitions", type=int, default=1, help="partitions to spread units over (default 1)")
     parser.add_argument("--source", default=None, help="source of the events (needed when the topology has several)")

@@ -62,8 +62,11 @@ class Releaser:
         *,
         mechanism_factory: MechanismFactory | None = None,
         clock: Callable[[], float] = time.time,
+        actor: str = "worker",
     ) -> None:
+        """`actor`: who charges, in each charge's audit entry (the worker id, or `replay:<user>`)."""
         self.topology = topology
+        self._actor = actor
         self._metrics = list(topology.metrics.values())
         plan = build_plan(topology)
         self._planned_cost = {m.name: plan.metric(m.name).per_release_cost for m in self._metrics}
@@ -248,6 +251,7 @@ class Releaser:
             # touches, in the same atomic call as its main charge (all or nothing)
             extra_periods=_later_periods(budget.period_s, start, end),
             quoted_version=quote.version,
+            actor=self._actor,
         )
         charge = await self.ledger.charge(request)
         if charge.outcome is Outcome.STALE_QUOTE:

@@ -142,7 +142,7 @@ class ReleaseSide:
         await self._producer.start()
         self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
         self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
-        self._releaser = Releaser(self.topology, self._timed_ledger)
+        self._releaser = Releaser(self.topology, self._timed_ledger, actor=self.settings.worker_id)
         self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
         await self._parking.refresh()
         await self._warm_up()

@@ -86,11 +86,13 @@ async def replay_lines(
     source: str | None = None,
     partitions: int = 1,
     mechanism_factory: MechanismFactory | None = None,
+    actor: str = "replay",
 ) -> ReplaySummary:
     """Run `lines` (events of one source) through the whole core over the public schedule
     [start, end) (epoch seconds); `publish(value, key)` gets each stored record.
 
-    Raises ConfigError when end <= start or the source is ambiguous or unknown.
+    `actor` names the replay in the audit entries of its charges. Raises ConfigError when end <= start
+    or the source is ambiguous or unknown.
     """
     if end <= start:
         raise ConfigError(f"replay range [{start}, {end}): --to must be after --from")
@@ -103,7 +105,7 @@ async def replay_lines(
     ]
     metrics = [m for m in topology.metrics.values() if m.source == src]
     mergers = {m.name: PartialMerger(m.name, range(partitions)) for m in metrics}
-    releaser = Releaser(topology, ledger, mechanism_factory=mechanism_factory)
+    releaser = Releaser(topology, ledger, mechanism_factory=mechanism_factory, actor=actor)
     summary = ReplaySummary(releases=releaser.counts)
     unit_field = topology.sources[src].privacy_unit
     offsets = [0] * partitions
