@@ -6,9 +6,9 @@ minutes, and every `--every` seconds samples the worker's RSS (/proc), the relea
 windows released since the last sample (release record's Kafka time − the window's close time
 C(w)) and the mean duration of the worker's ledger calls (its /metrics histogram, delta since the
 last sample). Prints each series' least-squares slope per hour and as % of its mean per hour, after
-a warm-up (`--warmup`, default 10 % of the run). Pass line: RSS flat within 5 % per hour; exit 1
-otherwise (lag and ledger latency are reported, not judged: on a shared machine they follow the
-neighbours' load).
+a warm-up (`--warmup`, default 10 % of the run); the samples go to series.json in its work
+directory. Pass line: RSS flat within 5 % per hour; exit 1 otherwise (lag and ledger latency are
+reported, not judged: on a shared machine they follow the neighbours' load).
 """
 
 from __future__ import annotations
@@ -282,6 +282,12 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         "worker_alive_at_end": alive,
         "warmup_s": warmup,
     }
+    (workdir / "series.json").write_text(
+        json.dumps({"rss_mb": series.rss_mb, "lag_s": series.lag_s, "ledger_ms": series.ledger_ms})
+    )
+    rss_values = [y for _t, y in series.rss_mb]
+    if rss_values:
+        result["rss_first_last_max_mb"] = [round(rss_values[0], 1), round(rss_values[-1], 1), round(max(rss_values), 1)]
     result |= _fit("rss", "mb", series.rss_mb, warmup)
     result |= _fit("release_lag", "s", series.lag_s, warmup)
     result |= _fit("ledger_call", "ms", series.ledger_ms, warmup)
@@ -318,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
             for handle in stack:
                 handle.stop()
     result["workdir"] = str(workdir)
+    result["series"] = str(workdir / "series.json")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
