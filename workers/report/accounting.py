@@ -2,14 +2,13 @@
 as charged, the tight non-adaptive recomputation (PLD, RDP) and the gap.
 
 Why the gap is not credited back: the ledger is a privacy *filter*. Each release's cost is
-chosen after seeing earlier outputs (the adaptive reallocation, the warning policy), and the
-filter's guarantee, Σρ ≤ ρ* ⇒ (ε, δ)-DP for the whole period, holds under such fully adaptive
-composition for zCDP and pure ε (Rogers–Roth–Ullman–Vadhan 2016; Feldman–Zrnic 2021;
-Whitehouse et al. 2023). The PLD figure is a tight bound only for a composition fixed in advance;
-no theorem lets a filter spend budget freed by a PLD (or RDP-grid) recomputation while keeping its
-guarantee under adaptive choice of the costs: PLD filters with that property are not known
-(Whitehouse et al. 2023 give RDP filters, which cannot beat the ledger's own zCDP figure here).
-So the gap is reported, never returned to the period's budget.
+chosen after earlier outputs (the adaptive reallocation re-divides what is left after every
+release; the warning policy stretches noise), and the period's (ε, δ) promise rests on zCDP and
+pure-ε costs adding up under such fully adaptive composition (privacy filters: Rogers, Roth,
+Ullman and Vadhan 2016; Feldman and Zrnic 2021; Whitehouse, Ramdas, Rogers and Wu 2023). The PLD
+figure bounds this sequence of releases taken as fixed in advance. dpstream applies no theorem
+under which spending the difference again in the same period would keep the promise, so there is
+no in-period credit: the gap is reported, never returned to the period's budget.
 """
 
 from __future__ import annotations
@@ -27,11 +26,12 @@ from dpstream.workers.report.costcheck import Component, RecordCheck, check_reco
 from dpstream.workers.report.tight import PLD_DISCRETIZATION, RDP_ORDERS, tight_epsilons
 
 GAP_REASON = (
-    "the ledger is a privacy filter whose costs are chosen adaptively (the "
-    "allocation re-divides what is left after every release, the warning policy stretches noise); "
-    "its guarantee holds under fully adaptive composition for zCDP and pure ε (Rogers et al. 2016, "
-    "Feldman-Zrnic 2021), while the PLD figure is valid only for a composition fixed in advance, and no "
-    "known PLD filter keeps a guarantee if the freed budget were spent in the same period"
+    "the ledger is a privacy filter whose costs are chosen adaptively (the allocation re-divides what is left "
+    "after every release, the warning policy stretches noise); its (epsilon, delta) promise rests on zCDP and "
+    "pure-epsilon costs adding up under fully adaptive composition (privacy filters: Rogers et al. 2016, "
+    "Feldman-Zrnic 2021, Whitehouse et al. 2023). The PLD figure bounds these releases taken as a composition "
+    "fixed in advance; no theorem applied here keeps the promise if the difference were spent again in the "
+    "same period, so it is reported and never credited back"
 )
 
 
