@@ -183,11 +183,11 @@ def test_primary_sigkill_under_load_keeps_every_published_release(group: Sentine
             figures["published_before_kill"] = len(published.rows)
             t_kill = time.monotonic()
             await asyncio.to_thread(old.kill)
-            new = await asyncio.to_thread(group.wait_failover, old.port)
+            new = await asyncio.to_thread(group.wait_failover, old.port, 120.0)
             figures["failover_s"] = round(time.monotonic() - t_kill, 2)
             figures["new_primary"] = new.port
             await asyncio.to_thread(old.start)  # back on its AOF; Sentinel makes it a replica of the new one
-            await asyncio.to_thread(group.wait_replicas, 1)
+            await asyncio.to_thread(group.wait_replicas, 1, 120.0)
             figures["back_in_sync_s"] = round(time.monotonic() - t_kill, 2)
 
         try:
@@ -204,9 +204,10 @@ def test_primary_sigkill_under_load_keeps_every_published_release(group: Sentine
     print(f"\nfailover figures: { {k: v for k, v in figures.items() if k != 'payloads'} }")
     payloads: dict[str, set[bytes]] = figures["payloads"]
     assert sum(figures["failures"].values()) > 0, "the kill did not interrupt the load: nothing was tested"
-    primary = group.primary()
-    assert primary.port != old.port
-    spent, releases = _ledger_state(primary.port)
+    assert figures["new_primary"] != old.port  # Sentinel promoted the replica
+    # on a loaded machine Sentinel may fail over again (the promoted node missed its pings, and the
+    # old primary, back in sync, was promoted): the invariants must hold on whichever node is primary
+    spent, releases = _ledger_state(group.primary().port)
     twice = {rid for rid, p in payloads.items() if len(p) > 1}
     assert not twice, f"{len(twice)} release_ids published with two payloads"
     missing = [rid for rid in payloads if rid not in releases]

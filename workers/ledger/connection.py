@@ -140,11 +140,11 @@ class LedgerAddress:
         for name, suffix in _TLS_FILES.items():
             if name not in tls and env.get(f"DPSTREAM_REDIS_{suffix}"):
                 tls[name] = env[f"DPSTREAM_REDIS_{suffix}"]
+        if not scheme.startswith("rediss"):
+            tls = {}  # a CA file from the environment does not turn TLS on; the scheme does
         for name, path in tls.items():
             if not os.path.isfile(path):
                 raise ConfigError(f"redis {shown}: {name} {path}: no such file: give the PEM file's path")
-        if tls and not scheme.startswith("rediss"):
-            tls = {}  # a CA file from the environment does not turn TLS on; the scheme does
         user = unquote(parts.username) if parts.username else env.get("DPSTREAM_REDIS_USERNAME") or None
         password = unquote(parts.password) if parts.password else env.get("DPSTREAM_REDIS_PASSWORD") or None
         raw_min = ours.get("min_replicas", env.get("DPSTREAM_REDIS_MIN_REPLICAS", ""))
