@@ -57,7 +57,8 @@ def _admin(secure: SecureRedisHandle) -> redis.Redis:
 
 
 def _session(url: str) -> None:
-    """Register, quote, charge, commit, read: every ledger call a worker and the CLI make."""
+    """Register, quote, charge, commit, operator actions, parking, reads: every ledger call a worker
+    and the CLI make (so the ledger ACL user is known to allow each)."""
 
     async def body() -> None:
         ledger = await open_ledger(url, one_scope_topology())
@@ -70,10 +71,17 @@ def _session(url: str) -> None:
             assert [p.release_id for p in await ledger.pending(0)] == [req.release_id]
             assert await ledger.commit("s", req.release_id)
             assert await ledger.deployment_start("v1", 100) == 100
+            assert await ledger.open_breaker("s", "drill", "ops") and await ledger.close_breaker("s", "over", "ops")
+            await ledger.grant_reserve("s", 0.01, "drill", "ops")
+            assert await ledger.park("s", "stuck", "m", (DAY, 2 * DAY), 5, "ValueError", "worker")
+            assert [p.release_id for p in await ledger.parked("s")] == ["stuck"]
+            assert await ledger.retry_parked("s", None, "fixed", "ops") == 1
+            await ledger.unpark("s", "stuck", "published", "worker")
+            assert await ledger.audit("s")
             await ledger.status("s")
             await ledger.history("s")
-            (row,) = (await ledger.reconcile("s")).periods
-            assert row.stored_units == row.audited_units
+            rows = (await ledger.reconcile("s")).periods
+            assert rows and all(row.stored_units == row.audited_units for row in rows)
         finally:
             await ledger.close()
 
