@@ -20,12 +20,35 @@ REPORT_VERSION = 1
 
 
 def _timeline(data: PeriodData) -> dict[str, Any]:
-    """Spend over the period (after each charge) and the breaker / state events, for the page."""
+    """Spend over the period (after each charge) and the breaker / state / grant events, for the page.
+
+    An event's `window_time` is the window end of the last charge before it in the audit stream (the
+    period start if none): on the schedule's clock, so a replayed period plots its events where they
+    happened in the period, not at the wall-clock time of the replay."""
+    ends: list[int | None] = []
+    for ch in data.charges:
+        end = ((ch.record or {}).get("window") or {}).get("end_epoch")
+        ends.append(end if isinstance(end, int) else None)
+
+    def window_time(after: int) -> int:
+        for i in range(min(after, len(ends)) - 1, -1, -1):
+            end = ends[i]
+            if end is not None:
+                return end
+        return data.period_start
+
     return {
         "spend": [[ch.at_ms, ch.spent_units_after / data.cap_units] for ch in data.charges],
-        "window_ends": [((ch.record or {}).get("window") or {}).get("end_epoch") for ch in data.charges],
+        "window_ends": ends,
         "events": [
-            {"kind": ev.kind, "at_ms": ev.at_ms, "metric": ev.metric, "reason": ev.reason, "state": ev.state}
+            {
+                "kind": ev.kind,
+                "at_ms": ev.at_ms,
+                "window_time": window_time(ev.after_charges),
+                "metric": ev.metric,
+                "reason": ev.reason,
+                "state": ev.state,
+            }
             for ev in data.events
         ],
     }

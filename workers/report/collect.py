@@ -50,6 +50,8 @@ class Event:
     reason: str
     state: str
     spent_units: int
+    after_charges: int = 0
+    """How many of the period's charges precede it in the audit stream (places it on the schedule's clock)."""
 
 
 @dataclass
@@ -137,6 +139,7 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
                     reason=f.get("reason", ""),
                     state=f.get("state", ""),
                     spent_units=int(f.get("spent") or 0),
+                    after_charges=len(data.charges),
                 )
             )
     return data

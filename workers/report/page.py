@@ -68,15 +68,15 @@ def _spend_plot(rep: dict[str, Any]) -> str:
     ax.axhline(rep["terms"]["warn_at"], color="#d08000", linewidth=1, label=f"warn ({rep['terms']['warn_at']:g})")
     ax.axhline(1.0, color="#b00000", linewidth=1.2, label="cap")
     start = rep["period"]["start_epoch"]
-    first = True
+    labelled: set[str] = set()
     for ev in rep["timeline"]["events"]:
         if ev["kind"] in ("breaker_open", "breaker_close", "grant"):
-            x = (ev["at_ms"] / 1000 - start) / 3600
+            x = (ev.get("window_time", ev["at_ms"] / 1000) - start) / 3600
             if 0 <= x <= hours:
-                ax.axvline(x, color="#b00000" if ev["kind"] == "breaker_open" else "#2a8a2a", linestyle=":")
-                if first:
-                    ax.text(x, 1.02, ev["kind"].replace("_", " "), fontsize=7)
-                    first = False
+                colour = {"breaker_open": "#b00000", "breaker_close": "#2a8a2a", "grant": "#7a3db8"}[ev["kind"]]
+                name = ev["kind"].replace("_", " ")
+                ax.axvline(x, color=colour, linestyle=":", label=None if name in labelled else name)
+                labelled.add(name)
     ax.set_xlim(0, hours)
     ax.set_ylim(0, 1.1)
     ax.set_xlabel("hours into the period (window end)")
