@@ -24,14 +24,17 @@ class ClusterNodeHandle(RedisHandle):
     """A redis-server with cluster mode on (its cluster state in `data_dir/nodes.conf`)."""
 
     def __init__(
-        self, port: int, data_dir: Path, node_timeout_ms: int = 5000, progress: Progress = no_progress
+        self, port: int, data_dir: Path, bus_port: int, node_timeout_ms: int = 5000, progress: Progress = no_progress
     ) -> None:
         super().__init__(port, data_dir, progress=progress)
+        self.bus_port = bus_port
         self.node_timeout_ms = node_timeout_ms
 
     def _prepare(self) -> None:
         super()._prepare()
-        extra = render_template("redis-cluster.conf", data_dir=self.data_dir, node_timeout_ms=self.node_timeout_ms)
+        extra = render_template(
+            "redis-cluster.conf", data_dir=self.data_dir, node_timeout_ms=self.node_timeout_ms, bus_port=self.bus_port
+        )
         with self.conf_file.open("a", encoding="utf-8") as conf:
             conf.write("\n" + extra)
 
@@ -41,7 +44,11 @@ class RedisClusterGroup:
 
     def __init__(self, base_dir: Path, primaries: int = 3, progress: Progress = no_progress) -> None:
         base = Path(base_dir).resolve()
-        self.nodes = [ClusterNodeHandle(free_port(), base / f"node{i}", progress=progress) for i in range(primaries)]
+        ports = _distinct_free_ports(2 * primaries)
+        self.nodes = [
+            ClusterNodeHandle(ports[2 * i], base / f"node{i}", ports[2 * i + 1], progress=progress)
+            for i in range(primaries)
+        ]
 
     @property
     def url(self) -> str:
@@ -92,3 +99,13 @@ class RedisClusterGroup:
         else:
             fields = dict(line.split(":", 1) for line in str(info).split() if ":" in line)
         return (fields.get("cluster_state", "?"), fields.get("cluster_slots_assigned") == "16384")
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    """`count` different free loopback ports (data and cluster-bus ports)."""
+    out: list[int] = []
+    while len(out) < count:
+        port = free_port()
+        if port not in out:
+            out.append(port)
+    return out
