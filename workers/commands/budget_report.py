@@ -96,10 +96,24 @@ def _run(args: argparse.Namespace) -> int:
             "give the deployment's topology"
         )
 
+    for module, why in (("dp_accounting", "the tight re-accounting"), ("matplotlib", "the --html page")):
+        if module == "matplotlib" and not args.html:
+            continue
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(
+                f"budget report: {why} needs {module}: install the extra with pip install 'dpstream[report]' "
+                "(in a checkout: pip install -e '.[report]')"
+            ) from None
+
     async def main() -> dict[str, Any]:
         from dpstream.topology.loader import load_topology
 
         topology = load_topology(args.topology)
+        if args.scope not in topology.budgets:
+            known = ", ".join(sorted(topology.budgets))
+            raise ConfigError(f"--scope {args.scope!r}: not a budget scope of {args.topology}; one of {known}")
         ledger, _scopes = await open_cli_ledger(args)
         try:
             return await make_report(ledger, topology, args.scope, args.period)
