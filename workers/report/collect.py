@@ -112,7 +112,9 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
         raise ConfigError(
             f"--scope {scope}: the topology's period length does not match the ledger's; give its topology"
         )
-    for entry in await ledger.audit(scope):
+    # Entries of a period are written once its windows close, so never before it starts (an hour of
+    # margin for clock skew): reading from there skips the earlier periods' entries.
+    for entry in await ledger.audit(scope, (block.start - 3600) * 1000):
         f = entry.fields
         if f.get("period") != pid:
             continue
