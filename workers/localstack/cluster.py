@@ -56,7 +56,15 @@ class RedisClusterGroup:
         return "redis+cluster://" + ",".join(f"{HOST}:{n.port}" for n in self.nodes)
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the nodes, create the cluster once (a restart keeps nodes.conf), wait until it serves."""
+        """Start the nodes, create the cluster once (a restart keeps nodes.conf), wait until it serves;
+        on any failure every node started is stopped again."""
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> None:
         for node in self.nodes:
             node.start()
         if not all(self._state(n.port)[1] for n in self.nodes):

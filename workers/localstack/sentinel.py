@@ -211,12 +211,17 @@ class SentinelLedger:
         return f"{scheme}+sentinel://{hosts}/{self.master_name}/0"
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start every node and sentinel; return once each sentinel sees every replica up."""
-        for node in self.nodes:
-            node.start()
-        for sentinel in self.sentinels:
-            sentinel.start()
-        self.wait_replicas(len(self.nodes) - 1, timeout)
+        """Start every node and sentinel; return once each sentinel sees every replica up. On any
+        failure everything started is stopped again."""
+        try:
+            for node in self.nodes:
+                node.start()
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self.wait_replicas(len(self.nodes) - 1, timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """Stop sentinels first (so nothing fails over during shutdown), then the nodes."""
