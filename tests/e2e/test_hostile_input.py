@@ -392,9 +392,9 @@ def _events(draw: st.DrawFn, big: collections.Counter[str]) -> list[Sent]:  # on
 
 def generate_events(n: int) -> list[Sent]:
     """`n` event templates from hypothesis, PER_EXAMPLE per example. A run's first example is hypothesis'
-    minimal one and after a few dozen it mostly mutates earlier ones, so it runs a few dozen examples at a
-    time, afresh, and keeps the batches of which at least half the templates are new (by kind, key and
-    value rendered at fixed times)."""
+    minimal one and later ones may mutate earlier ones, so it runs ten examples at a time, afresh, and
+    keeps the batches of which at least half the templates are new (by kind, key and value rendered at
+    fixed times)."""
     events: list[Sent] = []
     seen: set[tuple[str, bytes | None, bytes | None]] = set()
     big: collections.Counter[str] = collections.Counter()
