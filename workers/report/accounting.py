@@ -13,7 +13,7 @@ no in-period credit: the gap is reported, never returned to the period's budget.
 
 from __future__ import annotations
 
-__all__ = ["GAP_REASON", "accounting_section"]
+__all__ = ["GAP_REASON", "accounting_section", "checks_of"]
 
 from typing import Any
 

@@ -9,7 +9,7 @@ cost and is flagged. The components found here are also what the tight re-accoun
 
 from __future__ import annotations
 
-__all__ = ["Component", "RecordCheck", "check_record"]
+__all__ = ["Component", "RecordCheck", "check_record", "components_of"]
 
 import math
 from dataclasses import dataclass, field

@@ -11,7 +11,7 @@ Top-k releases keys, not numbers: they have no E and are left out of the fit and
 
 from __future__ import annotations
 
-__all__ = ["MetricUtility", "utility_of", "release_epsilon", "expected_abs_error"]
+__all__ = ["MetricUtility", "collect_utility", "expected_abs_error", "release_epsilon", "utility_of"]
 
 import math
 import statistics
@@ -21,7 +21,7 @@ from typing import Any
 from dpstream.topology.calibration import Z95
 from dpstream.topology.model import Accounting, Aggregate
 from dpstream.topology.plan import MetricPlan
-from dpstream.workers.report.collect import Charge, PeriodData
+from dpstream.workers.report.collect import PeriodData
 
 _GAUSS = math.sqrt(2.0 / math.pi)
 
@@ -153,7 +153,7 @@ def _planned_sigma(plan: MetricPlan) -> float | None:
 
 
 def utility_of(
-    data: PeriodData, accounting: Accounting, plans: dict[str, MetricPlan], charges: list[Charge] | None = None
+    data: PeriodData, accounting: Accounting, plans: dict[str, MetricPlan]
 ) -> tuple[dict[str, MetricUtility], list[dict[str, Any]]]:
     """The per-metric utility objects and the section's JSON rows."""
     util = collect_utility(data, accounting)
