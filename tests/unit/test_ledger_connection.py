@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dpstream.topology.errors import ConfigError
+from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger.connection import LedgerAddress, redact
 from dpstream.workers.ledger.durability import replica_problem
 
 SECRET = "s3cr3t-pw"
+SEED = Path(__file__).parents[2] / "topology" / "examples" / "seed-adaptive.yaml"
 
 
 def test_sentinel_url() -> None:
@@ -85,3 +89,19 @@ def test_replica_problem() -> None:
     assert replica_problem(1, 1) is None and replica_problem(0, 0) is None
     assert "every release fails closed" in (replica_problem(1, 0) or "")
     assert "may promote a replica that lacks" in (replica_problem(1, 2) or "")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/dpstream/0?min_replicas=1",
+        "rediss+sentinel://127.0.0.1:26379/dpstream",
+        "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+        "rediss://ledger@127.0.0.1:6380/0?namespace=blue",
+    ],
+)
+def test_topology_accepts_every_ledger_url(url: str) -> None:
+    """A topology's `redis: url:` takes each ledger URL form that `--redis` takes."""
+    text = Path(SEED).read_text(encoding="utf-8") + f"\nredis:\n  url: {url!r}\n"
+    assert load_topology_text(text, "t.yaml").redis.url == url
+    LedgerAddress.parse(url, env={})
