@@ -34,7 +34,13 @@ def topology_document(topology: Topology) -> dict[str, Any]:
     if topology.start_s is not None:
         doc["start"] = format_start(topology.start_s)
     if topology.kafka != KafkaSettings():
-        doc["kafka"] = {"bootstrap": topology.kafka.bootstrap}
+        kafka = topology.kafka
+        doc["kafka"] = {"bootstrap": kafka.bootstrap}
+        if kafka.security_protocol is not None:
+            doc["kafka"]["security_protocol"] = kafka.security_protocol.value
+        for key in ("sasl_mechanism", "sasl_username", "ssl_cafile"):
+            if getattr(kafka, key) is not None:
+                doc["kafka"][key] = getattr(kafka, key)
     if topology.redis != RedisSettings():
         doc["redis"] = {"url": topology.redis.url}
     doc["sources"] = {name: _source(s) for name, s in topology.sources.items()}

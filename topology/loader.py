@@ -28,11 +28,13 @@ from dpstream.topology.errors import ConfigError, ConfigWarning
 from dpstream.topology.lint import lint_topology
 from dpstream.topology.model import (
     EVENT_LEVEL_UNIT,
+    KAFKA_SASL_MECHANISMS,
     Accounting,
     Aggregate,
     Bounds,
     Budget,
     Contribution,
+    KafkaProtocol,
     KafkaSettings,
     Mechanism,
     Metric,
@@ -96,7 +98,7 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     "contribution": ("max_keys", "max_per_key"),
     "postprocess": ("round", "clamp_zero"),
     "sinks": ("releases", "dead_letter", "partials"),
-    "kafka": ("bootstrap",),
+    "kafka": ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile"),
     "redis": ("url",),
 }
 """Every YAML key the loader accepts, per mapping (the JSON Schema test checks it against the schema)."""
@@ -109,6 +111,12 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "sinks": ("releases", "dead_letter"),
 }
 """Keys that must be present (others have defaults, or are required only in some combinations)."""
+
+_SECRET_FIELDS = {
+    "sasl_password": "set DPSTREAM_KAFKA_SASL_PASSWORD (or DPSTREAM_KAFKA_SASL_PASSWORD_FILE) in the environment",
+    "password": "set it in the environment (DPSTREAM_KAFKA_SASL_PASSWORD, DPSTREAM_REDIS_PASSWORD)",
+}
+"""Keys that would put a secret in the file: refused with where the secret goes instead."""
 
 _HINTS = {
     "version": "write version: 1 at the top",
@@ -215,6 +223,12 @@ class _Fields:
             return
         unknown: list[str] = []
         for key, key_line, value in node.entries:
+            if key in _SECRET_FIELDS and key not in known:  # its value is never shown
+                self.fail(
+                    key_line, f"{subject}: {key}: a secret does not belong in the topology file; {_SECRET_FIELDS[key]}"
+                )
+                unknown.append(key)
+                continue
             if key not in known:
                 self.fail(key_line, f"{subject}: unknown field '{key}'; {suggest(key, known)}")
                 unknown.append(key)
@@ -465,7 +479,12 @@ class _Loader:
         assert node is not None  # is_null(None) is True
         f = _Fields(self, "kafka", "kafka", "kafka", node, node.line)
         bootstrap = f.get("bootstrap", read_str, default=KafkaSettings().bootstrap)
-        return KafkaSettings(bootstrap)
+        protocol = f.get("security_protocol", read_enum, KafkaProtocol)
+        mechanism = f.get("sasl_mechanism", read_str)
+        if mechanism is not None and mechanism not in KAFKA_SASL_MECHANISMS:
+            f.bad("sasl_mechanism", f"unsupported; use one of {', '.join(KAFKA_SASL_MECHANISMS)}")
+        username, cafile = f.get("sasl_username", read_str), f.get("ssl_cafile", read_str)
+        return KafkaSettings(bootstrap, protocol, mechanism, username, cafile)
 
     def _redis(self, node: Node | None) -> RedisSettings:
         if is_null(node):

@@ -23,6 +23,7 @@ __all__ = [
     "Source",
     "Metric",
     "Sinks",
+    "KafkaProtocol",
     "KafkaSettings",
     "RedisSettings",
     "Topology",
@@ -70,6 +71,33 @@ class Mechanism(Enum):
     """Discrete Gaussian on integers (zCDP only; ρ = Δ₂²/(2σ²))."""
     EXPONENTIAL = "exponential"
     """Exponential mechanism / noisy top-k (pure ε; ε²/8 in zCDP)."""
+
+
+class KafkaProtocol(Enum):
+    """Kafka's `security.protocol` of every client of a deployment."""
+
+    PLAINTEXT = "PLAINTEXT"
+    """No TLS, no authentication (a loopback test broker only)."""
+    SSL = "SSL"
+    """TLS; the broker may authenticate the client by its certificate."""
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    """SASL authentication without TLS: SCRAM hides the password, the data is not encrypted."""
+    SASL_SSL = "SASL_SSL"
+    """SASL authentication inside TLS (the production setting)."""
+
+    @property
+    def tls(self) -> bool:
+        """True when the connection is encrypted."""
+        return self in (KafkaProtocol.SSL, KafkaProtocol.SASL_SSL)
+
+    @property
+    def sasl(self) -> bool:
+        """True when the client authenticates with a user name and password."""
+        return self in (KafkaProtocol.SASL_PLAINTEXT, KafkaProtocol.SASL_SSL)
+
+
+KAFKA_SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+"""SASL mechanisms the Kafka clients speak (SCRAM-SHA-512 is the default)."""
 
 
 class UnitHash(Enum):
@@ -250,9 +278,18 @@ class Sinks:
 
 @dataclass(frozen=True)
 class KafkaSettings:
-    """Where the Kafka cluster is."""
+    """Where the Kafka cluster is and how its clients authenticate. The password is never in the file:
+    it comes from DPSTREAM_KAFKA_SASL_PASSWORD (or _FILE); each DPSTREAM_KAFKA_* variable set wins."""
 
     bootstrap: str = "localhost:9092"
+    security_protocol: KafkaProtocol | None = None
+    """TLS and SASL of every client (unset: SASL_SSL with a SASL user, SSL with a CA file, else PLAINTEXT)."""
+    sasl_mechanism: str | None = None
+    """SCRAM-SHA-512 (the default), SCRAM-SHA-256 or PLAIN."""
+    sasl_username: str | None = None
+    """The worker's SASL user."""
+    ssl_cafile: str | None = None
+    """PEM file of the CA that signed the brokers' certificates (unset: the system's CAs)."""
 
 
 @dataclass(frozen=True)

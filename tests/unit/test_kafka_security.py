@@ -59,3 +59,77 @@ def test_mistakes_are_one_line_without_the_password(env: dict[str, str], message
     with pytest.raises(ConfigError, match=message) as info:
         KafkaSecurity.from_env(env)
     assert "\n" not in str(info.value) and SECRET not in str(info.value)
+
+
+def test_topology_kafka_section_is_the_fallback_and_the_environment_wins(tmp_path: Path) -> None:
+    """`kafka:` in the topology gives protocol, user and CA; a DPSTREAM_KAFKA_* variable set overrides it."""
+    from dpstream.topology.model import KafkaProtocol, KafkaSettings
+
+    (tmp_path / "ca.pem").write_text("not read here")
+    kafka = KafkaSettings("b:9093", KafkaProtocol.SASL_SSL, "SCRAM-SHA-256", "from-file", str(tmp_path / "ca.pem"))
+    security = KafkaSecurity.from_env({P + "SASL_PASSWORD": SECRET}, kafka=kafka)
+    assert (security.protocol, security.mechanism, security.username) == (
+        Protocol.SASL_SSL,
+        "SCRAM-SHA-256",
+        "from-file",
+    )
+    assert security.cafile == str(tmp_path / "ca.pem")
+    env = {P + "SASL_PASSWORD": SECRET, P + "SASL_USERNAME": "from-env", P + "SASL_MECHANISM": "SCRAM-SHA-512"}
+    security = KafkaSecurity.from_env(env, kafka=kafka)
+    assert (security.username, security.mechanism) == ("from-env", "SCRAM-SHA-512")
+
+
+TOPOLOGY = """\
+version: 1
+kafka:
+{kafka}
+sources:
+  clicks: {{topic: web.clicks, privacy_unit: user_id}}
+budgets:
+  daily: {{epsilon: 1.0, delta: 1.0e-6, period: 1d}}
+metrics:
+  m1: {{source: clicks, budget: daily, window: {{tumbling: 1m}}, aggregate: count, mechanism: gaussian}}
+sinks: {{releases: out.releases, dead_letter: out.dlq}}
+"""
+
+
+def _kafka(*lines: str) -> str:
+    return TOPOLOGY.format(kafka="\n".join("  " + line for line in lines))
+
+
+def test_topology_kafka_security_fields_load_and_round_trip() -> None:
+    """`kafka:` takes security_protocol, sasl_mechanism, sasl_username and ssl_cafile; dump keeps them."""
+    from dpstream.topology.dumper import dump_topology
+    from dpstream.topology.loader import load_topology_text
+    from dpstream.topology.model import KafkaProtocol, KafkaSettings
+
+    text = _kafka(
+        "bootstrap: k1:9093", "security_protocol: SASL_SSL", "sasl_mechanism: SCRAM-SHA-256",
+        "sasl_username: dpstream-worker", "ssl_cafile: /etc/dpstream/kafka-ca.pem",
+    )  # fmt: skip
+    topology = load_topology_text(text, env={})
+    want = KafkaSettings(
+        "k1:9093", KafkaProtocol.SASL_SSL, "SCRAM-SHA-256", "dpstream-worker", "/etc/dpstream/kafka-ca.pem"
+    )
+    assert topology.kafka == want
+    assert load_topology_text(dump_topology(topology), env={}).kafka == want
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (f"sasl_password: {SECRET}", r"t.yaml:4: kafka: sasl_password: a secret does not belong in the topology "
+         r"file; set DPSTREAM_KAFKA_SASL_PASSWORD"),
+        ("security_protocol: SASL_TLS", r"t.yaml:4: kafka: security_protocol 'SASL_TLS': unknown security_protocol; "
+         r"did you mean 'SASL_SSL'\?"),
+        ("sasl_mechanism: GSSAPI", r"t.yaml:4: kafka: sasl_mechanism 'GSSAPI': unsupported; use one of SCRAM-SHA-512"),
+    ],
+)  # fmt: skip
+def test_topology_kafka_mistakes_are_one_line(line: str, message: str) -> None:
+    """A password in the file, an unknown protocol or mechanism: one located line (never the secret)."""
+    from dpstream.topology.loader import load_topology_text
+    from dpstream.topology.validation import TopologyError
+
+    with pytest.raises(TopologyError, match=message) as info:
+        load_topology_text(_kafka("bootstrap: k1:9093", line), path="t.yaml", env={})
+    assert "\n" not in str(info.value) and SECRET not in str(info.value)

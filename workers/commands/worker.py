@@ -63,6 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     from dpstream.topology.loader import load_topology
     from dpstream.workers.pipeline.unit_ids import check_unit_hashing
     from dpstream.workers.runtime.app import Role, build_runtime, run_worker
+    from dpstream.workers.runtime.kafka_security import KafkaSecurity
     from dpstream.workers.runtime.settings import RuntimeSettings
 
     topology = load_topology(args.file)
@@ -76,5 +77,6 @@ def _run(args: argparse.Namespace) -> int:
         web_bind=args.web_bind,
         partitions=args.partitions,
         datadir=args.datadir or tempfile.mkdtemp(prefix=f"dpstream-{worker_id}-"),
+        kafka_security=KafkaSecurity.from_env(kafka=topology.kafka),
     )
     return run_worker(build_runtime(topology, settings, Role(args.role)), loglevel=args.loglevel)

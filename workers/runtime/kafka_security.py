@@ -1,4 +1,5 @@
-"""How every Kafka client of a worker authenticates: TLS and SASL/SCRAM, from the environment.
+"""How every Kafka client of a worker authenticates: TLS and SASL/SCRAM, from the environment or
+the topology's `kafka:` section (a variable set wins; the password only ever from the environment).
 
 One place builds the keywords of every aiokafka client (consumers, producers, admin) and Faust's
 `broker_credentials`, so no client connects in plaintext while another uses TLS. The password is a
@@ -21,37 +22,15 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import KAFKA_SASL_MECHANISMS as _MECHANISMS
+from dpstream.topology.model import KafkaProtocol as Protocol
+from dpstream.topology.model import KafkaSettings
 
 ENV_PREFIX = "DPSTREAM_KAFKA_"
-_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
-
-
-class Protocol(Enum):
-    """Kafka's `security.protocol` of a client."""
-
-    PLAINTEXT = "PLAINTEXT"
-    """No TLS, no authentication (a loopback test broker only)."""
-    SSL = "SSL"
-    """TLS; the broker may authenticate the client by its certificate."""
-    SASL_PLAINTEXT = "SASL_PLAINTEXT"
-    """SASL authentication without TLS: the SCRAM exchange hides the password, the data is not encrypted."""
-    SASL_SSL = "SASL_SSL"
-    """SASL authentication inside TLS (the production setting)."""
-
-    @property
-    def tls(self) -> bool:
-        """True when the connection is encrypted."""
-        return self in (Protocol.SSL, Protocol.SASL_SSL)
-
-    @property
-    def sasl(self) -> bool:
-        """True when the client authenticates with a user name and password."""
-        return self in (Protocol.SASL_PLAINTEXT, Protocol.SASL_SSL)
 
 
 class Secret:
@@ -118,12 +97,20 @@ class KafkaSecurity:
                 raise ConfigError(f"{env}{name} {path}: no such file; give the path of a PEM file")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> KafkaSecurity:
-        """The settings in `DPSTREAM_KAFKA_*` variables (see the module docstring)."""
+    def from_env(cls, env: Mapping[str, str] | None = None, kafka: KafkaSettings | None = None) -> KafkaSecurity:
+        """The settings in `DPSTREAM_KAFKA_*` variables (see the module docstring), each unset one
+        taken from the topology's `kafka:` section when given."""
         env = os.environ if env is None else env
+        kafka = kafka or KafkaSettings()
+        in_file = {
+            "SECURITY_PROTOCOL": kafka.security_protocol.value if kafka.security_protocol else None,
+            "SASL_MECHANISM": kafka.sasl_mechanism,
+            "SASL_USERNAME": kafka.sasl_username,
+            "SSL_CAFILE": kafka.ssl_cafile,
+        }
 
         def get(name: str) -> str | None:
-            return env.get(ENV_PREFIX + name, "").strip() or None
+            return env.get(ENV_PREFIX + name, "").strip() or in_file.get(name)
 
         password = env.get(ENV_PREFIX + "SASL_PASSWORD") or None
         password_file = get("SASL_PASSWORD_FILE")
