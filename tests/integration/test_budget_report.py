@@ -253,7 +253,7 @@ def _measure(path: Path, book: Any, weights: dict[str, float], mags: dict[str, f
         for key, noisy in rec["values"].items():
             acc[0] += abs(noisy - truth[key])
             acc[1] += sigma * _GAUSS_ABS
-            acc[2] += 4.0 * sigma**2  # |X| of a discrete Gaussian: sub-Gaussian proxy taken twice σ wide
+            acc[2] += 2.0 * sigma**2  # |X| − E|X| is sub-Gaussian with proxy 2σ² (see the test's docstring)
             acc[3] += 1
     measured = expected = proxy = 0.0
     for name, (err, exp, var, n) in sums.items():
@@ -269,9 +269,12 @@ def test_advice_predicts_the_fall_of_the_weighted_error(
     |error| / typical magnitude) by what the report predicted: the measured fall is within a noise bound
     (false failure < 1e-6) of the fall expected from the records' σ, which equals the predicted fall to 2 %.
 
-    The bound treats each |noisy − truth| as sub-Gaussian with proxy (2σ)² (conservative for the discrete
-    Gaussian); at this size it is about as large as the fall itself, so the test pins the size of the fall,
-    not merely its sign."""
+    The bound: a discrete Gaussian X of parameter σ has E e^(λX) ≤ e^(λ²σ²/2) (Canonne-Kamath-Steinke 2020);
+    with X' an independent copy, Jensen gives E e^(λ(|X|−E|X|)) ≤ E cosh(λ(|X|−|X'|)) ≤ E cosh(λ(X−X'))
+    ≤ e^(λ²·2σ²/2) (cosh is even and grows with |·|, and ||X|−|X'|| ≤ |X−X'|), so each |noisy − truth| is
+    sub-Gaussian with proxy 2σ² about its mean, and a weighted sum of independent ones with proxy Σ f²·2σ².
+    At this size the bound is comparable to the fall itself: the test pins the size of the fall, not
+    merely its sign."""
     _code, rep = _cached_report(capsys, capped)
     adv = rep["advice"]
     rows = {r["metric"]: r for r in adv["metrics"]}
