@@ -313,3 +313,9 @@ def test_stack_refuses_a_home_formatted_for_another_broker_count(tmp_path: Path)
     with pytest.raises(ConfigError, match=r"belongs to a 1-broker cluster, not 3: run `stack down`"):
         stack.kafka_cluster.start()
     assert [s.name for s in stack.status([Service.KAFKA])] == ["kafka", "kafka-2", "kafka-3"]
+
+
+def test_cli_refuses_zero_brokers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--brokers 0` is one line and exit 2."""
+    assert stack_main(["up", "--brokers", "0", "--home", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "stack: error: --brokers 0: need at least 1 Kafka broker"

@@ -92,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"# {args.action}: state in {config.home} ({time.monotonic() - started:.1f} s)")
     for status in statuses:
         print(status.line())
+    if len(stack.kafka_cluster.nodes) > 1 and args.action != "down":
+        print(f"# kafka bootstrap: {stack.kafka_cluster.bootstrap}")
     return 0
 
 
