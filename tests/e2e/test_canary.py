@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from dpstream.topology.loader import load_topology, load_topology_text
 from dpstream.workers.localstack import free_port
@@ -398,6 +399,15 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
                 clean_of(body, raw_ids + canary, f"{name} {route}")
         for log in (worker_log, exporter_log):
             clean_of(log.read_bytes(), raw_ids + canary + [SECRET], log.name)
+        # both dead letters are counted, the hop's too
+        samples = {
+            (s.name, s.labels.get("reason")): s.value
+            for fam in text_string_to_metric_families(_get(worker_port, "/metrics")[1].decode())
+            for s in fam.samples
+            if s.name == "dpstream_dead_letters_total" and s.labels.get("source") == "clicks"
+        }
+        assert samples[("dpstream_dead_letters_total", "not_json")] == 1, samples
+        assert samples[("dpstream_dead_letters_total", "bad_value")] == 1, samples
         assert procs[0].poll() is None and "Traceback" not in worker_log.read_text(errors="replace")
     finally:
         for proc in procs:

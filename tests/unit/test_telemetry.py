@@ -291,6 +291,7 @@ class _ReleaseSide:
 class _Ingest:
     def __init__(self) -> None:
         self.revoked_counts: dict[str, EventCounts] = {}
+        self.hop_counts: dict[str, EventCounts] = {}
         self.live: list = []
 
     def pipelines(self) -> list:

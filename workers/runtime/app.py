@@ -165,7 +165,9 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
         ingest = IngestService(topology, settings, offload=role is Role.ALL)
         app.service(ingest)  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
         hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
-        repartition = RepartitionService(topology, settings, hop_sources) if hop_sources else None
+        repartition = None
+        if hop_sources:
+            repartition = RepartitionService(topology, settings, hop_sources, counts=ingest.hop_counts)
         if repartition is not None:
             app.service(repartition)  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
     telemetry = None

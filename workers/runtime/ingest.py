@@ -99,6 +99,8 @@ class IngestService(Service):
         self._cores: dict[TopicPartition, PartitionPipeline] = {}
         self.revoked_counts: dict[str, EventCounts] = {}
         """source → event counts of the partitions revoked from this worker (metrics stay monotone)."""
+        self.hop_counts: dict[str, EventCounts] = {}
+        """source → events the repartition hop dead-lettered itself (no usable unit to hash)."""
         self._committed: dict[TopicPartition, tuple[int, str]] = {}
         """Last (offset, metadata) committed per owned partition (an unchanged pair is not re-sent)."""
         self._counts: dict[str, int] = {}

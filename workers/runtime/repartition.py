@@ -23,6 +23,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from dpstream.topology.model import Source, Topology
+from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.unit_ids import hashed_copy, refusal_reason, unit_hasher
 from dpstream.workers.runtime.settings import RuntimeSettings
@@ -56,8 +57,17 @@ def _unit_key(raw: bytes, field: str) -> bytes | None:
 class RepartitionService(Service):
     """Copies the sources that need it into their by-unit topics."""
 
-    def __init__(self, topology: Topology, settings: RuntimeSettings, sources: list[Source], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        settings: RuntimeSettings,
+        sources: list[Source],
+        counts: dict[str, EventCounts] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`counts`: source → counts of the events the hop dead-letters itself (shown in /metrics as invalid)."""
         self.topology = topology
+        self.counts = {} if counts is None else counts
         self.settings = settings
         self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}
         self._hashers = {s.topic: unit_hasher(s) for s in sources}
@@ -127,6 +137,7 @@ class RepartitionService(Service):
                             rec.value or b"",
                         )
                         sends.append(await self._producer.send(self.topology.sinks.dead_letter, letter.to_bytes()))
+                        self.counts.setdefault(letter.source, EventCounts()).invalid[letter.reason] += 1
                         continue
                     key = key or rec.key
                     sends.append(await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp))

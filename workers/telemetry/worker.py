@@ -279,7 +279,7 @@ class WorkerCollector(Collector):
         """Per source: the partitions revoked from this worker (their totals at revoke) plus the
         partitions it owns now: monotone across rebalances."""
         out: dict[str, EventCounts] = {}
-        for source, base in list(self.ingest.revoked_counts.items()):
+        for source, base in [*self.ingest.revoked_counts.items(), *self.ingest.hop_counts.items()]:
             fold_event_counts(out.setdefault(source, EventCounts()), base)
         for pipeline in self.ingest.pipelines():
             fold_event_counts(out.setdefault(pipeline.source.name, EventCounts()), pipeline.refresh_counts())
