@@ -18,6 +18,7 @@ from dpstream.topology.model import Topology
 from dpstream.workers.ledger.durability import durability_problem
 from dpstream.workers.ledger.keys import check_scope_name
 from dpstream.workers.ledger.types import AuditKind
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.verify import checks
 from dpstream.workers.verify.report import VerifyReport, Violation, iso
 from dpstream.workers.verify.sources import LedgerRelease, read_deployment_start, read_releases, read_topic
@@ -103,9 +104,12 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
     report = VerifyReport(version)
     counts = report.counts
 
-    release_records = await read_topic(options.bootstrap, topology.sinks.releases)
-    dead_records = await read_topic(options.bootstrap, topology.sinks.dead_letter)
-    theirs_records = await read_topic(options.bootstrap, options.compare_to) if options.compare_to else None
+    kafka = KafkaSecurity.from_env(kafka=topology.kafka)  # as `dpstream worker` resolves it
+    release_records = await read_topic(options.bootstrap, topology.sinks.releases, security=kafka)
+    dead_records = await read_topic(options.bootstrap, topology.sinks.dead_letter, security=kafka)
+    theirs_records = (
+        await read_topic(options.bootstrap, options.compare_to, security=kafka) if options.compare_to else None
+    )
 
     published, found_violations = checks.index_releases(release_records, counts)
     report.add(found_violations)

@@ -27,6 +27,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
 from dpstream.workers.runtime.admin import client_options
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.runtime.topics import partition_count
 
 RELEASE_STATES = ("reserved", "published")
@@ -67,7 +68,9 @@ class LedgerRelease:
     """When the charge was made (the worker's clock, ms), as the charge script stored it."""
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list[TopicRecord]:
+async def read_topic(
+    bootstrap: str, topic: str, timeout_s: float = 120.0, security: KafkaSecurity | None = None
+) -> list[TopicRecord]:
     """Every record of `topic` from the beginning up to its end offsets as of the call (a snapshot,
     so a busy topic ends too), in partition then offset order. No consumer group, nothing committed.
 
@@ -83,12 +86,12 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> li
         max_partition_fetch_bytes=_FETCH_BYTES,
         fetch_max_bytes=_FETCH_BYTES,
         request_timeout_ms=30_000,
-        **client_options(None),  # TLS/SASL from the DPSTREAM_KAFKA_* environment, as the workers
+        **client_options(security),  # TLS/SASL as the workers' (None: the DPSTREAM_KAFKA_* environment)
     )
     try:
         try:
             await consumer.start()
-            partitions = await partition_count(bootstrap, topic)
+            partitions = await partition_count(bootstrap, topic, security)
         except (KafkaError, OSError) as exc:
             raise ConfigError(
                 f"--bootstrap {bootstrap}: cannot read Kafka ({type(exc).__name__}); "
