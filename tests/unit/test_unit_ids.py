@@ -200,3 +200,22 @@ def test_refusal_reason_names_what_the_ingest_would_say() -> None:
     for raw, reason in cases.items():
         assert raw is None or hashed_copy(raw, "user_id", h, orjson.loads, orjson.dumps) is None
         assert refusal_reason(raw, parser) == reason, raw
+
+
+def test_replay_without_the_secret_exits_2_before_touching_the_ledger(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dpstream replay` on a hashing topology without the secret: one line naming the variable, exit 2."""
+    from dpstream.workers.cli import main
+
+    monkeypatch.delenv(UNIT_HMAC_KEY_ENV, raising=False)
+    path = tmp_path / "topology.yaml"
+    path.write_text(_YAML.format(unit="user_id", extra=", privacy_unit_hash: hmac-sha256"))
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"user_id": "alice", "ts": 5, "page": "a"}) + "\n")
+    argv = ["replay", str(path), str(events), "--ledger", "redis://127.0.0.1:1/0", "--from", "0", "--to", "60"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and UNIT_HMAC_KEY_ENV in err, err
+    monkeypatch.setenv(UNIT_HMAC_KEY_ENV, SECRET)
+    assert main([*argv[:4], "memory", *argv[5:], "--out", str(tmp_path / "out.jsonl")]) == 0

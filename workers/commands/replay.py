@@ -23,6 +23,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.commands.budget import default_actor
 from dpstream.workers.ledger import open_ledger
+from dpstream.workers.pipeline.unit_ids import check_unit_hashing
 from dpstream.workers.release.record import iso_utc
 from dpstream.workers.runtime.replay import data_range, replay_lines
 
@@ -58,6 +59,7 @@ async def _run(args: argparse.Namespace) -> int:
     from dpstream.topology.loader import load_topology
 
     topology = load_topology(args.file)
+    check_unit_hashing(topology)  # before the ledger registers anything
     if args.partitions < 1:
         raise ConfigError(f"--partitions {args.partitions}: need at least 1")
     span = _schedule(args, topology)
