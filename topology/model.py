@@ -105,7 +105,7 @@ class UnitHash(Enum):
 
     HMAC_SHA256 = "hmac-sha256"
     """HMAC-SHA-256 keyed by the secret in the environment variable DPSTREAM_UNIT_HMAC_KEY (the same on
-    every worker): the repartition hop, internal topics and worker memory see only the keyed hash."""
+    every worker): the repartition hop, internal topics and the bounding state see only the keyed hash."""
 
 
 class WindowKind(Enum):

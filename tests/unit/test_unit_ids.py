@@ -219,3 +219,17 @@ def test_replay_without_the_secret_exits_2_before_touching_the_ledger(
     assert err.count("\n") == 1 and UNIT_HMAC_KEY_ENV in err, err
     monkeypatch.setenv(UNIT_HMAC_KEY_ENV, SECRET)
     assert main([*argv[:4], "memory", *argv[5:], "--out", str(tmp_path / "out.jsonl")]) == 0
+
+
+def test_the_hasher_remembers_a_bounded_number_of_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The id → hash cache is cleared when full and answers exactly as the bare HMAC does."""
+    import hashlib
+    import hmac
+
+    from dpstream.workers.pipeline import unit_ids
+
+    monkeypatch.setattr(unit_ids, "CACHE_SIZE", 8)
+    h = UnitHasher(SECRET.encode())
+    for i in [*range(20), *range(20)]:
+        assert h(f"u{i}") == hmac.new(SECRET.encode(), f"u{i}".encode(), hashlib.sha256).hexdigest()
+        assert len(h._cache) <= 8
