@@ -103,6 +103,10 @@ def read_number(node: Node, subject: str, field: str) -> float:
     raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a number, e.g. {field}: 1.0")
 
 
+MAX_WHOLE = 2**53
+"""The largest whole number a field takes: every integer up to it is exact as a float."""
+
+
 def read_int(node: Node, subject: str, field: str, minimum: int) -> int:
     """A whole number >= `minimum`; `2.0`, `true` and `"2"` are refused."""
     value = node.value if isinstance(node, Scalar) else None
@@ -111,6 +115,8 @@ def read_int(node: Node, subject: str, field: str, minimum: int) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < minimum:
             raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be at least {minimum}")
+        if value > MAX_WHOLE:  # sensitivities and costs are computed in floats: keep them exact
+            raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be at most {MAX_WHOLE:,}")
         return value
     raise FieldProblem(
         node.line,

@@ -398,14 +398,21 @@ def test_line_breaks_in_a_name_or_value_stay_on_one_line(where: str, brk: str, t
     assert len(err.splitlines()) == 1, repr(err)
 
 
-@pytest.mark.parametrize("field", ["epsilon", "delta", "reserve", "warn_at", "weight", "bounds"])
+@pytest.mark.parametrize(
+    "field", ["epsilon", "delta", "reserve", "warn_at", "weight", "bounds", "max_keys", "max_per_key", "thin"]
+)
 def test_an_integer_beyond_the_float_range_is_one_line(field: str, tmp_path: Path) -> None:
-    """`epsilon: 1000…0` (401 digits), and the same in every number field: one line and exit 2."""
+    """`epsilon: 1000…0` (401 digits), and the same in every number and whole-number field (the
+    contribution bounds feed float sensitivities): one line and exit 2."""
     doc = copy.deepcopy(yaml.safe_load((ROOT / "topology" / "examples" / "web-analytics.yaml").read_text()))
     huge = 10**400
     if field in ("weight", "bounds"):
         metric = next(m for m in doc["metrics"].values() if "bounds" in m)
         metric[field] = [0, huge] if field == "bounds" else huge
+    elif field in ("max_keys", "max_per_key"):
+        next(iter(doc["metrics"].values()))["contribution"][field] = huge
+    elif field == "thin":
+        next(iter(doc["budgets"].values()))["on_warning"] = {"thin": huge}
     else:
         next(iter(doc["budgets"].values()))[field] = huge
     path = tmp_path / "t.yaml"
