@@ -141,7 +141,6 @@ def _grant_worker(broker: SecureBroker, dep: Deployment) -> None:
     and the reader's: the releases topic only."""
     sinks, source = dep.topology.sinks, dep.source_topic
     rwdc = ("READ", "WRITE", "DESCRIBE", "CREATE")
-    broker.grant("worker", ("DESCRIBE",), "CLUSTER", "kafka-cluster")
     broker.grant("worker", ("READ", "DESCRIBE", "CREATE"), "TOPIC", source)
     for topic in (sinks.partials_topic, f"{source}.by-unit"):
         broker.grant("worker", rwdc, "TOPIC", topic)

@@ -19,6 +19,7 @@ import faust
 from faust.transport.drivers.aiokafka import Producer as _FaustProducer
 from mode import Service
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.runtime.admin import broker_count, replication_for
 from dpstream.workers.runtime.ingest import IngestService
@@ -152,7 +153,13 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
     ensure_topics(settings.bootstrap, topology, settings.partitions, settings.kafka_security)
     # An ingest-only process runs no agent: its Faust app must not join the release agents' group.
     app_id = settings.group_id(topology) + ("-ingest-only" if role is Role.INGEST else "")
-    replicas, durable = replication_for(broker_count(settings.bootstrap, security=settings.kafka_security))
+    brokers = broker_count(settings.bootstrap, security=settings.kafka_security)
+    if brokers < 1:  # never size the changelog's replication on a failed read (it would be 1)
+        raise ConfigError(
+            f"Kafka at {settings.bootstrap}: the cluster's brokers could not be listed (to size the changelog's "
+            "replication); check that the brokers run and try again"
+        )
+    replicas, durable = replication_for(brokers)
     app = new_app(app_id, settings, replicas)
     releases = ingest = repartition = None
     if role is not Role.INGEST:
