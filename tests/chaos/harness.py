@@ -25,6 +25,7 @@ from kafka import KafkaProducer
 from dpstream.topology.loader import load_topology
 from dpstream.topology.model import Topology
 from dpstream.workers.localstack import KafkaHandle, RedisHandle, free_port
+from dpstream.workers.localstack.sentinel import SentinelLedger
 from dpstream.workers.release.faults import ARM_ENV, ARM_PHRASE, CRASH_ENV, STEPS
 from dpstream.workers.runtime.topics import ensure_topics
 
@@ -91,38 +92,42 @@ class ChaosSettings:
     """One round of injections: worker kills, Redis SIGKILL, Redis stop, Kafka restart."""
     redis_pause_s: float
     """How long Redis stays stopped."""
-    hook_kills: int
-    """Crash-hook arms (after_charge / after_publish) while feeding; each fires at most once."""
     rate: float = 40.0
     """Events per second."""
     drain_s: float = 240.0
     """How long every window may take to come out after the feed stops."""
 
     @classmethod
-    def from_env(cls) -> ChaosSettings:
+    def from_env(cls, short_feed_s: float = 64.0) -> ChaosSettings:
         minutes = float(os.environ.get("DPSTREAM_CHAOS_LONG", "0") or 0)
         if minutes > 0:
-            return cls(feed_s=minutes * 60, cycle_s=150.0, redis_pause_s=30.0, hook_kills=10_000, drain_s=420.0)
-        return cls(feed_s=64.0, cycle_s=64.0, redis_pause_s=6.0, hook_kills=2)
+            return cls(feed_s=minutes * 60, cycle_s=150.0, redis_pause_s=30.0, drain_s=420.0)
+        return cls(feed_s=short_feed_s, cycle_s=short_feed_s, redis_pause_s=6.0)
 
 
 @dataclass
 class Servers:
-    """The chaos test's own Kafka broker and ledger Redis, plus a second Redis for the clean run."""
+    """The chaos test's own Kafka broker and ledger (one Redis, or a primary + replica under Sentinel),
+    plus a second Redis for the clean run."""
 
     kafka: KafkaHandle
     redis: RedisHandle
     clean_redis: RedisHandle
+    sentinel: SentinelLedger | None = None
 
     @classmethod
-    def start(cls, base: Path) -> Servers:
+    def start(cls, base: Path, sentinel: bool = False) -> Servers:
         kport = free_port()
         kafka = KafkaHandle(kport, free_port(avoid=frozenset({kport})), base / "kafka")
-        redis = RedisHandle(free_port(), base / "redis")
+        group = SentinelLedger(base / "ledger", replicas=1, sentinels=1) if sentinel else None
+        redis = group.nodes[0] if group is not None else RedisHandle(free_port(), base / "redis")
         clean = RedisHandle(free_port(), base / "redis-clean")
-        servers = cls(kafka, redis, clean)
+        servers = cls(kafka, redis, clean, group)
         try:
-            redis.start()
+            if group is not None:
+                group.start()
+            else:
+                redis.start()
             clean.start()
             kafka.start()
         except BaseException:
@@ -130,9 +135,30 @@ class Servers:
             raise
         return servers
 
+    @property
+    def ledger_url(self) -> str:
+        """The URL workers and verify use for the chaos deployment's ledger."""
+        return self.sentinel.url if self.sentinel is not None else self.redis.url
+
+    def failover(self) -> tuple[float, float]:
+        """SIGKILL the primary, wait for Sentinel to promote the replica, then start the old primary
+        again (Sentinel makes it the new primary's replica); returns (killed at, promoted at)."""
+        assert self.sentinel is not None
+        old = self.sentinel.primary()
+        t0 = time.time()
+        old.kill()
+        self.sentinel.wait_failover(old.port)
+        t1 = time.time()
+        old.start()
+        return t0, t1
+
     def stop(self) -> None:
-        for handle in (self.kafka, self.redis, self.clean_redis):
+        handles = [self.kafka, self.clean_redis]
+        handles += [] if self.sentinel is not None else [self.redis]
+        for handle in handles:
             handle.stop()
+        if self.sentinel is not None:
+            self.sentinel.stop()
 
 
 def write_topology(base: Path, bootstrap: str, start: int, epsilon: float, source_topic: str | None) -> Topology:
@@ -175,6 +201,8 @@ class Slot:
     armed: str | None = None
     """The crash-hook step the running process was armed with."""
     killed_by_test: bool = False
+    reported: bool = False
+    """Its death is recorded (it is recorded once, however long it stays dead)."""
 
 
 @dataclass
@@ -211,7 +239,7 @@ class Supervisor:
         argv += ["--bootstrap", self.bootstrap, "--redis", self.redis_url, "--worker-id", slot.name]
         argv += ["--datadir", str(datadir)]
         slot.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        slot.killed_by_test = False
+        slot.killed_by_test = slot.reported = False
         log.close()
 
     def fired(self, step: str) -> int:
@@ -228,11 +256,12 @@ class Supervisor:
             proc = slot.proc
             if proc is None or proc.poll() is None:
                 continue
-            if not slot.killed_by_test:
+            if not slot.killed_by_test and not slot.reported:
                 kind = f"worker_crash_{slot.armed}" if slot.armed and proc.returncode == -signal.SIGKILL else None
                 self.injections.append(
                     Injection(kind or "worker_exit", time.time(), f"{slot.name} exit {proc.returncode}")
                 )
+            slot.reported = True
             if not self.paused:
                 self._launch(slot)
 

@@ -7,7 +7,12 @@ AOF, Redis stopped (6 s; 30 s in the long run), and the Kafka broker restarted. 
 undisturbed worker, its own Redis) reads the same source topic. Afterwards `dpstream verify` (the CLI,
 a subprocess) checks the chaos deployment with the Redis outages and `--compare-to` the clean run's
 releases (ε large, so values nearly exact) and must exit 0. The figures (injections, windows,
-violations, release lag during the injections) are printed and written to figures.json.
+violations, release lag during the injections) are printed and written to figures.json
+(and to $DPSTREAM_CHAOS_FIGURES if set).
+
+The second test runs the ledger as a primary and a replica under Redis Sentinel: each round SIGKILLs
+the primary and lets Sentinel promote the replica (the old primary comes back as its replica), with the
+same worker kills (CI: one 48 s round; the broker restart only in the long run).
 """
 
 from __future__ import annotations
@@ -66,9 +71,18 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
     """Every injected failure leaves the invariants intact: one payload per release_id, every release
     charged, spend = audited charges ≤ cap, nothing published during a Redis outage, every window
     released or refused, values equal to a clean run's."""
-    settings = ChaosSettings.from_env()
+    _chaos(tmp_path, ChaosSettings.from_env(), sentinel=False)
+
+
+def test_workers_die_and_the_sentinel_primary_fails_over_and_verify_finds_no_violation(tmp_path: Path) -> None:
+    """The same with the ledger under Sentinel (primary + replica): the primary SIGKILLed and the replica
+    promoted while workers die, and the broker restarted (long run only)."""
+    _chaos(tmp_path, ChaosSettings.from_env(short_feed_s=48.0), sentinel=True)
+
+
+def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
     rng = random.Random(int(os.environ.get("DPSTREAM_CHAOS_SEED", "0")) or None)
-    servers = Servers.start(tmp_path / "servers")
+    servers = Servers.start(tmp_path / "servers", sentinel=sentinel)
     bootstrap = servers.kafka.bootstrap
     sup: Supervisor | None = None
     clean_sup: Supervisor | None = None
@@ -78,7 +92,7 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         clean = write_topology(tmp_path, bootstrap, start, EPSILON, chaos.sources["clicks"].topic)
         chaos_path = tmp_path / chaos.sinks.releases.removesuffix(".releases") / "topology.yaml"
         clean_path = tmp_path / clean.sinks.releases.removesuffix(".releases") / "topology.yaml"
-        sup = Supervisor(chaos_path, bootstrap, servers.redis.url, [Slot("w1", 0), Slot("w2", 1)], rng)
+        sup = Supervisor(chaos_path, bootstrap, servers.ledger_url, [Slot("w1", 0), Slot("w2", 1)], rng)
         clean_sup = Supervisor(clean_path, bootstrap, servers.clean_redis.url, [Slot("clean", 0)], rng)
         sup.start()
         clean_sup.start()
@@ -97,12 +111,17 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         kafka_down: list[tuple[float, float]] = []
         plan: list[tuple[float, str]] = []
         c = settings.cycle_s
+        long_run = settings.feed_s > 120
         k = 0
         while k * c < settings.feed_s - 0.5 * c or k == 0:
             base = feed_start + k * c
-            plan += [(base, "arm"), (base + 0.12 * c, "worker_sigkill"), (base + 0.25 * c, "redis_sigkill")]
-            plan += [(base + 0.40 * c, "redis_stop"), (base + 0.70 * c, "kafka_restart")]
-            plan += [(base + 0.88 * c, "worker_sigkill")]
+            plan += [(base, "arm"), (base + 0.12 * c, "worker_sigkill"), (base + 0.88 * c, "worker_sigkill")]
+            if sentinel:
+                plan += [(base + 0.35 * c, "redis_failover")]
+                plan += [(base + 0.70 * c, "kafka_restart")] if long_run else []
+            else:
+                plan += [(base + 0.25 * c, "redis_sigkill"), (base + 0.40 * c, "redis_stop")]
+                plan += [(base + 0.70 * c, "kafka_restart")]
             k += 1
         plan.sort()
         redis_back_at: float | None = None
@@ -128,6 +147,12 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
                     sup.injections.append(Injection("redis_sigkill", t0))
                     servers.redis.start()
                     outages.append((t0, time.time()))
+                    sup.paused = False
+                elif action == "redis_failover":
+                    sup.paused = True
+                    t0, t1 = servers.failover()
+                    outages.append((t0, t1))
+                    sup.injections.append(Injection("redis_failover", t0, f"promoted after {t1 - t0:.1f} s"))
                     sup.paused = False
                 elif action == "redis_stop":
                     sup.paused = True
@@ -157,7 +182,7 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         while time.monotonic() < deadline:
             sup.tend()
             clean_sup.tend()
-            done_chaos = done_chaos or _verify_ok(chaos, bootstrap, servers.redis.url, until, outages)
+            done_chaos = done_chaos or _verify_ok(chaos, bootstrap, servers.ledger_url, until, outages)
             if done_chaos is not None and not done_chaos.ok:
                 done_chaos = None
             done_clean = done_clean or _verify_ok(clean, bootstrap, servers.clean_redis.url, until, [])
@@ -169,7 +194,7 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         drained_at = time.time()
 
         argv = [sys.executable, "-m", "dpstream.workers.cli", "verify", "--topology", str(chaos_path)]
-        argv += ["--bootstrap", bootstrap, "--redis", servers.redis.url, "--grace", "0", "--until", f"{until:.3f}"]
+        argv += ["--bootstrap", bootstrap, "--redis", servers.ledger_url, "--grace", "0", "--until", f"{until:.3f}"]
         argv += [arg for a, b in outages for arg in ("--outage", f"{a:.3f}/{b:.3f}")]
         argv += ["--compare-to", clean.sinks.releases]
         verdict = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
@@ -181,14 +206,17 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         kinds: dict[str, int] = {}
         for inj in sup.injections:
             kinds[inj.kind] = kinds.get(inj.kind, 0) + 1
-        worker_kills = sum(n for kind, n in kinds.items() if kind.startswith("worker_"))
+        worker_kills = sum(n for kind, n in kinds.items() if kind.startswith(("worker_sigkill", "worker_crash_")))
+        unplanned = kinds.pop("worker_exit", 0)  # a worker that exited by itself (e.g. ledger down at start)
         figures = {
-            "setting": "long" if settings.feed_s > 120 else "ci",
+            "setting": "long" if long_run else "ci",
+            "ledger": "sentinel" if sentinel else "redis",
             "feed_s": settings.feed_s,
             "events": producer.sent,
             "injections": sum(kinds.values()),
             "injections_by_kind": kinds,
             "worker_kills": worker_kills,
+            "worker_exits_unplanned": unplanned,
             "redis_outages_s": [round(b - a, 1) for a, b in outages],
             "kafka_down_s": [round(b - a, 1) for a, b in kafka_down],
             "windows_checked": doc["counts"].get("windows_checked"),
@@ -221,11 +249,13 @@ def test_workers_redis_and_kafka_fail_under_load_and_verify_finds_no_violation(t
         assert doc["counts"]["windows_checked"] >= 3 * settings.feed_s / WINDOW_S - 6  # three metrics, the whole feed
         assert doc["counts"]["compared_windows"] == doc["counts"]["release_ids"]
         rounds = k
-        for kind in ("worker_sigkill", "redis_sigkill", "redis_stop", "kafka_restart"):
+        required = ["worker_sigkill", *(["redis_failover"] if sentinel else ["redis_sigkill", "redis_stop"])]
+        required += ["kafka_restart"] if long_run or not sentinel else []
+        for kind in required:
             assert kinds.get(kind, 0) >= rounds, (kind, kinds)
         for step in ("after_charge", "after_publish"):
             assert kinds.get(f"worker_crash_{step}", 0) >= 1, (step, kinds)
-        if figures["setting"] == "long":
+        if long_run:
             assert worker_kills >= 20, kinds
     finally:
         for s in (sup, clean_sup):
