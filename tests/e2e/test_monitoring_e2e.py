@@ -231,7 +231,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, kafka_broker, redis_server) -
     )
     topology = load_topology(path)
     ensure_topics(kafka_broker.bootstrap, topology)
-    cli_env = {"DPSTREAM_REDIS": redis_server.url, "USER": ACTOR}
+    cli_env = {"DPSTREAM_REDIS": redis_server.url, "DPSTREAM_KAFKA": kafka_broker.bootstrap, "USER": ACTOR}
 
     plan_run = mon.run_cli(["dpstream", "plan", str(path), "--json"], cli_env)
     assert plan_run.returncode == 0, plan_run.show()

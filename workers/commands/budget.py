@@ -6,8 +6,9 @@ dropped); `retry` (audited, with actor and reason) makes the worker release them
 `budget status --json` prints one object, `{"scopes": [...]}`, each scope in the shape that
 `dpstream.workers.ledger.reporting.status_json` documents (the README quotes it).
 
-The ledger is found by `--redis URL`, else the topology's `redis.url` (`--topology FILE`), else
-`$DPSTREAM_REDIS`, else redis://localhost:6379/0. Reading never changes the ledger.
+The ledger is found by `--redis URL`, else `$DPSTREAM_REDIS` (what the runbooks use: the operator's
+environment names the deployment's ledger), else the topology's `redis.url` (`--topology FILE`),
+else redis://localhost:6379/0. Reading never changes the ledger.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _DEFAULT_REDIS = "redis://localhost:6379/0"
 def add_ledger_args(parser: argparse.ArgumentParser) -> None:
     """--redis, --topology, --allow-volatile, --json: how every ledger command finds and prints."""
     parser.add_argument(
-        "--redis", metavar="URL", help="ledger Redis (default: the topology's, $DPSTREAM_REDIS, localhost)"
+        "--redis", metavar="URL", help="ledger Redis (default: $DPSTREAM_REDIS, the topology's, localhost)"
     )
     parser.add_argument("--topology", metavar="FILE", help="topology file: its redis.url and budget scopes")
     parser.add_argument("--allow-volatile", action="store_true", help="accept a Redis without AOF fsync always (loud)")
@@ -44,14 +45,14 @@ def add_ledger_args(parser: argparse.ArgumentParser) -> None:
 
 async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     """Open the ledger the command line names (without registering anything); also the topology's scopes."""
-    url, scopes = getattr(args, "redis", None), []
+    url, scopes = getattr(args, "redis", None) or os.environ.get("DPSTREAM_REDIS", "").strip(), []
     if getattr(args, "topology", None):
         from dpstream.topology.loader import load_topology
 
         topo = load_topology(args.topology)
         url = url or topo.redis.url
         scopes = sorted(topo.budgets)
-    url = url or os.environ.get("DPSTREAM_REDIS", "").strip() or _DEFAULT_REDIS
+    url = url or _DEFAULT_REDIS
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
     ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))

@@ -11,6 +11,7 @@ __all__ = ["register"]
 
 import argparse
 import math
+import os
 from datetime import UTC
 
 
@@ -26,8 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "outage. Exit 0 when none, 1 otherwise, 2 on usage errors.",
     )
     parser.add_argument("--topology", required=True, metavar="FILE", help="the deployment's topology YAML")
-    parser.add_argument("--bootstrap", default=None, metavar="HOST:PORT", help="Kafka (default: the topology's)")
-    parser.add_argument("--redis", default=None, metavar="URL", help="ledger Redis (default: the topology's)")
+    parser.add_argument(
+        "--bootstrap", default=None, metavar="HOST:PORT", help="Kafka (default: $DPSTREAM_KAFKA, the topology's)"
+    )
+    parser.add_argument(
+        "--redis", default=None, metavar="URL", help="ledger Redis (default: $DPSTREAM_REDIS, the topology's)"
+    )
     parser.add_argument(
         "--grace",
         type=float,
@@ -134,8 +139,8 @@ def _run(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors come back as one line
     options = VerifyOptions(
-        bootstrap=args.bootstrap or topology.kafka.bootstrap,
-        redis_url=args.redis or topology.redis.url,
+        bootstrap=args.bootstrap or os.environ.get("DPSTREAM_KAFKA", "").strip() or topology.kafka.bootstrap,
+        redis_url=args.redis or os.environ.get("DPSTREAM_REDIS", "").strip() or topology.redis.url,
         grace_s=args.grace,
         since_s=_since(args.since),
         compare_to=args.compare_to,
