@@ -62,13 +62,27 @@ async def _describe(bootstrap: str, topics: list[str]) -> dict[str, Any]:
         parts = {t["topic"]: {p["partition"]: (p["leader"], p["replicas"]) for p in t["partitions"]} for t in described}
         configs = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])
         isr = {
-            res[3]: dict((e[0], e[1]) for e in res[4])["min.insync.replicas"]
+            res[3]: dict((e[0], e[1]) for e in res[4]).get("min.insync.replicas")
             for response in configs
             for res in response.resources
         }
         return {"partitions": parts, "min_isr": isr}
     finally:
         await admin.close()
+
+
+def _described(bootstrap: str, topics: list[str]) -> dict[str, Any]:
+    """`_describe` once the answering broker knows every topic's partitions and config (a topic just
+    created takes a moment to reach all three nodes; until then a node answers without its config)."""
+
+    def complete() -> dict[str, Any] | None:
+        found = asyncio.run(_describe(bootstrap, topics))
+        known = all(found["partitions"].get(t) and found["min_isr"].get(t) is not None for t in topics)
+        return found if known else None
+
+    found = poll(complete, timeout_s=60)
+    assert found is not None, f"the cluster never described {topics} completely"
+    return found
 
 
 def _changelog(bootstrap: str) -> str | None:
@@ -97,14 +111,14 @@ def test_leader_broker_killed_mid_stream_every_window_once(deployment: Deploymen
 
     sinks = deployment.topology.sinks
     internal = [deployment.source_topic, sinks.partials_topic, sinks.releases, sinks.dead_letter]
-    before = asyncio.run(_describe(cluster.bootstrap, internal))
+    before = _described(cluster.bootstrap, internal)
     assert all(len(r) == 3 for parts in before["partitions"].values() for _l, r in parts.values())
     assert set(before["min_isr"].values()) == {"2"}
 
     deployment.start_worker("w1")
     changelog = poll(lambda: _changelog(cluster.bootstrap), timeout_s=90)
     assert changelog, deployment.log("w1")[-3000:]
-    faust_topic = asyncio.run(_describe(cluster.bootstrap, [changelog]))
+    faust_topic = _described(cluster.bootstrap, [changelog])
     assert all(len(r) == 3 for _l, r in faust_topic["partitions"][changelog].values())
     assert faust_topic["min_isr"][changelog] == "2"
 
