@@ -154,7 +154,7 @@ async def _price_and_noise(releaser: Releaser, metric: Metric, window: int, valu
     t0 = time.process_time()
     for _ in range(n):
         quote = await releaser.ledger.quote(metric.name, window, window + 60)
-        releaser._mechanism(metric, budget, quote.shared_cost, delta).release(values)  # noqa: SLF001 - as above
+        releaser._mechanism(metric, budget, quote.cost, delta).release(values)  # noqa: SLF001 - as above
     return (time.process_time() - t0) / n * 1e6
 
 

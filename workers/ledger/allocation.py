@@ -11,7 +11,7 @@ in units is the integer floor(L_units × k_m / Σ_j k_j·n_j): the same number, 
 
 from __future__ import annotations
 
-__all__ = ["GRANT_BITS", "Snapshot", "price", "state_of", "step_down"]
+__all__ = ["Snapshot", "state_of", "price"]
 
 import math
 from collections.abc import Mapping
@@ -134,21 +134,6 @@ def _demands(
     return demands
 
 
-GRANT_BITS = 11
-"""`Quote.shared_cost` is the grant rounded down to 11 significant bits (< 0.1 % less, left to the
-releases after it): on plan a period's releases then charge a handful of values, so a release reuses
-the OpenDP measurement and the noise drawn ahead for its cost instead of building new ones (the
-exact rule gives a grant one unit apart almost every release). The grant itself stays exact (the
-worked examples' numbers), and a grant that takes all that is left is never rounded, so a period's
-last release still spends the pool to the unit."""
-
-
-def step_down(units: int) -> int:
-    """`units` rounded down to `GRANT_BITS` significant bits."""
-    drop = units.bit_length() - GRANT_BITS
-    return units if drop <= 0 else (units >> drop) << drop
-
-
 def price(
     cfg: ScopeConfig,
     snap: Snapshot,
@@ -163,26 +148,19 @@ def price(
     state = state_of(snap.spent_units, snap.warn_units, snap.breaker is not None)
 
     def quote(
-        units: int,
-        *,
-        thinned: bool = False,
-        stretched: bool = False,
-        refused_reason: str | None = None,
-        limit: int = 0,
+        units: int, *, thinned: bool = False, stretched: bool = False, refused_reason: str | None = None
     ) -> Quote:
-        cost = _grantable(units)
         return Quote(
             metric,
             cfg.name,
             period_id,
-            cost,
+            _grantable(units),
             units,
             state,
             thinned=thinned,
             stretched=stretched,
             refused_reason=refused_reason,
             may_use_reserve=plan.may_use_reserve,
-            shared_cost=cost if units >= limit else _grantable(step_down(units)),
         )
 
     if snap.breaker is not None:
@@ -196,8 +174,7 @@ def price(
         pool = Fraction(snap.cap_units - snap.reserve_units, UNITS_PER_CURRENCY)
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
         units = min(snap.cap_units - snap.spent_units, max(units, static))
-    limit = pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units
-    units = min(units, limit)
+    units = min(units, pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units)
     thinned = stretched = False
     if state is State.WARNING:
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
@@ -212,4 +189,4 @@ def price(
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
         return quote(0, refused_reason=reason)
-    return quote(units, thinned=thinned, stretched=stretched, limit=limit)
+    return quote(units, thinned=thinned, stretched=stretched)

@@ -132,10 +132,6 @@ class Quote:
     version: int | None = None
     """The period block's spend version this quote was priced from (every charge and grant of the
     period bumps it); pass it as `ReleaseRequest.quoted_version` to make quote → charge exact."""
-    shared_cost: float = 0.0
-    """What a release charges of this grant: `cost` rounded down to a few significant bits (see
-    `allocation.GRANT_BITS`) so that releases share noise scales, or `cost` itself when it takes
-    all that is left."""
 
     @property
     def ok(self) -> bool:

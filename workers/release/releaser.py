@@ -215,7 +215,7 @@ class Releaser:
         quote = await self.ledger.quote(m.name, start, end)
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
-        cost = quote.shared_cost  # the grant rounded down to a shared scale (never more than granted)
+        cost = quote.cost
         if quote.refused_reason is not None or cost <= 0:
             # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
             # release atomically and records it (refused count, audit entry with its reason).
