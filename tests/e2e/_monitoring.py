@@ -512,8 +512,11 @@ class CliResult:
         return f"$ {shlex.join(self.argv)}\n-> exit {self.returncode}\n{self.stdout[-1500:]}{self.stderr[-1500:]}"
 
 
-def run_cli(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> CliResult:
-    """Run `dpstream ARGV…` (argv[0] is `dpstream`) as the console script would, in a subprocess."""
+def run_cli(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0, cwd: Path | None = None
+) -> CliResult:
+    """Run `dpstream ARGV…` (argv[0] is `dpstream`) as the console script would, in a subprocess (in `cwd`:
+    a command that writes a file named relative to it, such as `--html report.html`, writes it there)."""
     assert argv[0] == "dpstream", argv
     started = time.time()
     done = subprocess.run(
@@ -523,6 +526,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None, timeout: float =
         timeout=timeout,
         env={**os.environ, **(env or {})},
         check=False,
+        cwd=cwd,
     )
     return CliResult(argv, done.returncode, done.stdout, done.stderr, started, time.time())
 

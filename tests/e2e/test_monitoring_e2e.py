@@ -538,7 +538,9 @@ def test_runbook_commands_run_against_the_live_ledger(live: Live, exhausted: Exh
     # one runs once, three at a time (on two loaded cores a CLI start costs seconds).
     reads = list(dict.fromkeys(text for _c, text, argv in filled if not _writes(argv)))
     with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip(reads, pool.map(lambda text: mon.run_cli(shlex.split(text), env), reads), strict=True))
+        results = dict(
+            zip(reads, pool.map(lambda text: mon.run_cli(shlex.split(text), env, cwd=live.dir), reads), strict=True)
+        )
     for command, text, argv in filled:
         if not _writes(argv):
             check(command, text, argv, results[text])
@@ -548,7 +550,7 @@ def test_runbook_commands_run_against_the_live_ledger(live: Live, exhausted: Exh
     for command, text, argv in filled:
         if not _writes(argv):
             continue
-        result = results[text] = mon.run_cli(argv, env)
+        result = results[text] = mon.run_cli(argv, env, cwd=live.dir)
         check(command, text, argv, result)
         if command.runbook == "DPBudgetExhausted.md" and argv[1] == "breaker":
             cycle.append((argv[2], result, live.status()))
