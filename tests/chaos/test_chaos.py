@@ -247,7 +247,9 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
         assert verdict.returncode == 0 and doc["ok"] is True, "\n".join(lines)[-4000:] + verdict.stderr[-2000:] + logs
         assert doc["violations"] == []
         assert doc["counts"]["windows_checked"] >= 3 * settings.feed_s / WINDOW_S - 6  # three metrics, the whole feed
-        assert doc["counts"]["compared_windows"] == doc["counts"]["release_ids"]
+        # every window scheduled up to --until was compared with the clean run (both keep releasing empty windows
+        # after that on their own clocks, so the releases past it may be in one topic and not yet the other)
+        assert doc["counts"]["compared_windows"] >= doc["counts"]["windows_checked"]
         rounds = k
         required = ["worker_sigkill", *(["redis_failover"] if sentinel else ["redis_sigkill", "redis_stop"])]
         required += ["kafka_restart"] if long_run or not sentinel else []
