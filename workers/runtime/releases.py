@@ -130,7 +130,8 @@ class ReleaseSide:
 
     async def start(self) -> None:
         """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable)."""
-        from dpstream.workers.ledger import open_ledger
+        from dpstream.workers.ledger import LedgerUnavailable, open_ledger
+        from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
 
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap,
@@ -140,12 +141,21 @@ class ReleaseSide:
             **self.settings.kafka_options(),
         )
         await self._producer.start()
-        self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
-        self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
-        self._releaser = Releaser(self.topology, self._timed_ledger, actor=self.settings.worker_id)
-        self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
-        await self._parking.refresh()
-        await self._warm_up()
+
+        async def connect() -> None:
+            """Open the ledger and warm up against it; closed again if the ledger fails meanwhile."""
+            self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
+            try:
+                self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
+                self._releaser = Releaser(self.topology, self._timed_ledger, actor=self.settings.worker_id)
+                self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
+                await self._parking.refresh()
+                await self._warm_up()
+            except LedgerUnavailable:
+                await self._ledger.close()
+                raise
+
+        await open_ledger_waiting(connect, "release side start")
         self._ready.set()
 
     async def _warm_up(self) -> None:
