@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from dpstream.workers.localstack import KafkaHandle, RedisHandle, create_topics, free_port
 
 if TYPE_CHECKING:
     import redis
+
+# hypothesis keeps its examples and caches outside the checkout (the top level holds only the project's folders)
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpstream"
+set_hypothesis_home_dir(str(_CACHE / "hypothesis"))
 
 _REDIS_ENV = "DPSTREAM_TEST_REDIS"
 _KAFKA_ENV = "DPSTREAM_TEST_KAFKA"
