@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import itertools
 import json
 import os
 import shutil
@@ -139,6 +140,9 @@ def exporter(tmp_path: Path, topology_file: Path, fresh_redis) -> Iterator[Expor
     exp.stop()
 
 
+_charged = itertools.count()  # one release id and window per charge across calls made in the same second
+
+
 async def _charge(url: str, topology_file: Path, charges: list[tuple[str, float]]) -> None:
     """Register the topology's scopes (as a worker does) and charge one release per (metric, cost), each
     for its own window of the current period."""
@@ -146,7 +150,8 @@ async def _charge(url: str, topology_file: Path, charges: list[tuple[str, float]
     ledger = await open_ledger(url, topology, actor="test")
     try:
         now = int(time.time())
-        for i, (metric, cost) in enumerate(charges):
+        for metric, cost in charges:
+            i = next(_charged)
             m = topology.metrics[metric]
             period_s = topology.budgets[m.budget].period_s
             size = m.window.size_s
