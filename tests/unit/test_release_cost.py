@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -434,16 +435,26 @@ def test_pool_hands_out_every_sample_exactly_once(sizes: list[int]) -> None:
     assert pool.available == fake.next - 1 - len(taken)
 
 
-def test_a_forked_pool_never_reuses_its_parents_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a fork (another pid) the samples drawn ahead by the parent are dropped, not handed out again."""
+def test_a_forked_pool_never_reuses_its_parents_samples() -> None:
+    """After a real fork the samples drawn ahead by the parent are dropped in the child, not handed out again."""
     fake = _Counter()
     pool = NoisePool(fake)
     pool.take(1)
     pool.take(1)  # draws 1 + 1 extra: one sample left over
     assert pool.available == 1
-    real_pid = meas_mod.os.getpid()
-    monkeypatch.setattr(meas_mod.os, "getpid", lambda: real_pid + 1)
-    assert pool.take(1) == [4]  # sample 3, drawn ahead before the fork, is never handed out in the child
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it is handed, and leave without running pytest's teardown
+        try:
+            os.write(write_end, json.dumps(pool.take(1)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        got_in_child = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert got_in_child == [4]  # sample 3, drawn ahead before the fork, is never handed out in the child
+    assert pool.take(1) == [3]  # the parent still hands it out, once
 
 
 def test_pooled_draw_saturates_to_i64_and_refuses_inputs_outside_it() -> None:

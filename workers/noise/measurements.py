@@ -32,6 +32,7 @@ __all__ = [
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -95,7 +96,7 @@ class NoisePool:
 
     `take(n)` returns n fresh samples of the measurement applied to zeros; no sample is ever
     returned twice, not even by two processes: a forked child drops what its parent had drawn
-    ahead. A refill draws what is missing plus as many again as were drawn before (up to
+    ahead (`os.register_at_fork`). A refill draws what is missing plus as many again as were drawn before (up to
     `_POOL_BATCH_MAX` extra), so a measurement used once draws exactly what it needs and a steady
     stream of releases makes one OpenDP call per few hundred samples. Thread-safe. The samples
     held are secret like any true aggregate (curator-side process memory).
@@ -107,13 +108,20 @@ class NoisePool:
         self._buf: list[int] = []
         self._pos = 0
         self._drawn = 0
-        self._pid = os.getpid()
+        _POOLS.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drop the samples drawn ahead (the parent may hand them out too)."""
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._buf, self._pos = [], 0
 
     def take(self, n: int) -> list[int]:
         """n noise samples, each used for nothing else."""
         with self._lock:
-            if self._pid != os.getpid():  # a forked copy: the parent may use these samples too
-                self._buf, self._pos, self._pid = [], 0, os.getpid()
+            pos = self._pos
+            if n == 1 and pos < len(self._buf):  # the one-key release: one sample off the buffer
+                self._pos = pos + 1
+                return [self._buf[pos]]
             have = len(self._buf) - self._pos
             if have < n:
                 extra = min(_POOL_BATCH_MAX, self._drawn)
@@ -131,6 +139,18 @@ class NoisePool:
     def available(self) -> int:
         """Samples drawn and not yet handed out."""
         return len(self._buf) - self._pos
+
+
+_POOLS: weakref.WeakSet[NoisePool] = weakref.WeakSet()
+"""Every live pool, so that a forked child drops what they drew ahead before it runs anything."""
+
+
+def _drop_drawn_ahead() -> None:
+    for pool in list(_POOLS):
+        pool._forget_after_fork()  # noqa: SLF001 - the module's own fork hook
+
+
+os.register_at_fork(after_in_child=_drop_drawn_ahead)
 
 
 def _charged(accounting: Accounting, pure_epsilon: float) -> float:
@@ -156,6 +176,14 @@ class IntegerNoise:
         """Add independent noise to each coordinate: OpenDP's integer noise, saturated to i64."""
         if self.pool is None or not values:
             return list(self.meas(list(values)))
+        if len(values) == 1:  # the one-key release
+            (v,) = values
+            if type(v) is not int:
+                raise InternalError("integer noise input is not a list of integers")
+            if not _I64_MIN <= v <= _I64_MAX:
+                raise InternalError("integer noise input outside i64")
+            (z,) = self.pool.take(1)
+            return [min(max(v + z, _I64_MIN), _I64_MAX)]
         if not all(type(v) is int for v in values):
             raise InternalError("integer noise input is not a list of integers")
         if min(values) < _I64_MIN or max(values) > _I64_MAX:

@@ -144,6 +144,9 @@ class _ValueRelease(ReleaseMechanism):
         self._threshold = None
         suffix = "" if integer else "_fixed_point"
         self._name = _NAMES[component.mechanism] + suffix
+        # the noise metadata of every release at this cost (copied into each release)
+        self._spread = _spread(self._noise, self._codec)
+        self._ci = {"level": discrete.LEVEL, "half_width": self._noise.ci_half_width * self._codec.unit}
         if self._keys is None:
             self._threshold = measurements.threshold(
                 self._noise, accounting, metric.contribution.max_keys, self._codec.per_key_units, delta
@@ -165,8 +168,8 @@ class _ValueRelease(ReleaseMechanism):
         return NoisyRelease(
             values=values,
             mechanism=self._name,
-            noise=_spread(self._noise, codec),
-            ci={"level": discrete.LEVEL, "half_width": self._noise.ci_half_width * codec.unit},
+            noise=dict(self._spread),
+            ci=dict(self._ci),
             cost=self.cost,
             postprocess=flags,
             partition_selection=self.partition_selection,

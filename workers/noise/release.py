@@ -46,7 +46,13 @@ class NoisyRelease:
         return fields
 
 
+_SCALARS = (str, float, int, bool, type(None))
+
+
 def _plain(obj: Any) -> Any:
+    """`obj` as JSON-able plain values: dicts with str keys, lists for tuples (scalars as they are)."""
+    if type(obj) in _SCALARS:
+        return obj
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
