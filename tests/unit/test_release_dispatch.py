@@ -205,3 +205,40 @@ def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge
     assert result.outcome is ReleaseOutcome.DUPLICATE
     assert [value for value, _ in sent] == [stored]
     assert status.granted == 1
+
+
+def test_windows_that_failed_on_an_outage_are_due_again_once_a_release_goes_through():
+    """After an outage, the first release that succeeds makes the windows that failed on it (transient
+    errors) due at once, however long their backoff had grown; a window that failed on an internal error
+    keeps its backoff."""
+    clock = [1000.0]
+
+    async def go():
+        down = [True]
+
+        async def release(w: MergedWindow) -> str:
+            if w.start == 20:
+                raise ValueError("a poison window")
+            if down[0]:
+                raise ConnectionError("redis down")
+            return "ok"
+
+        d = ReleaseDispatcher(release, transient=lambda e: isinstance(e, ConnectionError), clock=lambda: clock[0])
+        for attempt in range(5):  # five failures in a row, each retried once its backoff passed: 32 s now
+            clock[0] += 2.0**attempt if attempt else 0.0
+            for start in (0, 20):
+                assert d.dispatch(_window("a", start))
+            await d.drain()
+        held = (d.dispatch(_window("a", 0)), d.dispatch(_window("a", 20)), d.failures("a", 0))
+        down[0] = False
+        d.dispatch(_window("a", 10))  # a new window after the outage: released
+        await d.drain()
+        due = (d.dispatch(_window("a", 0)), d.dispatch(_window("a", 20)))
+        await d.drain()
+        return held, due, d.take_finished("a"), d.failures("a", 20)
+
+    held, due, finished, poison_failures = asyncio.run(go())
+    assert held == (False, False, 5)
+    assert due == (True, False)  # the outage's window is due at once; the poison window still waits
+    assert finished == {0, 10}
+    assert poison_failures == 5

@@ -13,7 +13,10 @@ release finished, so an owner that crashed or lost the metric mid-release leaves
 next owner releases it again; the ledger's stored payload makes that retry republish the same bytes
 with one charge (DESIGN §4). A release that failed (Redis or Kafka unreachable) stays there too and is
 dispatched again after a backoff (2, 4, … 60 s): a fresh attempt draws fresh noise only if nothing
-was reserved, since a reserved release_id returns its stored bytes.
+was reserved, since a reserved release_id returns its stored bytes. A window that failed on an outage
+(`transient`) does not sit out the rest of its backoff once the outage is over: the first release
+that succeeds afterwards makes every such window due again at once (a 30 s Redis outage otherwise
+held windows back for up to a further 60 s).
 
 Poison windows: a release that keeps failing on an internal error (a bug, a record the producer
 refuses; not the ledger or Kafka being unreachable, which `transient` tells apart) would retry
@@ -129,6 +132,8 @@ class ReleaseDispatcher:
         self._finished: dict[str, set[int]] = {}
         self._retry: dict[tuple[str, int], tuple[int, float]] = {}
         """(metric, start) of failed releases → (attempts, monotonic time before which not to retry)."""
+        self._after_outage: set[tuple[str, int]] = set()
+        """(metric, start) of windows whose last attempt failed on an outage (a transient error)."""
 
     def dispatch(self, window: MergedWindow) -> bool:
         """Start releasing a window; False when it is already queued or running here, or when it
@@ -197,11 +202,17 @@ class ReleaseDispatcher:
             error = exc
             attempts = self._retry.get(key, (0, 0.0))[0] + 1
             self._retry[key] = (attempts, self._clock() + min(RETRY_MAX_S, 2.0**attempts))
+            if self._transient(exc):
+                self._after_outage.add(key)
+            else:
+                self._after_outage.discard(key)
             await self._count_internal(window, exc)
         else:
             self._retry.pop(key, None)
             self._internal.pop(key, None)
+            self._after_outage.discard(key)
             self._finished.setdefault(window.metric, set()).add(window.start)
+            self._outage_over()
         finally:
             self._inflight.discard(key)
         if self._on_finished is not None:
@@ -209,6 +220,14 @@ class ReleaseDispatcher:
                 self._on_finished(window, result, error)
             except Exception:  # a reporting bug must not stop releases
                 _log.exception("release dispatch: on_finished failed")
+
+    def _outage_over(self) -> None:
+        """A release went through: what failed on an outage is due again now, not after its backoff."""
+        for key in self._after_outage:
+            retry = self._retry.get(key)
+            if retry is not None:
+                self._retry[key] = (retry[0], 0.0)
+        self._after_outage.clear()
 
     async def _count_internal(self, window: MergedWindow, error: BaseException) -> None:
         """Count a failure that is not transient; at `max_attempts` in a row, park the window."""
