@@ -15,9 +15,9 @@ __all__ = ["Snapshot", "state_of", "price"]
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import NamedTuple
 
 from dpstream.topology.allocation import (
     MetricDemand,
@@ -27,14 +27,16 @@ from dpstream.topology.allocation import (
     warning_cost_factor,
     windows_left,
 )
-from dpstream.workers.ledger.config import ScopeConfig
+from dpstream.workers.ledger.config import MetricShare, ScopeConfig
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
-from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One consistent read of a scope's period block, as stored."""
+class Snapshot(NamedTuple):
+    """One consistent read of a scope's period block, as stored.
+
+    A tuple, not a frozen dataclass: one is built per quote, and a frozen dataclass's per-field
+    `object.__setattr__` makes it several times dearer to build."""
 
     cap_units: int
     reserve_units: int
@@ -45,6 +47,8 @@ class Snapshot:
     """The breaker holding this period open (manual, or automatic for this period), if any."""
     charged_after: Mapping[str, int]
     """Per metric: releases already charged this period whose window ends at or after the priced one."""
+    version: int = 0
+    """The period block's spend version (bumped by every charge and grant of the period)."""
 
 
 def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
@@ -58,41 +62,48 @@ def _units(amount: Fraction | float) -> int:
     return max(0, math.floor(Fraction(amount) * UNITS_PER_CURRENCY))
 
 
-@lru_cache(maxsize=4096)
-def _grantable(units: int) -> float:
-    """`grantable_float(units)`, memoised (on plan a period's releases are granted one or two unit
-    counts) and compared in integers: float x = n/d is above units/1e12 iff n·1e12 > units·d."""
-    if units <= 0:
-        return 0.0
-    value = units / UNITS_PER_CURRENCY
-    n, d = value.as_integer_ratio()
-    while n * UNITS_PER_CURRENCY > units * d:
-        value = math.nextafter(value, 0.0)
-        n, d = value.as_integer_ratio()
-    return value
+_grantable = lru_cache(maxsize=4096)(grantable_float)
+"""`grantable_float(units)`, memoised (on plan a period's releases are granted one or two unit counts)."""
 
 
-_SHAPES: dict[int, tuple[ScopeConfig, dict[str, int] | None]] = {}
-"""Per scope config (by identity, holding it so the id stays its own): each metric's k_j, or None
-when some metric has no release per period or a name is repeated (then the Fraction rule runs,
-exactly as before, errors included)."""
+class _Shape(NamedTuple):
+    """What pricing reads of one scope config, computed once per config."""
+
+    cfg: ScopeConfig
+    """Held so the config's id stays its own while the entry lives."""
+    ks: dict[str, int] | None
+    """Each metric's k_j, or None when some metric has no release per period or a name is repeated
+    (then the Fraction rule runs, exactly as before, errors included)."""
+    plans: dict[str, MetricShare]
+    """Metric name → its plan (the first of that name, as `ScopeConfig.metric` finds it)."""
 
 
-def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
-    """k_j = (w_j / N_j) × lcm of their denominators, per metric name, for one scope config."""
+_SHAPES: dict[int, _Shape] = {}
+"""Per scope config, by identity: its `_Shape`."""
+
+
+def _shape_of(cfg: ScopeConfig) -> _Shape:
     entry = _SHAPES.get(id(cfg))
-    if entry is not None and entry[0] is cfg:
-        return entry[1]
+    if entry is not None and entry.cfg is cfg:
+        return entry
     ks: dict[str, int] | None = None
     names = [p.name for p in cfg.metrics]
     if all(p.per_period > 0 for p in cfg.metrics) and len(set(names)) == len(names):
         rates = [(p.name, Fraction(p.weight) / p.per_period) for p in cfg.metrics]
         lcm = math.lcm(*(r.denominator for _, r in rates)) if rates else 1
         ks = {name: r.numerator * (lcm // r.denominator) for name, r in rates}
+    plans: dict[str, MetricShare] = {}
+    for p in cfg.metrics:
+        plans.setdefault(p.name, p)
     if len(_SHAPES) >= 256:
         _SHAPES.clear()
-    _SHAPES[id(cfg)] = (cfg, ks)
-    return ks
+    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans)
+    return entry
+
+
+def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
+    """k_j = (w_j / N_j) × lcm of their denominators, per metric name, for one scope config."""
+    return _shape_of(cfg).ks
 
 
 def _adaptive_units(
@@ -134,6 +145,32 @@ def _demands(
     return demands
 
 
+def _quote(
+    cfg: ScopeConfig,
+    plan: MetricShare,
+    period_id: str,
+    state: State,
+    version: int,
+    units: int,
+    thinned: bool = False,
+    stretched: bool = False,
+    refused_reason: str | None = None,
+) -> Quote:
+    return Quote(
+        plan.name,
+        cfg.name,
+        period_id,
+        _grantable(units),
+        units,
+        state,
+        thinned,
+        stretched,
+        refused_reason,
+        plan.may_use_reserve,
+        version,
+    )
+
+
 def price(
     cfg: ScopeConfig,
     snap: Snapshot,
@@ -143,29 +180,17 @@ def price(
     window_start: int,
     window_end: int,
 ) -> Quote:
-    """The grant for the release of `metric` over [window_start, window_end) in this period."""
-    plan = cfg.metric(metric)
+    """The grant for the release of `metric` over [window_start, window_end) in this period, at the
+    snapshot's spend version."""
+    shape = _shape_of(cfg)
+    plan = shape.plans.get(metric) or cfg.metric(metric)
     state = state_of(snap.spent_units, snap.warn_units, snap.breaker is not None)
-
-    def quote(
-        units: int, *, thinned: bool = False, stretched: bool = False, refused_reason: str | None = None
-    ) -> Quote:
-        return Quote(
-            metric,
-            cfg.name,
-            period_id,
-            _grantable(units),
-            units,
-            state,
-            thinned=thinned,
-            stretched=stretched,
-            refused_reason=refused_reason,
-            may_use_reserve=plan.may_use_reserve,
-        )
-
+    version = snap.version
     if snap.breaker is not None:
         kind = "manual" if snap.breaker.manual else "automatic"
-        return quote(0, refused_reason=f"breaker open ({kind}): {snap.breaker.reason}")
+        return _quote(
+            cfg, plan, period_id, state, version, 0, refused_reason=f"breaker open ({kind}): {snap.breaker.reason}"
+        )
     pool_cap = min(snap.cap_units, snap.cap_units - snap.reserve_units + snap.grant_units)
     pool_left = max(0, pool_cap - snap.spent_units)
     units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left)
@@ -175,10 +200,10 @@ def price(
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
         units = min(snap.cap_units - snap.spent_units, max(units, static))
     units = min(units, pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units)
-    thinned = stretched = False
+    stretched = False
     if state is State.WARNING:
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
-            return quote(0, thinned=True)
+            return _quote(cfg, plan, period_id, state, version, 0, thinned=True)
         if cfg.on_warning.stretch != 1.0:
             units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
@@ -188,5 +213,5 @@ def price(
             if plan.may_use_reserve
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
-        return quote(0, refused_reason=reason)
-    return quote(units, thinned=thinned, stretched=stretched)
+        return _quote(cfg, plan, period_id, state, version, 0, refused_reason=reason)
+    return _quote(cfg, plan, period_id, state, version, units, stretched=stretched)

@@ -29,9 +29,10 @@ import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import NamedTuple
 
 from dpstream.topology.accounting import epsilon_from_rho
 from dpstream.topology.errors import ConfigError, InternalError
@@ -98,9 +99,8 @@ REGISTER_REFUSED = 2
 """`_register` answer: the change would alter the open period's terms; nothing was written."""
 
 
-@dataclass(frozen=True)
-class RawCharge:
-    """What the reserve step returns, before it is typed."""
+class RawCharge(NamedTuple):
+    """What the reserve step returns, before it is typed (a tuple: one is built per charge)."""
 
     outcome: str
     payload: bytes
@@ -164,6 +164,7 @@ class Ledger(ABC):
         self._configs = dict(configs)
         self._metric_scope = {p.name: cfg for cfg in self._configs.values() for p in cfg.metrics}
         self._scope_metrics = {name: [p.name for p in cfg.metrics] for name, cfg in self._configs.items()}
+        self._scope_metric_names = {name: frozenset(names) for name, names in self._scope_metrics.items()}
         self._clock = clock
         self._retention_s = int(retention_s)
 
@@ -212,28 +213,21 @@ class Ledger(ABC):
 
     async def quote(self, metric: str, window_start: int, window_end: int) -> Quote:
         """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied."""
-        cfg = self.scope_of(metric)
-        pstart = _period_start(cfg.period_s, window_start)
-        pid = _period_id(cfg.period_s, pstart)
-        stored, breaker, period, counts = await self._snapshot(
-            cfg.name, pid, self._scope_metrics[cfg.name], int(window_end)
-        )
-        if not stored:
+        cfg = self._metric_scope.get(metric) or self.scope_of(metric)
+        period_s = cfg.period_s
+        if type(window_start) is int and type(period_s) is int and period_s > 0:
+            pstart = window_start - window_start % period_s  # = period_start(period_s, window_start)
+        else:
+            pstart = _period_start(period_s, window_start)
+        pid = _period_id(period_s, pstart)
+        we = window_end if type(window_end) is int else int(window_end)
+        snap = await self._quote_snapshot(cfg.name, pid, self._scope_metrics[cfg.name], we)
+        if snap is None:
             raise InternalError(f"scope {cfg.name!r} is not registered: open_ledger registers it")
-        cap, reserve, warn = _terms(stored, period)
-        snap = Snapshot(
-            cap_units=cap,
-            reserve_units=reserve,
-            warn_units=warn,
-            spent_units=int(period.get("spent", 0)),
-            grant_units=int(period.get("grant", 0)),
-            breaker=_breaker_for(breaker, pid),
-            charged_after=counts,
-        )
-        quote = price(cfg, snap, metric, pid, pstart, int(window_start), int(window_end))
-        # the spend version the quote was priced at: a charge passing it back is refused as stale
+        # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
-        return replace(quote, version=int(period.get("version", 0)))
+        ws = window_start if type(window_start) is int else int(window_start)
+        return price(cfg, snap, metric, pid, pstart, ws, we)
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing),
@@ -242,28 +236,46 @@ class Ledger(ABC):
         cfg = self._configs.get(req.scope)
         if cfg is None:
             raise ConfigError(f"budget scope {req.scope!r} is not in the topology this ledger was opened with")
-        cfg.metric(req.metric)
-        if not isinstance(req.payload, (bytes, bytearray)):
+        if type(req.metric) is not str or req.metric not in self._scope_metric_names[req.scope]:
+            cfg.metric(req.metric)  # the one-line ConfigError of a metric not charged to this scope
+        payload = req.payload
+        if type(payload) is not bytes and not isinstance(payload, (bytes, bytearray)):
             raise InternalError("release payload must be bytes")
-        for name in ("release_id", "metric", "period_id", "actor"):
-            value = getattr(req, name)
-            if not value or "\n" in value:
-                raise InternalError(f"release {name} must be non-empty and on one line, got {value!r}")
-        units = _cost_units(req.cost) if type(req.cost) is float else cost_to_units(req.cost)
-        delta_units = _delta_units(req.delta) if type(req.delta) is float else delta_to_units(req.delta)
-        pstart = period_start_of(cfg.period_s, req.period_id)
+        rid, metric, pid, actor = req.release_id, req.metric, req.period_id, req.actor
+        if not (
+            type(rid) is str
+            and type(metric) is str
+            and type(pid) is str
+            and type(actor) is str
+            and rid
+            and metric
+            and pid
+            and actor
+            and "\n" not in rid
+            and "\n" not in metric
+            and "\n" not in pid
+            and "\n" not in actor
+        ):
+            for name in ("release_id", "metric", "period_id", "actor"):
+                value = getattr(req, name)
+                if not value or "\n" in value:
+                    raise InternalError(f"release {name} must be non-empty and on one line, got {value!r}")
+        cost, delta = req.cost, req.delta
+        units = _cost_units(cost) if type(cost) is float else cost_to_units(cost)
+        delta_units = _delta_units(delta) if type(delta) is float else delta_to_units(delta)
+        pstart = period_start_of(cfg.period_s, pid)
         _check_extra_periods(req, cfg.period_s, pstart)
         v = req.quoted_version
         if v is not None and (type(v) is not int or v < 0):
             raise InternalError(f"release quoted_version must be a whole number >= 0 or None, got {v!r}")
         raw = await self._charge(req, units, delta_units, pstart, cfg.digest, self._now_ms())
         return ChargeResult(
-            outcome=_OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
-            payload=raw.payload,
-            reason=raw.reason,
-            ratio_after=raw.spent_units / raw.cap_units,
-            state=_STATES.get(raw.state) or State(raw.state),
-            cost_units=raw.cost_units,
+            _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
+            raw.payload,
+            raw.reason,
+            raw.spent_units / raw.cap_units,
+            _STATES.get(raw.state) or State(raw.state),
+            raw.cost_units,
         )
 
     async def commit(self, scope: str, release_id: str) -> bool:
@@ -478,6 +490,25 @@ class Ledger(ABC):
     @abstractmethod
     async def _deployment_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
+
+    async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
+        """What `quote` prices from, in one consistent read; None when the scope is not registered.
+
+        Built from `_snapshot`'s hashes; a backend may answer it directly (without copying them)."""
+        stored, breaker, period, counts = await self._snapshot(scope, pid, metrics, window_end)
+        if not stored:
+            return None
+        cap, reserve, warn = _terms(stored, period)
+        return Snapshot(
+            cap,
+            reserve,
+            warn,
+            int(period.get("spent", 0)),
+            int(period.get("grant", 0)),
+            _breaker_for(breaker, pid),
+            counts,
+            int(period.get("version", 0)),
+        )
 
     @abstractmethod
     async def _snapshot(

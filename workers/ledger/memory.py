@@ -16,15 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.errors import InternalError
+from dpstream.workers.ledger.allocation import Snapshot
 from dpstream.workers.ledger.base import (
     REGISTER_REFUSED,
     REGISTER_RETRY,
     Ledger,
     RawCharge,
     RawRegister,
+    _breaker_for,
     parked_from_json,
 )
 from dpstream.workers.ledger.types import RATIO_TOKEN, ParkedRelease, PendingRelease, ReleaseRequest
+
+_EMPTY: dict[str, str] = {}
+"""A period block not opened yet (read only)."""
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every reserve entry carries; other empty fields are left out (as charge.lua does)."""
@@ -121,11 +126,15 @@ class MemoryLedger(Ledger):
             s = self._store[scope] = _Scope()
         return s
 
-    def _xadd(self, s: _Scope, now_ms: int, fields: dict[str, str]) -> None:
+    def _next_audit_id(self, now_ms: int) -> str:
+        """XADD's id `*`: `ms-seq`, strictly increasing even when the clock stands still or steps back."""
         ms, seq = self._last_id
-        self._last_id = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
+        self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
+        return f"{last[0]}-{last[1]}"
+
+    def _xadd(self, s: _Scope, now_ms: int, fields: dict[str, str]) -> None:
         entry = {k: v for k, v in fields.items() if v != "" or k in _ALWAYS}
-        s.audit.append((f"{self._last_id[0]}-{self._last_id[1]}", entry))
+        s.audit.append((self._next_audit_id(now_ms), entry))
 
     # ---- the scripts -------------------------------------------------------------------------
 
@@ -172,6 +181,93 @@ class MemoryLedger(Ledger):
     def _charge_locked(
         self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
     ) -> RawCharge:
+        if not req.extra_periods:
+            granted = self._grant_in_open_period(req, cost, delta, digest, now_ms)
+            if granted is not None:
+                return granted
+        return self._charge_script(req, cost, delta, pstart, digest, now_ms)
+
+    def _grant_in_open_period(
+        self, req: ReleaseRequest, cost: int, delta: int, digest: str, now_ms: int
+    ) -> RawCharge | None:
+        """The common charge, straight: a new release of one already opened period, no breaker
+        state at all, the quoted version current, the cost within cap, pool and selection δ. It
+        writes exactly what `_charge_script` writes then; in any other case it writes nothing and
+        answers None (the script's port decides)."""
+        s = self._store.get(req.scope)
+        if s is None:
+            return None
+        cfg, pid, rid, metric = s.config, req.period_id, req.release_id, req.metric
+        block = s.periods.get(pid)
+        if not cfg or s.breaker or block is None or pid not in s.period_index or digest != cfg.get("digest"):
+            return None
+        if not rid or not metric or rid in s.releases:
+            return None
+        version = int(block.get("version", 0))
+        if req.quoted_version is not None and req.quoted_version != version:
+            return None
+        cap = int(block.get("cap", cfg["cap"]))
+        spent = int(block.get("spent", 0)) + cost
+        limit = cap - int(block.get("reserve", cfg["reserve"])) + int(block.get("grant", 0))
+        if req.may_use_reserve or limit > cap:
+            limit = cap
+        dspent = int(block.get("delta_spent", 0)) + delta
+        if spent > cap or spent > limit or dspent > int(block.get("delta_cap", cfg.get("delta_cap", "0"))):
+            return None
+        warn = int(block.get("warn", cfg["warn"]))
+        was = "warning" if spent - cost >= warn else "normal"
+        after = "warning" if spent >= warn else "normal"
+        spent_s, cost_s, delta_s = str(spent), str(cost), str(delta)
+        block["spent"] = spent_s
+        block["version"] = str(version + 1)
+        block["delta_spent"] = str(dspent)
+        block["granted"] = str(int(block.get("granted", 0)) + 1)
+        _zadd(s, (pid, metric), rid, int(req.window_end))
+        ratio = "%.6f" % (spent / cap)
+        payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
+        s.releases[rid] = {
+            "state": "reserved",
+            "period": pid,
+            "metric": metric,
+            "window_start": str(req.window_start),
+            "window_end": str(req.window_end),
+            "cost": cost_s,
+            "delta": delta_s,
+            "extra_periods": "",
+            "payload": payload,
+            "ratio_after": ratio,
+            "reserved_at": str(now_ms),
+        }
+        s.pending[rid] = now_ms
+        # every value is non-empty (checked above), so `_xadd`'s filter would keep them all
+        s.audit.append(
+            (
+                self._next_audit_id(now_ms),
+                {
+                    "kind": "charge",
+                    "period": pid,
+                    "spent": spent_s,
+                    "ratio": ratio,
+                    "actor": req.actor,
+                    "release_id": rid,
+                    "metric": metric,
+                    "cost": cost_s,
+                    "delta": delta_s,
+                    "state": after,
+                },
+            )
+        )
+        if after != was:
+            fields = {"kind": "state", "period": pid, "spent": spent_s, "ratio": ratio, "actor": "ledger"}
+            fields.update(reason=f"{was} -> {after} at ratio {ratio}", state=after)
+            self._xadd(s, now_ms, fields)
+        return RawCharge("granted", payload, "", spent, cap, after, cost)
+
+    def _charge_script(
+        self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
+    ) -> RawCharge:
+        """charge.lua, ported: every case (duplicates, stale quotes, breakers, refusals, period
+        blocks opened, windows straddling periods)."""
         s = self._scope(req.scope)
         pid, rid = req.period_id, req.release_id
         if not s.config:
@@ -541,6 +637,26 @@ class MemoryLedger(Ledger):
             s = self._scope(scope)
             counts = {m: _zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
+
+    async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
+        """`_snapshot` as `quote` reads it, from the stored fields themselves (no copies)."""
+        with self._lock:
+            s = self._scope(scope)
+            cfg = s.config
+            if not cfg:
+                return None
+            period = s.periods.get(pid) or _EMPTY
+            br = s.breaker
+            return Snapshot(
+                int(period.get("cap", cfg["cap"])),
+                int(period.get("reserve", cfg["reserve"])),
+                int(period.get("warn", cfg["warn"])),
+                int(period.get("spent", 0)),
+                int(period.get("grant", 0)),
+                _breaker_for(br, pid) if br else None,
+                {m: _zcount_from(s, (pid, m), window_end) for m in metrics},
+                int(period.get("version", 0)),
+            )
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
         with self._lock:

@@ -39,11 +39,18 @@ DELTA_UNITS_PER_DELTA = 10**18
 """One δ unit is 1e-18 of δ: a selection δ up to ~0.009 per period is held exactly."""
 
 
+def _ceil_scaled(amount: float, scale: int) -> int:
+    """ceil(exact value of `amount` × `scale`), in integers: `math.ceil(Fraction(amount) * scale)`
+    without building Fractions (this runs on every charge)."""
+    n, d = amount.as_integer_ratio()
+    return -((-n * scale) // d)
+
+
 def cost_to_units(cost: float) -> int:
     """A release's charge in units: the exact value of `cost` rounded up (never under-charged)."""
     if not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0:
         raise InternalError(f"release cost must be a finite positive number, got {cost!r}")
-    units = math.ceil(Fraction(cost) * UNITS_PER_CURRENCY)
+    units = _ceil_scaled(cost, UNITS_PER_CURRENCY)
     if units > MAX_UNITS:
         raise InternalError(f"release cost {cost!r} exceeds the ledger's exact range ({MAX_UNITS} units)")
     return units
@@ -93,10 +100,11 @@ def grantable_float(units: int) -> float:
     """
     if units <= 0:
         return 0.0
-    exact = Fraction(units, UNITS_PER_CURRENCY)
     value = units / UNITS_PER_CURRENCY
-    while Fraction(value) > exact:
+    n, d = value.as_integer_ratio()
+    while n * UNITS_PER_CURRENCY > units * d:  # value = n/d is above units/1e12, in integers
         value = math.nextafter(value, 0.0)
+        n, d = value.as_integer_ratio()
     return value
 
 
@@ -104,7 +112,7 @@ def delta_to_units(delta: float) -> int:
     """A release's selection δ in δ units: its exact value rounded up (0 for no selection)."""
     if not isinstance(delta, (int, float)) or not math.isfinite(delta) or delta < 0:
         raise InternalError(f"release selection delta must be a finite number >= 0, got {delta!r}")
-    units = math.ceil(Fraction(delta) * DELTA_UNITS_PER_DELTA)
+    units = _ceil_scaled(delta, DELTA_UNITS_PER_DELTA) if delta else 0
     if units > MAX_UNITS:
         raise InternalError(f"release selection delta {delta!r} exceeds the ledger's exact range")
     return units
