@@ -109,6 +109,11 @@ class IngestService(Service):
         self._warned: set[str] = set()
         self.schedule_start: int | None = None
         self._lock = asyncio.Lock()
+        self._made: dict[TopicPartition, int] = {}
+        """When each partition's pipeline was made (a sequence number): records fetched before it are not its."""
+        self._made_seq = 0
+        self.stale_batches = 0
+        """Fetched partition batches dropped because their partition's pipeline was (re)made after the fetch."""
         self._offload = offload
         """Process batches on a thread, for a process that also runs the release agent."""
         self._max_records = settings.batch_max_records if not offload else settings.shared_batch_max_records
@@ -186,6 +191,7 @@ class IngestService(Service):
         async with self._lock:
             for tp in revoked:
                 self._committed.pop(tp, None)
+                self._made.pop(tp, None)
                 core = self._cores.pop(tp, None)
                 if core is not None:
                     self.stats.revoked += 1
@@ -197,9 +203,37 @@ class IngestService(Service):
         """The pipelines of the partitions this worker owns now (their `refresh_counts()` feed /metrics)."""
         return list(self._cores.values())
 
+    async def _owned_work(
+        self, batches: dict[TopicPartition, list[Any]], made_before: dict[TopicPartition, int]
+    ) -> list[tuple[TopicPartition, PartitionPipeline, list[Any]]]:
+        """Each owned partition's pipeline and its records of a fetched batch, leaving out the records of
+        a partition whose pipeline was made after the fetch (`made_before`: the pipelines then). Those
+        came from a position before the pipeline's start (e.g. fetched before a rebalance gave the
+        partition back): fed to it, they would be counted before the records between its commit and
+        them, and a window could close without those (DESIGN §3). The pipeline seeked the consumer to
+        its start when it was made, so they come again, in order. Called under the ingest lock."""
+        assert self._consumer is not None
+        owned = self._consumer.assignment()
+        work = []
+        for tp, records in batches.items():
+            if tp not in owned or not records:
+                continue
+            try:
+                core = await self._core(tp)
+            except IllegalStateError:  # unassigned meanwhile: a rebalance; its owner reads it
+                continue
+            if self._made.get(tp) != made_before.get(tp):
+                self.stale_batches += 1
+                _log.info("ingest: records fetched before a partition's pipeline was made dropped; fetched again")
+                continue
+            self._check_timestamp_type(tp.topic, records[0])
+            work.append((tp, core, records))
+        return work
+
     async def _consume_forever(self) -> None:
         assert self._consumer is not None
         while not self.should_stop:
+            made_before = dict(self._made)
             try:
                 batches = await self._consumer.getmany(
                     timeout_ms=self.settings.fetch_timeout_ms, max_records=self._max_records
@@ -213,12 +247,9 @@ class IngestService(Service):
             if not batches:
                 continue
             async with self._lock:
-                owned = self._consumer.assignment()
-                work = []
-                for tp, records in batches.items():
-                    if tp in owned and records:
-                        self._check_timestamp_type(tp.topic, records[0])
-                        work.append((tp, await self._core(tp), records))
+                work = await self._owned_work(batches, made_before)
+                if not work:
+                    continue
                 if self._offload:
                     # The batch runs on the ingest thread: the event loop stays free for the release
                     # agent's ledger and producer round trips, so a big batch does not delay a release.
@@ -328,6 +359,9 @@ class IngestService(Service):
             resume = _parse_progress(meta.metadata)
         else:
             offset = (await self._consumer.beginning_offsets([tp]))[tp]
+        # consumption restarts exactly where the pipeline does, whatever the consumer's position was
+        # (IllegalStateError when the partition is no longer assigned: no pipeline is made then)
+        self._consumer.seek(tp, offset)
         source = self._by_topic[tp.topic]
         core = self._cores[tp] = PartitionPipeline(
             self.topology,
@@ -341,6 +375,8 @@ class IngestService(Service):
             check_keys=True,
         )
         self._committed[tp] = (offset, meta.metadata if meta is not None else "")
+        self._made_seq += 1
+        self._made[tp] = self._made_seq
         return core
 
     async def _flush(self, outputs: list[tuple[TopicPartition, ProcessorOutput]]) -> None:
