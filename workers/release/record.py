@@ -19,6 +19,7 @@ __all__ = [
 ]
 
 import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # json's own C encoder
@@ -48,14 +49,22 @@ def _iso_day(day: int) -> str:
     return datetime.fromtimestamp(day * 86_400, tz=UTC).strftime("%Y-%m-%d")
 
 
+@lru_cache(maxsize=4096)
+def _iso_minute(minute: int) -> str:
+    """`2026-11-30T13:20:` for minutes since the epoch (a window's times and its build time share a few)."""
+    day, rest = divmod(minute, 1_440)
+    return f"{_iso_day(day)}T{rest // 60:02d}:{rest % 60:02d}:"
+
+
+_ISO_SECONDS = tuple(f"{second:02d}Z" for second in range(60))
+
+
 def iso_utc(ts: float) -> str:
     """`2026-11-30T13:20:00Z` (seconds precision, UTC)."""
     t = int(ts)
     if 0 <= t < _FAST_ISO_UNTIL:
-        day, rest = divmod(t, 86_400)
-        hour, rest = divmod(rest, 3_600)
-        minute, second = divmod(rest, 60)
-        return f"{_iso_day(day)}T{hour:02d}:{minute:02d}:{second:02d}Z"
+        minute, second = divmod(t, 60)
+        return _iso_minute(minute) + _ISO_SECONDS[second]
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -188,27 +197,147 @@ def _window_values(
     }
 
 
-_FIXED: dict[tuple[str, int, int, int, type, float], tuple[Metric, Source, Budget, dict[str, str]]] = {}
-"""Per (topology version, metric, source, budget, cost): the JSON text of the record fields those
-fix, holding the (immutable) objects so their ids name them while cached."""
+_MEMO_MAX_ITEMS = 8
+_MEMO_SCALARS = (str, float, int, bool, type(None))
 
 
-def _fixed_fields(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A small flat dict's text, recognised by the identity of its keys and values: a mechanism
+    hands the same (immutable) objects to every release in its `noise`, `ci` and `postprocess`
+    fields, so their text is encoded once per cost. Holds the objects, so their ids stay theirs."""
+
+    ids: tuple[int, ...]
+    held: tuple[Any, ...]
+    text: str
+
+
+_NO_MEMO = _Memo((), (), "")
+"""A cell's mark once its field changed between releases (as `values` does): not tried again."""
+
+
+def _dict_ids(value: dict[Any, Any]) -> tuple[int, ...]:
+    return (*map(id, value), *map(id, value.values()))
+
+
+def _memo_text(cell: list[_Memo | None], value: dict[Any, Any]) -> str:
+    """`_encode(value)`, from the cell when it holds the same objects; fills an empty cell."""
+    memo = cell[0]
+    if memo is _NO_MEMO or len(value) > _MEMO_MAX_ITEMS:
+        return _encode(value)
+    ids = _dict_ids(value)
+    if memo is not None:
+        if memo.ids == ids:
+            return memo.text
+        cell[0] = _NO_MEMO
+        return _encode(value)
+    text = _encode(value)
+    if all(type(k) is str for k in value) and all(type(v) in _MEMO_SCALARS for v in value.values()):
+        cell[0] = _Memo(ids, (*value, *value.values()), text)
+    return text
+
+
+@dataclass(slots=True)
+class _Layout:
+    """The canonical text of a record with one set of noise-field names, as a template: the fixed
+    fields' text pre-joined in sorted key order between the slots of the fields that change."""
+
+    parts: list[str]
+    """Constant text and empty slots, in output order (copied per release, slots filled, joined)."""
+    release_id: int
+    window: int
+    budget: int
+    published_at: int
+    noise: tuple[tuple[int, list[_Memo | None]], ...]
+    """The slot of each noise field, in `noise_fields` order (-1 for a protected name: dropped), with
+    the field's memo cell."""
+
+
+@dataclass(slots=True)
+class _Fixed:
+    """What a (topology version, metric, source, budget, cost) fixes: its fields' JSON text, and
+    the layouts built from it per tuple of noise-field names. Holds the (immutable) objects so
+    their ids name them while cached."""
+
+    metric: Metric
+    source: Source
+    budget: Budget
+    texts: dict[str, str]
+    kind: str
+    """The JSON text of `window.kind`."""
+    scope: str
+    """The JSON text of `budget.scope`."""
+    layouts: dict[tuple[str, ...], _Layout] = field(default_factory=dict)
+
+
+_FIXED: dict[tuple[str, int, int, int, type, float], _Fixed] = {}
+"""Per (topology version, metric, source, budget, cost type, cost)."""
+
+_WINDOW_FIELDS = ("release_id", "window", "budget", "published_at")
+
+
+def _new_fixed(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> _Fixed:
+    fixed = _fixed_values(topology_version, metric, source, budget, cost)
+    return _Fixed(
+        metric,
+        source,
+        budget,
+        {name: _encode(value) for name, value in fixed.items()},
+        _encode(metric.window.kind.value),
+        _encode(budget.name),
+    )
+
+
+def _fixed_for(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> _Fixed:
+    if not cost:  # 0.0 and -0.0 are equal keys with different text: not worth a cache entry
+        return _new_fixed(topology_version, metric, source, budget, cost)
     key = (topology_version, id(metric), id(source), id(budget), type(cost), cost)
     hit = _FIXED.get(key)
-    if hit is not None and hit[0] is metric and hit[1] is source and hit[2] is budget:
-        return hit[3]
-    fixed = _fixed_values(topology_version, metric, source, budget, cost)
-    texts = {name: _encode(value) for name, value in fixed.items()}
+    if hit is not None and hit.metric is metric and hit.source is source and hit.budget is budget:
+        return hit
+    built = _new_fixed(topology_version, metric, source, budget, cost)
     if len(_FIXED) >= 1024:
         _FIXED.clear()
-    _FIXED[key] = (metric, source, budget, texts)
-    return texts
+    _FIXED[key] = built
+    return built
 
 
 @lru_cache(maxsize=256)
 def _key_text(name: str) -> str:
     return encode_basestring(name) + ":"
+
+
+def _layout(fixed: _Fixed, names: tuple[str, ...]) -> _Layout:
+    """The template for these noise-field names (a name that is not a str fails to sort or to
+    encode here, and the record goes the plain way, which refuses it as `canonical_bytes` does)."""
+    texts: dict[str, str | None] = dict(fixed.texts)
+    for name in _WINDOW_FIELDS:
+        texts[name] = None
+    for name in names:
+        if name not in _PROTECTED:
+            texts[name] = None  # a noise field replaces a fixed one of the same name, as in build_record
+    parts: list[str] = []
+    slots: dict[str, int] = {}
+    const = "{"
+    for i, name in enumerate(sorted(texts)):
+        const += ("," if i else "") + _key_text(name)
+        text = texts[name]
+        if text is None:
+            parts.append(const)
+            slots[name] = len(parts)
+            parts.append("")
+            const = ""
+        else:
+            const += text
+    parts.append(const + "}")
+    return _Layout(
+        parts,
+        slots["release_id"],
+        slots["window"],
+        slots["budget"],
+        slots["published_at"],
+        tuple((-1 if name in _PROTECTED else slots[name], [None]) for name in names),
+    )
 
 
 def record_bytes(
@@ -226,14 +355,53 @@ def record_bytes(
     built_at: float,
 ) -> bytes:
     """`canonical_bytes(build_record(...))` with the same arguments, byte for byte, without
-    re-encoding per release the fields that the topology, the metric and the cost fix (text
-    kept per cost; the top level joined in sorted key order as the canonical encoder does)."""
-    parts = dict(_fixed_fields(topology_version, metric, source, budget, cost))
-    for name, value in _window_values(
-        release_id, metric, budget, period_id, window_start, window_end, built_at
-    ).items():
-        parts[name] = _encode(value)
-    for name, value in noise_fields.items():
-        if name not in _PROTECTED:
-            parts[name] = _encode(value)
-    return ("{" + ",".join([_key_text(name) + parts[name] for name in sorted(parts)]) + "}").encode()
+    re-encoding per release what the topology, the metric and the cost fix: a template per cost
+    and set of noise-field names holds their text pre-joined in sorted key order, and only the
+    release's own fields are encoded into its slots. An input that fails here (NaN, a time datetime
+    cannot print, a noise-field name that is not a str) goes the plain way, which raises exactly as
+    `canonical_bytes(build_record(...))` does."""
+    try:
+        fixed = _fixed_for(topology_version, metric, source, budget, cost)
+        names = tuple(noise_fields)
+        layout = fixed.layouts.get(names)
+        if layout is None:
+            if len(fixed.layouts) >= 64:
+                fixed.layouts.clear()
+            layout = fixed.layouts[names] = _layout(fixed, names)
+        parts = layout.parts.copy()
+        # ISO times are digits, '-', ':', 'T' and 'Z': their JSON text is the string in quotes
+        start = iso_utc(window_start)
+        end = iso_utc(window_end)
+        parts[layout.window] = (
+            f'{{"end":"{end}","end_epoch":{int(window_end)},"kind":{fixed.kind},'
+            f'"start":"{start}","start_epoch":{int(window_start)}}}'
+        )
+        parts[layout.budget] = f'{{"period":{_text(period_id)},"ratio_after":null,"scope":{fixed.scope}}}'
+        parts[layout.published_at] = f'"{iso_utc(built_at)}"'
+        parts[layout.release_id] = _text(release_id)
+        for (slot, cell), value in zip(layout.noise, noise_fields.values(), strict=True):
+            if slot >= 0:
+                parts[slot] = _memo_text(cell, value) if type(value) is dict else _text(value)
+        return "".join(parts).encode()
+    except Exception:  # the plain path below raises what it raises (NaN: ValueError), in its own order
+        pass
+    return canonical_bytes(
+        build_record(
+            release_id=release_id,
+            topology_version=topology_version,
+            metric=metric,
+            source=source,
+            budget=budget,
+            period_id=period_id,
+            window_start=window_start,
+            window_end=window_end,
+            cost=cost,
+            noise_fields=noise_fields,
+            built_at=built_at,
+        )
+    )
+
+
+def _text(value: Any) -> str:
+    """`_encode(value)`, a str without the general encoder."""
+    return encode_basestring(value) if type(value) is str else _encode(value)
