@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 from fractions import Fraction
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpstream.topology.model import Accounting
 from dpstream.topology.periods import period_id, period_start, periods_touched
-from dpstream.workers.ledger import Ledger, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger import ChargeResult, Ledger, Outcome, Quote, ReleaseRequest, State, open_ledger
 from dpstream.workers.ledger.memory import MemoryLedger
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 from dpstream.workers.ledger.units import (
@@ -165,3 +167,18 @@ def test_grantable_float_is_the_largest_float_at_most_the_units(units: int) -> N
     assert Fraction(value) <= Fraction(units, UNITS_PER_CURRENCY)
     if units > 0:
         assert Fraction(math.nextafter(value, math.inf)) > Fraction(units, UNITS_PER_CURRENCY)
+
+
+def test_quote_and_charge_result_built_fast_equal_their_constructors() -> None:
+    """`Quote.of` and `ChargeResult.of` set every field (none forgotten when one is added) and equal,
+    hash and print as the dataclass constructor's value, still frozen."""
+    q_args = ("m", "s", "2026-12-01", 0.25, 250, State.WARNING, False, True, None, True, 7)
+    quote = Quote.of(*q_args)
+    assert quote == Quote(*q_args) and hash(quote) == hash(Quote(*q_args)) and repr(quote) == repr(Quote(*q_args))
+    assert set(vars(quote)) == {f.name for f in dataclasses.fields(Quote)}
+    c_args = (Outcome.GRANTED, b"{}", "", 0.5, State.NORMAL, 250)
+    result = ChargeResult.of(*c_args)
+    assert result == ChargeResult(*c_args) and repr(result) == repr(ChargeResult(*c_args))
+    assert set(vars(result)) == {f.name for f in dataclasses.fields(ChargeResult)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quote.cost = 1.0  # type: ignore[misc]  # the point: it is frozen

@@ -76,6 +76,8 @@ class _Shape(NamedTuple):
     (then the Fraction rule runs, exactly as before, errors included)."""
     plans: dict[str, MetricShare]
     """Metric name → its plan (the first of that name, as `ScopeConfig.metric` finds it)."""
+    rows: tuple[tuple[str, int, int, int], ...]
+    """(name, k_j, window size s, window every s) per metric, when `ks` is set (else empty)."""
 
 
 _SHAPES: dict[int, _Shape] = {}
@@ -95,9 +97,10 @@ def _shape_of(cfg: ScopeConfig) -> _Shape:
     plans: dict[str, MetricShare] = {}
     for p in cfg.metrics:
         plans.setdefault(p.name, p)
+    rows = tuple((p.name, ks[p.name], p.window.size_s, p.window.every_s) for p in cfg.metrics) if ks else ()
     if len(_SHAPES) >= 256:
         _SHAPES.clear()
-    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans)
+    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans, rows)
     return entry
 
 
@@ -110,17 +113,32 @@ def _adaptive_units(
     cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
 ) -> int:
     """`_units(adaptive_release_cost(pool_left / 1e12, metric, demands))`, in integers where it can."""
-    ks = _shape(cfg)
+    return _adaptive_units_of(_shape_of(cfg), cfg, snap, metric, period_start, window_end, pool_left)
+
+
+def _adaptive_units_of(
+    shape: _Shape, cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
+) -> int:
+    ks = shape.ks
     if ks is not None and pool_left <= 0:
         return 0
     if ks is not None:
+        # Σ_j k_j·n_j with n_j = windows_left(window_j, period_start, period_s, window_end) minus
+        # what is charged already, the window-grid arithmetic of `windows_left` written out
+        # (called per metric per quote, this loop is the quote's cost in a wide scope)
+        charged = snap.charged_after
+        last = period_start + cfg.period_s - 1
         total = 0
-        for p in cfg.metrics:
-            left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
-            if p.name == metric and left < 1:  # already charged: reserve will answer DUPLICATE
+        for name, k, size, every in shape.rows:
+            first = window_end - size
+            if first < period_start:
+                first = period_start
+            first = -(-first // every) * every
+            left = ((last - first) // every + 1 if first <= last else 0) - charged.get(name, 0)
+            if left < 1 and name == metric:  # already charged: reserve will answer DUPLICATE
                 left = 1
             if left > 0:
-                total += ks[p.name] * left
+                total += k * left
         if total > 0:
             return max(0, min(pool_left, pool_left * ks[metric] // total))
     return _units(
@@ -156,7 +174,7 @@ def _quote(
     stretched: bool = False,
     refused_reason: str | None = None,
 ) -> Quote:
-    return Quote(
+    return Quote.of(
         plan.name,
         cfg.name,
         period_id,
@@ -184,22 +202,24 @@ def price(
     snapshot's spend version."""
     shape = _shape_of(cfg)
     plan = shape.plans.get(metric) or cfg.metric(metric)
-    state = state_of(snap.spent_units, snap.warn_units, snap.breaker is not None)
-    version = snap.version
-    if snap.breaker is not None:
-        kind = "manual" if snap.breaker.manual else "automatic"
+    cap, reserve, warn, spent, grant, breaker, _, version = snap
+    if breaker is not None:
+        kind = "manual" if breaker.manual else "automatic"
         return _quote(
-            cfg, plan, period_id, state, version, 0, refused_reason=f"breaker open ({kind}): {snap.breaker.reason}"
+            cfg, plan, period_id, State.OPEN, version, 0, refused_reason=f"breaker open ({kind}): {breaker.reason}"
         )
-    pool_cap = min(snap.cap_units, snap.cap_units - snap.reserve_units + snap.grant_units)
-    pool_left = max(0, pool_cap - snap.spent_units)
-    units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left)
+    state = State.WARNING if spent >= warn else State.NORMAL  # state_of, with the breaker closed
+    pool_left = min(cap, cap - reserve + grant) - spent
+    if pool_left < 0:
+        pool_left = 0
+    units = _adaptive_units_of(shape, cfg, snap, metric, period_start, window_end, pool_left)
     if plan.may_use_reserve:
         demands = _demands(cfg, snap, metric, period_start, window_end)
-        pool = Fraction(snap.cap_units - snap.reserve_units, UNITS_PER_CURRENCY)
+        pool = Fraction(cap - reserve, UNITS_PER_CURRENCY)
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
-        units = min(snap.cap_units - snap.spent_units, max(units, static))
-    units = min(units, pool_left if not plan.may_use_reserve else snap.cap_units - snap.spent_units)
+        units = min(cap - spent, max(units, static))
+    elif units > pool_left:
+        units = pool_left
     stretched = False
     if state is State.WARNING:
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
@@ -214,4 +234,16 @@ def price(
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
         return _quote(cfg, plan, period_id, state, version, 0, refused_reason=reason)
-    return _quote(cfg, plan, period_id, state, version, units, stretched=stretched)
+    return Quote.of(
+        metric,
+        cfg.name,
+        period_id,
+        _grantable(units),
+        units,
+        state,
+        False,
+        stretched,
+        None,
+        plan.may_use_reserve,
+        version,
+    )

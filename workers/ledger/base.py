@@ -263,13 +263,16 @@ class Ledger(ABC):
         cost, delta = req.cost, req.delta
         units = _cost_units(cost) if type(cost) is float else cost_to_units(cost)
         delta_units = _delta_units(delta) if type(delta) is float else delta_to_units(delta)
-        pstart = period_start_of(cfg.period_s, pid)
-        _check_extra_periods(req, cfg.period_s, pstart)
+        period_s = cfg.period_s
+        pstart = period_start_of(period_s, pid)
+        ws, we = req.window_start, req.window_end
+        if req.extra_periods or type(ws) is not int or type(we) is not int or not ws < we <= pstart + period_s:
+            _check_extra_periods(req, period_s, pstart)  # (else: a window inside its period touches no later one)
         v = req.quoted_version
         if v is not None and (type(v) is not int or v < 0):
             raise InternalError(f"release quoted_version must be a whole number >= 0 or None, got {v!r}")
-        raw = await self._charge(req, units, delta_units, pstart, cfg.digest, self._now_ms())
-        return ChargeResult(
+        raw = await self._charge(req, units, delta_units, pstart, cfg.digest, int(self._clock() * 1000))
+        return ChargeResult.of(
             _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             raw.payload,
             raw.reason,
@@ -281,7 +284,7 @@ class Ledger(ABC):
     async def commit(self, scope: str, release_id: str) -> bool:
         """Mark a reserved release published; False when it was already published or is unknown."""
         _check_scope(scope)
-        return await self._commit(scope, release_id, self._now_ms()) == 1
+        return await self._commit(scope, release_id, int(self._clock() * 1000)) == 1
 
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
         """The final stored payload of a known release_id (None if unknown or past retention).

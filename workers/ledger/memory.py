@@ -56,8 +56,12 @@ class _Scope:
 
 def _zadd(s: _Scope, key: tuple[str, str], member: str, score: int) -> None:
     """ZADD key score member: a member's score is replaced, never counted twice."""
-    members = s.ends.setdefault(key, {})
-    scores = s.ends_sorted.setdefault(key, [])
+    members = s.ends.get(key)
+    if members is None:
+        members = s.ends[key] = {}
+    scores = s.ends_sorted.get(key)
+    if scores is None:
+        scores = s.ends_sorted[key] = []
     old = members.get(member)
     if old is not None:
         del scores[bisect_left(scores, old)]
@@ -176,16 +180,11 @@ class MemoryLedger(Ledger):
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
     ) -> RawCharge:
         with self._lock:
-            return self._charge_locked(req, cost_units, delta_units, period_start, digest, now_ms)
-
-    def _charge_locked(
-        self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
-    ) -> RawCharge:
-        if not req.extra_periods:
-            granted = self._grant_in_open_period(req, cost, delta, digest, now_ms)
-            if granted is not None:
-                return granted
-        return self._charge_script(req, cost, delta, pstart, digest, now_ms)
+            if not req.extra_periods:
+                granted = self._grant_in_open_period(req, cost_units, delta_units, digest, now_ms)
+                if granted is not None:
+                    return granted
+            return self._charge_script(req, cost_units, delta_units, period_start, digest, now_ms)
 
     def _grant_in_open_period(
         self, req: ReleaseRequest, cost: int, delta: int, digest: str, now_ms: int
@@ -206,15 +205,23 @@ class MemoryLedger(Ledger):
         version = int(block.get("version", 0))
         if req.quoted_version is not None and req.quoted_version != version:
             return None
-        cap = int(block.get("cap", cfg["cap"]))
+        cap_s, reserve_s, warn_s, dcap_s = (
+            block.get("cap"),
+            block.get("reserve"),
+            block.get("warn"),
+            block.get("delta_cap"),
+        )
+        if cap_s is None or reserve_s is None or warn_s is None or dcap_s is None:
+            return None  # an opened block holds its terms; the port reads the config's otherwise
+        cap = int(cap_s)
         spent = int(block.get("spent", 0)) + cost
-        limit = cap - int(block.get("reserve", cfg["reserve"])) + int(block.get("grant", 0))
+        limit = cap - int(reserve_s) + int(block.get("grant", 0))
         if req.may_use_reserve or limit > cap:
             limit = cap
         dspent = int(block.get("delta_spent", 0)) + delta
-        if spent > cap or spent > limit or dspent > int(block.get("delta_cap", cfg.get("delta_cap", "0"))):
+        if spent > cap or spent > limit or dspent > int(dcap_s):
             return None
-        warn = int(block.get("warn", cfg["warn"]))
+        warn = int(warn_s)
         was = "warning" if spent - cost >= warn else "normal"
         after = "warning" if spent >= warn else "normal"
         spent_s, cost_s, delta_s = str(spent), str(cost), str(delta)
@@ -222,7 +229,14 @@ class MemoryLedger(Ledger):
         block["version"] = str(version + 1)
         block["delta_spent"] = str(dspent)
         block["granted"] = str(int(block.get("granted", 0)) + 1)
-        _zadd(s, (pid, metric), rid, int(req.window_end))
+        key = (pid, metric)
+        members, scores = s.ends.get(key), s.ends_sorted.get(key)
+        if members is None or scores is None or rid in members:
+            _zadd(s, key, rid, int(req.window_end))
+        else:  # ZADD of a new member: `_zadd` without looking for a score to replace
+            end = int(req.window_end)
+            members[rid] = end
+            insort(scores, end)
         ratio = "%.6f" % (spent / cap)
         payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
         s.releases[rid] = {
@@ -240,9 +254,11 @@ class MemoryLedger(Ledger):
         }
         s.pending[rid] = now_ms
         # every value is non-empty (checked above), so `_xadd`'s filter would keep them all
+        ms, seq = self._last_id  # `_next_audit_id`, inline
+        self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
         s.audit.append(
             (
-                self._next_audit_id(now_ms),
+                f"{last[0]}-{last[1]}",
                 {
                     "kind": "charge",
                     "period": pid,
@@ -466,13 +482,15 @@ class MemoryLedger(Ledger):
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:
-            rel = self._scope(scope).releases.get(release_id)
+            s = self._scope(scope)
+            rel = s.releases.get(release_id)
             if rel is None:
                 return 0
             if rel["state"] == "published":
                 return 2
-            rel.update(state="published", published_at=str(now_ms))
-            self._scope(scope).pending.pop(release_id, None)
+            rel["state"] = "published"
+            rel["published_at"] = str(now_ms)
+            s.pending.pop(release_id, None)
             return 1
 
     async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool:
@@ -641,12 +659,17 @@ class MemoryLedger(Ledger):
     async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
         """`_snapshot` as `quote` reads it, from the stored fields themselves (no copies)."""
         with self._lock:
-            s = self._scope(scope)
+            s = self._store.get(scope) or self._scope(scope)
             cfg = s.config
             if not cfg:
                 return None
             period = s.periods.get(pid) or _EMPTY
             br = s.breaker
+            ends = s.ends_sorted
+            counts = {}
+            for m in metrics:  # ZCOUNT ends(pid, m) window_end +inf
+                scores = ends.get((pid, m))
+                counts[m] = len(scores) - bisect_left(scores, window_end) if scores else 0
             return Snapshot(
                 int(period.get("cap", cfg["cap"])),
                 int(period.get("reserve", cfg["reserve"])),
@@ -654,14 +677,15 @@ class MemoryLedger(Ledger):
                 int(period.get("spent", 0)),
                 int(period.get("grant", 0)),
                 _breaker_for(br, pid) if br else None,
-                {m: _zcount_from(s, (pid, m), window_end) for m in metrics},
+                counts,
                 int(period.get("version", 0)),
             )
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
         with self._lock:
-            rel = self._scope(scope).releases.get(release_id)
-            return bytes(_payload(rel)) if rel is not None else None
+            s = self._store.get(scope) or self._scope(scope)
+            rel = s.releases.get(release_id)
+            return None if rel is None else bytes(_payload(rel))
 
     async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
         with self._lock:

@@ -26,6 +26,8 @@ from enum import Enum
 RATIO_TOKEN = b'"ratio_after":null'
 """The placeholder in a release record that `reserve` replaces with the ratio after the charge."""
 
+_new = object.__new__
+
 
 class Outcome(Enum):
     """What `reserve` did."""
@@ -111,6 +113,23 @@ class ChargeResult:
     cost_units: int = 0
     """Units charged now (0 unless GRANTED)."""
 
+    @classmethod
+    def of(
+        cls, outcome: Outcome, payload: bytes, reason: str, ratio_after: float, state: State, cost_units: int
+    ) -> ChargeResult:
+        """`ChargeResult(...)` with every field given, built without the frozen `__init__`'s
+        per-field `object.__setattr__` (one is built per release; the same value, half the cost)."""
+        result = _new(cls)
+        result.__dict__.update(
+            outcome=outcome,
+            payload=payload,
+            reason=reason,
+            ratio_after=ratio_after,
+            state=state,
+            cost_units=cost_units,
+        )
+        return result
+
 
 @dataclass(frozen=True)
 class Quote:
@@ -132,6 +151,39 @@ class Quote:
     version: int | None = None
     """The period block's spend version this quote was priced from (every charge and grant of the
     period bumps it); pass it as `ReleaseRequest.quoted_version` to make quote → charge exact."""
+
+    @classmethod
+    def of(
+        cls,
+        metric: str,
+        scope: str,
+        period_id: str,
+        cost: float,
+        cost_units: int,
+        state: State,
+        thinned: bool,
+        stretched: bool,
+        refused_reason: str | None,
+        may_use_reserve: bool,
+        version: int | None,
+    ) -> Quote:
+        """`Quote(...)` with every field given, built without the frozen `__init__`'s per-field
+        `object.__setattr__` (one is built per release; the same value, half the cost)."""
+        quote = _new(cls)
+        quote.__dict__.update(
+            metric=metric,
+            scope=scope,
+            period_id=period_id,
+            cost=cost,
+            cost_units=cost_units,
+            state=state,
+            thinned=thinned,
+            stretched=stretched,
+            refused_reason=refused_reason,
+            may_use_reserve=may_use_reserve,
+            version=version,
+        )
+        return quote
 
     @property
     def ok(self) -> bool:
