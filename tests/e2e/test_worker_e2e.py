@@ -262,6 +262,60 @@ def test_split_ingest_and_release_processes_release_every_window_once(deployment
     assert {r["metric"] for r in recs} == set(deployment.topology.metrics)
 
 
+def _copy_as_the_hop_did(dep: Deployment) -> int:
+    """Copy every record of the source topic to its by-unit topic as the hop does (key = unit, source
+    append time, source position header): a hop that died before committing leaves these behind."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from dpstream.workers.pipeline.copies import SOURCE_POSITION_HEADER, source_position
+    from dpstream.workers.runtime.topics import repartition_topic
+
+    source = next(iter(dep.topology.sources.values()))
+    consumer = KafkaConsumer(bootstrap_servers=dep.bootstrap, enable_auto_commit=False)
+    producer = KafkaProducer(bootstrap_servers=dep.bootstrap, acks="all")
+    try:
+        tps = [TopicPartition(source.topic, p) for p in sorted(consumer.partitions_for_topic(source.topic) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        copied = 0
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for m in records:
+                    unit = json.loads(m.value)[source.privacy_unit].encode()
+                    where = [(SOURCE_POSITION_HEADER, source_position(tp.partition, m.offset))]
+                    producer.send(repartition_topic(source), m.value, key=unit, timestamp_ms=m.timestamp, headers=where)
+                    copied += 1
+        producer.flush()
+        return copied
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_a_hop_that_copied_twice_changes_no_aggregate(tmp_path: Path, kafka_broker, fresh_redis) -> None:
+    """A hop that died after copying and before committing copies the same records again on restart:
+    every event is then twice on the by-unit topic, and every window is still counted as once."""
+    dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, keyed=False)
+    try:
+        t0 = _t0() + 2 * WINDOW  # room for the copies below before the first window closes
+        starts = [t0, t0 + WINDOW]
+        events = [
+            (f"k{i % 5}".encode(), event(f"u{i:03d}", s + 0.3, "home", 1.0)[1]) for s in starts for i in range(40)
+        ]
+        send(dep.bootstrap, dep.source_topic, events)
+        assert _copy_as_the_hop_did(dep) == 80  # the first hop's copies, whose commit was lost
+        dep.start_worker("w1")  # its hop copies everything again
+        recs = poll(lambda: _released_all(dep, starts), timeout_s=150)
+        assert recs, dep.log("w1")[-3000:]
+        _assert_exactly_once(recs)
+        merged = _partials(dep)
+        for s in starts:
+            assert merged[("views", s)].get("home", 0) == 40  # 80 copies of 40 events, each counted once
+    finally:
+        dep.stop_all()
+
+
 def test_a_repartitioned_source_counts_by_the_source_append_time(tmp_path: Path, kafka_broker, fresh_redis) -> None:
     """A source not keyed by its unit goes through the by-unit hop (keys are anything); windows close
     only once the hop has copied everything the source held, and every event is counted once."""

@@ -30,6 +30,7 @@ from typing import Protocol
 from dpstream.topology.errors import EventError
 from dpstream.topology.model import Metric, Topology
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.copies import SeenCopies, source_position_of
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.partials import WindowPartial
@@ -117,6 +118,8 @@ class PartitionPipeline:
         # unit ids are keyed-hashed here, before bounding, unless the repartition hop already did (its topic)
         self._hash_unit = unit_hasher(self.source) if self.topic == self.source.topic else None
         self._event_range = event_range
+        # a by-unit topic may hold two copies of one source record (the hop died before its commit)
+        self.seen_copies = SeenCopies() if self.topic != self.source.topic else None
         self.last_offset: int | None = None if start_offset is None else start_offset - 1
         self._marks: list[tuple[float, int]] = []
         """(wall-clock time T, end offset read at T) not yet reached by consumption."""
@@ -134,11 +137,18 @@ class PartitionPipeline:
         hash_unit = self._hash_unit
         lo, hi = self._event_range if self._event_range is not None else (-math.inf, math.inf)
         start = self.schedule_start
+        seen = self.seen_copies
         dead: list[DeadLetter] = []
         accepted = late = 0
         offset = self.last_offset
         for rec in records:
             offset = rec.offset
+            position = None
+            if seen is not None:
+                position = source_position_of(rec)
+                if position is not None and position in seen:  # a second copy of a counted source record
+                    seen.skipped += 1
+                    continue
             try:
                 unit, ts, fields = parse(rec.value, rec.timestamp, offset)  # type: ignore[arg-type]  # a None value (tombstone) fails decoding: not_json
             except EventError as exc:
@@ -158,6 +168,8 @@ class PartitionPipeline:
                 self._dead_letter(dead, "future_timestamp", offset, rec.value)
                 continue
             accepted += 1
+            if seen is not None and position is not None:
+                seen.add(position, ts)
             if ts < start:  # before the deployment start S: no window of the schedule holds it
                 late += 1
                 continue
@@ -211,6 +223,8 @@ class PartitionPipeline:
         out: list[WindowPartial] = []
         for acc in self._accs:
             out.extend(self._partial(acc, s, v) for s, v in acc.close_through(t, MAX_WINDOWS_PER_CLOSE))
+        if self.seen_copies is not None and out:
+            self.seen_copies.forget_before(min(acc.next_start for acc in self._accs))
         return out
 
     def flush(self) -> BatchOutput:

@@ -1,9 +1,11 @@
 """The documented extra hop for sources not keyed by their privacy unit: copy each event, keyed by unit.
 
 A consumer-group member reads the source topic in batches, extracts the unit field (a cheap parse),
-and produces the unchanged bytes to `<topic>.by-unit` with Kafka key = unit, committing after the
-acks. Events without a readable unit are forwarded with their original key: the core dead-letters
-them with the right reason (the DLQ record then names the repartition topic's partition and offset).
+and produces the unchanged bytes to `<topic>.by-unit` with Kafka key = unit and the source position
+as a header, committing after the acks (a restart before the commit copies a batch again: the by-unit
+pipeline counts a position once, `workers.pipeline.copies`). Events without a readable unit are
+forwarded with their original key: the core dead-letters them with the right reason (the DLQ record
+then names the repartition topic's partition and offset).
 With `privacy_unit_hash` on, the copy's unit field and key are the keyed hash instead, and an event
 without a usable unit is dead-lettered by the hop itself (naming the source topic's partition and
 offset), so no raw unit id reaches the by-unit topic.
@@ -23,6 +25,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from dpstream.topology.model import Source, Topology
+from dpstream.workers.pipeline.copies import SOURCE_POSITION_HEADER, source_position
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.unit_ids import hashed_copy, refusal_reason, unit_hasher
@@ -140,7 +143,12 @@ class RepartitionService(Service):
                         self.counts.setdefault(letter.source, EventCounts()).invalid[letter.reason] += 1
                         continue
                     key = key or rec.key
-                    sends.append(await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp))
+                    # the source position lets the by-unit pipeline count a second copy once (a restart
+                    # before the commit below copies the batch again)
+                    where = [(SOURCE_POSITION_HEADER, source_position(tp.partition, rec.offset))]
+                    sends.append(
+                        await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp, headers=where)
+                    )
             if not sends:
                 continue
             await asyncio.gather(*sends)

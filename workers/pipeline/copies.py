@@ -1,0 +1,60 @@
+"""Copies of one source record seen twice on a by-unit topic count once.
+
+The repartition hop copies each source record to `<topic>.by-unit` and commits after the acks, so a
+hop that dies between the two copies those records again on restart. Counted twice, a copy would
+change a window's true aggregate, which must not depend on what the hop went through (DESIGN §1).
+Each copy carries its source position (partition:offset, a header, nothing about the unit); the
+by-unit partition's pipeline keeps the positions of the events that may still land in an open
+window and skips a position it has already seen. Copies of one record have one unit, hence one
+by-unit partition, so one pipeline sees them all.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SOURCE_POSITION_HEADER", "SeenCopies", "source_position", "source_position_of"]
+
+from typing import Any
+
+SOURCE_POSITION_HEADER = "dpstream-source-position"
+"""Header of a hop copy: b"<source partition>:<source offset>"."""
+
+
+def source_position(partition: int, offset: int) -> bytes:
+    """The header value naming one source record."""
+    return b"%d:%d" % (partition, offset)
+
+
+def source_position_of(record: Any) -> bytes | None:
+    """The source position a hop copy carries (None for a record without one)."""
+    for name, value in getattr(record, "headers", None) or ():
+        if name == SOURCE_POSITION_HEADER:
+            return bytes(value)
+    return None
+
+
+class SeenCopies:
+    """Source positions of the events counted on one by-unit partition, kept while they may still
+    land in a window not yet emitted (event time at or after the earliest next window of any metric)."""
+
+    def __init__(self) -> None:
+        self._ts: dict[bytes, float] = {}
+        self._floor = float("-inf")
+        self.skipped = 0
+        """Copies skipped because their source position had been counted already."""
+
+    def __contains__(self, position: bytes) -> bool:
+        return position in self._ts
+
+    def __len__(self) -> int:
+        return len(self._ts)
+
+    def add(self, position: bytes, event_time: float) -> None:
+        """Remember a counted event's position (its copies are skipped while it can still count)."""
+        self._ts[position] = event_time
+
+    def forget_before(self, floor: float) -> None:
+        """Drop the positions of events timed before `floor`: every window that could hold them has
+        been emitted, so a copy of them would be late anyway."""
+        if floor > self._floor:
+            self._floor = floor
+            self._ts = {p: t for p, t in self._ts.items() if t >= floor}
