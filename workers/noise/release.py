@@ -53,6 +53,8 @@ def _plain(obj: Any) -> Any:
     """`obj` as JSON-able plain values: dicts with str keys, lists for tuples (scalars as they are)."""
     if type(obj) in _SCALARS:
         return obj
+    if type(obj) is dict and all(type(k) is str and type(v) in _SCALARS for k, v in obj.items()):
+        return dict(obj)  # a flat dict of scalars (noise, ci): a copy is its plain form
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
