@@ -25,7 +25,7 @@ from typing import Any
 
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Budget, Metric, Topology
-from dpstream.topology.periods import period_id, period_start, periods_touched
+from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.selection import selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
@@ -264,8 +264,8 @@ class Releaser:
 
 def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int], ...]:
     """(period_id, start) of every period after the first that [start, end) touches."""
-    if type(start) is int and type(end) is int and start < end <= period_start(period_s, start) + period_s:
-        return ()  # ends inside the period it starts in
+    if type(start) is int and type(end) is int and start < end and start // period_s == (end - 1) // period_s:
+        return ()  # ends inside the period it starts in (periods are whole multiples of period_s from 0)
     return tuple((period_id(period_s, p), p) for p in periods_touched(period_s, start, end)[1:])
 
 
