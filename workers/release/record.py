@@ -216,16 +216,12 @@ _NO_MEMO = _Memo((), (), "")
 """A cell's mark once its field changed between releases (as `values` does): not tried again."""
 
 
-def _dict_ids(value: dict[Any, Any]) -> tuple[int, ...]:
-    return (*map(id, value), *map(id, value.values()))
-
-
 def _memo_text(cell: list[_Memo | None], value: dict[Any, Any]) -> str:
     """`_encode(value)`, from the cell when it holds the same objects; fills an empty cell."""
     memo = cell[0]
     if memo is _NO_MEMO or len(value) > _MEMO_MAX_ITEMS:
         return _encode(value)
-    ids = _dict_ids(value)
+    ids = (*map(id, value), *map(id, value.values()))
     if memo is not None:
         if memo.ids == ids:
             return memo.text
@@ -380,8 +376,15 @@ def record_bytes(
         parts[layout.published_at] = f'"{iso_utc(built_at)}"'
         parts[layout.release_id] = _text(release_id)
         for (slot, cell), value in zip(layout.noise, noise_fields.values(), strict=True):
-            if slot >= 0:
-                parts[slot] = _memo_text(cell, value) if type(value) is dict else _text(value)
+            if slot < 0:
+                continue
+            kind = type(value)
+            if kind is dict:
+                parts[slot] = _memo_text(cell, value)
+            elif kind is str:
+                parts[slot] = encode_basestring(value)
+            else:
+                parts[slot] = _encode(value)
         return "".join(parts).encode()
     except Exception:  # the plain path below raises what it raises (NaN: ValueError), in its own order
         pass
