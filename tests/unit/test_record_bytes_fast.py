@@ -39,28 +39,34 @@ _JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=8,
 )
-_NAMES = st.sampled_from(
-    [
-        "values",
-        "mechanism",
-        "noise",
-        "ci",
-        "postprocess",
-        "keys",
-        "partition_selection",
-        # fixed fields a mechanism may replace, window fields, and protected names it may not
-        "bounds",
-        "aggregate",
-        "privacy_note",
-        "published_at",
-        "metric",
-        "window",
-        "cost",
-        "budget",
-        "release_id",
-    ]
-) | st.text(max_size=5)
-_HOSTILE = st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(['"', "\\", "é", "\u2028", "\x00", "\x7f"]))
+_NAMES = (
+    st.sampled_from(
+        [
+            "values",
+            "mechanism",
+            "noise",
+            "ci",
+            "postprocess",
+            "keys",
+            "partition_selection",
+            # fixed fields a mechanism may replace, window fields, and protected names it may not
+            "bounds",
+            "aggregate",
+            "privacy_note",
+            "published_at",
+            "metric",
+            "window",
+            "cost",
+            "budget",
+            "release_id",
+        ]
+    )
+    | st.text(max_size=5)
+    | st.integers(0, 2)
+)  # a name that is not a str: refused by both paths
+_HOSTILE = st.text(
+    alphabet=st.characters(codec="utf-8") | st.sampled_from(['"', "\\", "é", "\u2028", "\x00", "\x7f", "\ud800"])
+)  # a lone surrogate cannot be UTF-8: refused by both paths
 _TIMES = st.integers(-(2**40), 2**40) | st.integers(0, 253_402_300_799) | st.sampled_from([0, -1, 253_402_300_800])
 
 
