@@ -120,9 +120,9 @@ def _adaptive_units_of(
     shape: _Shape, cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
 ) -> int:
     ks = shape.ks
-    if ks is not None and pool_left <= 0:
-        return 0
     if ks is not None:
+        if pool_left <= 0:
+            return 0
         # Σ_j k_j·n_j with n_j = windows_left(window_j, period_start, period_s, window_end) minus
         # what is charged already, the window-grid arithmetic of `windows_left` written out
         # (called per metric per quote, this loop is the quote's cost in a wide scope)
@@ -140,7 +140,8 @@ def _adaptive_units_of(
             if left > 0:
                 total += k * left
         if total > 0:
-            return max(0, min(pool_left, pool_left * ks[metric] // total))
+            units = pool_left * ks[metric] // total
+            return pool_left if units > pool_left else (units if units > 0 else 0)  # max(0, min(pool_left, units))
     return _units(
         adaptive_release_cost(
             Fraction(pool_left, UNITS_PER_CURRENCY),  # type: ignore[arg-type]  # exact: the same arithmetic on a Fraction
@@ -200,7 +201,9 @@ def price(
 ) -> Quote:
     """The grant for the release of `metric` over [window_start, window_end) in this period, at the
     snapshot's spend version."""
-    shape = _shape_of(cfg)
+    shape = _SHAPES.get(id(cfg))
+    if shape is None or shape.cfg is not cfg:
+        shape = _shape_of(cfg)
     plan = shape.plans.get(metric) or cfg.metric(metric)
     cap, reserve, warn, spent, grant, breaker, _, version = snap
     if breaker is not None:
@@ -209,7 +212,7 @@ def price(
             cfg, plan, period_id, State.OPEN, version, 0, refused_reason=f"breaker open ({kind}): {breaker.reason}"
         )
     state = State.WARNING if spent >= warn else State.NORMAL  # state_of, with the breaker closed
-    pool_left = min(cap, cap - reserve + grant) - spent
+    pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
         pool_left = 0
     units = _adaptive_units_of(shape, cfg, snap, metric, period_start, window_end, pool_left)
