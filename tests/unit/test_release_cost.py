@@ -524,3 +524,55 @@ def test_pooled_vector_noise_has_the_measurements_distribution(
     assert _ks_to_exact(direct, mechanism, noise.scale) <= bound
     # the 20 keys of a release get 20 samples, not one shared one (all equal: P < 0.1^19)
     assert len(set(pooled[:20])) > 1
+
+
+def test_fast_constructors_build_what_the_dataclass_constructors_build() -> None:
+    """`ReleaseRequest.of` and `ReleaseResult.of` (per release, without the frozen per-field setattr)
+    equal the plain constructors with every field given, and stay frozen."""
+    import dataclasses
+
+    from dpstream.workers.ledger.types import ReleaseRequest
+    from dpstream.workers.release.outcomes import ReleaseResult
+
+    fields = dict(
+        release_id="r",
+        scope="s",
+        period_id="p",
+        metric="m",
+        window_start=60,
+        window_end=120,
+        cost=0.25,
+        payload=b"{}",
+        may_use_reserve=True,
+        actor="a",
+        delta=1e-9,
+        extra_periods=(("p2", 86_400),),
+        quoted_version=7,
+    )
+    assert [f.name for f in dataclasses.fields(ReleaseRequest)] == list(fields)
+    fast = ReleaseRequest.of(**fields)  # type: ignore[arg-type]  # the dict's values are the fields' types
+    assert fast == ReleaseRequest(**fields)  # type: ignore[arg-type]  # as above
+    result = ReleaseResult.of(ReleaseOutcome.PUBLISHED, "r", "m", 60, 120, "why", b"x")
+    assert result == ReleaseResult(ReleaseOutcome.PUBLISHED, "r", "m", 60, 120, "why", b"x")
+    assert len(dataclasses.fields(ReleaseResult)) == 7
+    for frozen in (fast, result):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            frozen.metric = "other"  # type: ignore[misc]  # the point: it is frozen
+
+
+@given(
+    version=st.text(min_size=1, max_size=20),
+    metric=st.text(min_size=1, max_size=20),
+    start=st.integers(-(2**40), 2**40),
+    length=st.integers(1, 10**7),
+)
+@settings(max_examples=200, deadline=None)
+def test_release_id_is_the_sha256_of_its_fields(version: str, metric: str, start: int, length: int) -> None:
+    """The cached-prefix hash names a release exactly as DESIGN §4 says: sha256 of `version|metric|start|end`."""
+    import hashlib
+
+    from dpstream.workers.release.ids import release_id
+
+    want = hashlib.sha256(f"{version}|{metric}|{start}|{start + length}".encode()).hexdigest()
+    assert release_id(version, metric, start, start + length) == want
+    assert release_id(version, metric, start, start + length) == want  # the cached prefix is not consumed

@@ -98,6 +98,43 @@ class ReleaseRequest:
     """The period's spend version the cost was quoted at (`Quote.version`): the charge answers
     STALE_QUOTE, writing nothing, if it changed since (None: no check)."""
 
+    @classmethod
+    def of(
+        cls,
+        release_id: str,
+        scope: str,
+        period_id: str,
+        metric: str,
+        window_start: int,
+        window_end: int,
+        cost: float,
+        payload: bytes,
+        may_use_reserve: bool,
+        actor: str,
+        delta: float,
+        extra_periods: tuple[tuple[str, int], ...],
+        quoted_version: int | None,
+    ) -> ReleaseRequest:
+        """`ReleaseRequest(...)` with every field given, built without the frozen `__init__`'s
+        per-field `object.__setattr__` (one is built per release; the same value, half the cost)."""
+        request = _new(cls)
+        request.__dict__.update(
+            release_id=release_id,
+            scope=scope,
+            period_id=period_id,
+            metric=metric,
+            window_start=window_start,
+            window_end=window_end,
+            cost=cost,
+            payload=payload,
+            may_use_reserve=may_use_reserve,
+            actor=actor,
+            delta=delta,
+            extra_periods=extra_periods,
+            quoted_version=quoted_version,
+        )
+        return request
+
 
 @dataclass(frozen=True)
 class ChargeResult:

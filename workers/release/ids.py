@@ -5,6 +5,8 @@ from __future__ import annotations
 __all__ = ["release_id"]
 
 import hashlib
+from functools import lru_cache
+from typing import Any
 
 
 def release_id(topology_version: str, metric: str, window_start: int, window_end: int) -> str:
@@ -13,5 +15,12 @@ def release_id(topology_version: str, metric: str, window_start: int, window_end
     >>> release_id("v", "m", 0, 60) == release_id("v", "m", 0, 60)
     True
     """
-    blob = f"{topology_version}|{metric}|{int(window_start)}|{int(window_end)}".encode()
-    return hashlib.sha256(blob).hexdigest()
+    h = _prefix(topology_version, metric).copy()
+    h.update(b"%d|%d" % (int(window_start), int(window_end)))
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1024)
+def _prefix(topology_version: str, metric: str) -> Any:
+    """sha256 fed with `topology_version|metric|` (copied per release id, never updated itself)."""
+    return hashlib.sha256(f"{topology_version}|{metric}|".encode())

@@ -45,6 +45,24 @@ class ReleaseResult:
     payload: bytes = b""
     """The stored record that was published (empty when nothing was)."""
 
+    @classmethod
+    def of(
+        cls, outcome: ReleaseOutcome, release_id: str, metric: str, start: int, end: int, reason: str, payload: bytes
+    ) -> ReleaseResult:
+        """`ReleaseResult(...)` with every field given, built without the frozen `__init__`'s per-field
+        `object.__setattr__` (one per release; the same value, half the cost)."""
+        result = object.__new__(cls)
+        result.__dict__.update(
+            outcome=outcome,
+            release_id=release_id,
+            metric=metric,
+            window_start=start,
+            window_end=end,
+            reason=reason,
+            payload=payload,
+        )
+        return result
+
 
 @dataclass
 class ReleaseCounts:

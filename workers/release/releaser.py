@@ -165,7 +165,7 @@ class Releaser:
         crash_point("after_publish")  # chaos tests only: published, not yet committed
         await self.ledger.commit(budget.name, rid)
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
-        return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
+        return ReleaseResult.of(outcome, rid, m.name, start, end, "", stored)
 
     def _pricing_lock(self, scope: str) -> asyncio.Lock:
         """Quote → charge of one scope run one at a time in this process, so its concurrent releases
@@ -236,7 +236,7 @@ class Releaser:
             noise_fields=noisy.to_record_fields(),
             built_at=self._clock(),
         )
-        request = ReleaseRequest(
+        request = ReleaseRequest.of(
             release_id=rid,
             scope=budget.name,
             period_id=quote.period_id,
@@ -246,12 +246,12 @@ class Releaser:
             cost=cost,
             payload=payload,
             may_use_reserve=m.may_use_reserve,
+            actor=self._actor,
             delta=selection_delta,
             # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
             # touches, in the same atomic call as its main charge (all or nothing)
             extra_periods=_later_periods(budget.period_s, start, end),
             quoted_version=quote.version,
-            actor=self._actor,
         )
         charge = await self.ledger.charge(request)
         if charge.outcome is Outcome.STALE_QUOTE:
