@@ -73,3 +73,14 @@ def test_unknown_scope_is_a_one_line_config_error(fresh_redis: Any, capsys: pyte
     assert main(["budget", "status", "--scope", "nope", "--redis", fresh_redis.url]) == 2
     err = capsys.readouterr().err.strip()
     assert "'nope'" in err and len(err.splitlines()) == 1
+
+
+def test_a_grant_with_nothing_left_exits_2_with_one_line(fresh_redis: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`budget grant` of the whole reserve works once; the next grant has nothing to widen: exit 2, one line."""
+    _charge(fresh_redis.url, 1)
+    grant = ["budget", "grant", "--scope", "s", "--reason", "report", "--actor", "ops", "--redis", fresh_redis.url]
+    assert main([*grant, "--amount", "0.2"]) == 0
+    assert "may now draw 0.2 of the reserve" in capsys.readouterr().out
+    assert main([*grant, "--amount", "0.01"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nothing left to grant" in err and "granted in full" in err and len(err.splitlines()) == 1

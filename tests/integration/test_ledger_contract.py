@@ -14,6 +14,7 @@ from dpstream.topology.model import Accounting, WarningPolicy
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
+from dpstream.workers.ledger.units import grant_to_units
 
 DAY = 86_400
 T0 = 1_796_000_000  # 2026-11-30T... (inside one UTC day)
@@ -240,6 +241,44 @@ def test_operator_grant_opens_the_reserve_to_ordinary_metrics(where: str) -> Non
         grants = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
         assert grants[0].fields["actor"] == "carol"
         await ledger.close()
+
+    run(body())
+
+
+def test_a_grant_beyond_what_is_left_to_grant_is_refused_and_writes_nothing(where: str) -> None:
+    """The reserve (0.25 of cap 1) can be granted up to what is not granted yet and what the cap has left;
+    more is refused with one line naming what is left, and neither the grant nor the audit moves."""
+
+    async def body() -> None:
+        ledger = await open_ledger(where, one_scope_topology(reserve=0.25), clock=ManualClock(T0))
+        assert await ledger.grant_reserve("s", 0.125, "first", "carol") == grant_to_units(0.125)
+        with pytest.raises(ConfigError) as too_much:
+            await ledger.grant_reserve("s", 0.25, "second", "carol")
+        before = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
+        assert await ledger.grant_reserve("s", 0.125, "the rest", "carol") == grant_to_units(0.25)
+        with pytest.raises(ConfigError) as none_left:
+            await ledger.grant_reserve("s", 0.001, "more", "carol")
+        grants = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
+        await ledger.close()
+        assert "only 0.125 is left to grant" in str(too_much.value) and "\n" not in str(too_much.value)
+        assert "reserve is already granted in full" in str(none_left.value)
+        assert [g.fields["reason"] for g in before] == ["first"]
+        assert [g.fields["reason"] for g in grants] == ["first", "the rest"]
+
+    run(body())
+
+
+def test_no_grant_once_the_cap_is_spent(where: str) -> None:
+    """With the whole cap spent (a may_use_reserve metric drew the reserve), a grant has nothing to widen."""
+
+    async def body() -> None:
+        topo = one_scope_topology(metrics=(("m", 1.0, 86_400, 86_400, True),))
+        ledger = await open_ledger(where, topo, clock=ManualClock(T0))
+        assert (await ledger.charge(req("a", 1.0, may_use_reserve=True))).outcome is Outcome.GRANTED
+        with pytest.raises(ConfigError) as spent:
+            await ledger.grant_reserve("s", 0.01, "too late", "carol")
+        await ledger.close()
+        assert "nothing left to grant" in str(spent.value) and "the cap is spent" in str(spent.value)
 
     run(body())
 

@@ -405,13 +405,24 @@ class Ledger(ABC):
         return await self._operator_breaker(scope, "close", reason, actor)
 
     async def grant_reserve(self, scope: str, amount: float, reason: str, actor: str) -> int:
-        """Operator lets ordinary metrics draw `amount` of the reserve in the current period (audited)."""
+        """Operator lets ordinary metrics draw `amount` of the reserve in the current period (audited);
+        the period's total grant in units. Refused (ConfigError, nothing written) when more is asked
+        than is left to grant: the reserve not yet granted, and no more than the cap has left."""
         _need_reason(reason, actor)
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
         pstart = _period_start(period_s, self._clock())
-        return await self._grant(
-            scope, _period_id(period_s, pstart), pstart, grant_to_units(amount), reason, actor, self._now_ms()
+        pid = _period_id(period_s, pstart)
+        outcome, figures = await self._grant(scope, pid, pstart, grant_to_units(amount), reason, actor, self._now_ms())
+        if outcome == "granted":
+            return figures[0]
+        left, spent, cap, ungranted = (units_to_float(u) for u in figures)
+        if left <= 0:
+            why = "the cap is spent" if spent >= cap else "the reserve is already granted in full"
+            raise ConfigError(f"budget grant --scope {scope}: nothing left to grant in period {pid}: {why}")
+        raise ConfigError(
+            f"budget grant --amount {amount:g}: only {left:.6g} is left to grant in {scope}'s period {pid} "
+            f"(reserve not yet granted {ungranted:.6g}, cap left {cap - spent:.6g}); grant at most that"
         )
 
     async def park(
@@ -555,7 +566,7 @@ class Ledger(ABC):
     @abstractmethod
     async def _grant(
         self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
-    ) -> int: ...
+    ) -> tuple[str, list[int]]: ...
 
     @abstractmethod
     async def _scopes(self) -> list[str]: ...

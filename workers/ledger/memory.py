@@ -518,11 +518,22 @@ class MemoryLedger(Ledger):
             self._xadd(s, now_ms, {**fields, "kind": "breaker_close", "state": "closed"})
             return True
 
-    async def _grant(self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int) -> int:
+    async def _grant(
+        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
+    ) -> tuple[str, list[int]]:
         with self._lock:
             s = self._scope(scope)
             if not s.config:
                 raise InternalError(f"grant: scope not registered ({scope})")
+            # what is left to grant (grant.lua): the block's own terms once opened, the config's before
+            terms = s.periods.get(pid, {})
+            cap = int(terms.get("cap", s.config["cap"]))
+            reserve = int(terms.get("reserve", s.config["reserve"]))
+            spent = int(terms.get("spent", 0))
+            ungranted = max(0, reserve - int(terms.get("grant", 0)))
+            left = max(0, min(ungranted, cap - spent))
+            if units > left:
+                return "refused", [left, spent, cap, ungranted]
             block = s.periods.setdefault(pid, {})
             if pid not in s.period_index:  # a block opened here takes the config's terms, as reserve's would
                 s.period_index[pid] = pstart
@@ -551,7 +562,7 @@ class MemoryLedger(Ledger):
                     now_ms,
                     {"kind": "breaker_close", "period": pid, "reason": "reserve granted: " + reason, "actor": actor},
                 )
-            return total
+            return "granted", [total]
 
     async def _park(
         self,

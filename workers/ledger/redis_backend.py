@@ -285,12 +285,13 @@ class RedisLedger(Ledger):
         )
         return int(out[0]) == 1
 
-    async def _grant(self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int) -> int:
+    async def _grant(
+        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
+    ) -> tuple[str, list[int]]:
         k = self._keys(scope)
         keys = [k.period(pid), k.breaker, k.audit, k.config, k.periods]
-        return int(
-            await self._guard(self._scripts["grant"](keys=keys, args=[units, reason, actor, now_ms, pid, pstart]))
-        )
+        raw = await self._guard(self._scripts["grant"](keys=keys, args=[units, reason, actor, now_ms, pid, pstart]))
+        return _s(raw[0]), [int(v) for v in raw[1:]]
 
     # ---- reads ---------------------------------------------------------------------------------
 
