@@ -576,3 +576,25 @@ def test_release_id_is_the_sha256_of_its_fields(version: str, metric: str, start
     want = hashlib.sha256(f"{version}|{metric}|{start}|{start + length}".encode()).hexdigest()
     assert release_id(version, metric, start, start + length) == want
     assert release_id(version, metric, start, start + length) == want  # the cached prefix is not consumed
+
+
+def test_noisy_release_of_builds_what_the_constructor_builds() -> None:
+    """`NoisyRelease.of` (per release) equals the constructor with the same fields and stays frozen."""
+    import dataclasses
+
+    from dpstream.workers.noise.release import NoisyRelease
+
+    fields = dict(
+        values={"": 3.0},
+        mechanism="discrete_gaussian",
+        noise={"scale": 2.0, "stddev": 2.0},
+        ci={"level": 0.95, "half_width": 4.0},
+        cost=0.5,
+        postprocess={"round": False, "clamp_zero": False},
+        partition_selection=None,
+    )
+    fast = NoisyRelease.of(**fields)  # type: ignore[arg-type]  # the dict's values are the fields' types
+    assert fast == NoisyRelease(**fields)  # type: ignore[arg-type]  # as above
+    assert fast.to_record_fields() == NoisyRelease(**fields).to_record_fields()  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.cost = 1.0  # type: ignore[misc]  # the point: it is frozen

@@ -164,8 +164,8 @@ class _ValueRelease(ReleaseMechanism):
             encode, get = codec.encode, true_values.get
             units = self._noise.draw([encode(get(k, 0)) for k in self._keys])
             raw = codec.decode_keys(self._keys, units)
-        values, flags = apply_postprocess(raw, self.metric.postprocess)
-        return NoisyRelease(
+        values, flags = apply_postprocess(raw, self.metric.postprocess)  # `raw` is this release's own dict
+        return NoisyRelease.of(
             values=values,
             mechanism=self._name,
             noise=dict(self._spread),

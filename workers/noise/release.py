@@ -30,6 +30,32 @@ class NoisyRelease:
     keys: tuple[str, ...] = ()
     partition_selection: dict[str, Any] | None = None
 
+    @classmethod
+    def of(
+        cls,
+        values: dict[str, float],
+        mechanism: str,
+        noise: dict[str, Any],
+        ci: dict[str, Any] | None,
+        cost: float,
+        postprocess: dict[str, bool],
+        partition_selection: dict[str, Any] | None,
+    ) -> NoisyRelease:
+        """`NoisyRelease(...)` of a keyed value release (no top-k `keys`), built without the frozen
+        `__init__`'s per-field `object.__setattr__` (one per release; the same value, half the cost)."""
+        release = object.__new__(cls)
+        release.__dict__.update(
+            values=values,
+            mechanism=mechanism,
+            noise=noise,
+            ci=ci,
+            cost=cost,
+            postprocess=postprocess,
+            keys=(),
+            partition_selection=partition_selection,
+        )
+        return release
+
     def to_record_fields(self) -> dict[str, Any]:
         """The release-record fields this object owns, as plain JSON-able values."""
         fields: dict[str, Any] = {
@@ -63,8 +89,9 @@ def _plain(obj: Any) -> Any:
 
 
 def apply_postprocess(values: dict[str, float], options: PostProcess) -> tuple[dict[str, float], dict[str, bool]]:
-    """Round and/or clamp at 0 (free post-processing); returns the values and the flags applied."""
-    out = dict(values)
+    """Round and/or clamp at 0 (free post-processing); returns the values (`values` itself when there
+    is nothing to do, else a new dict) and the flags applied."""
+    out = values if not (options.clamp_zero or options.round) else dict(values)
     if options.clamp_zero:
         out = {k: max(0.0, v) for k, v in out.items()}
     if options.round:
