@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ["SOURCE_POSITION_HEADER", "SeenCopies", "source_position", "source_position_of"]
 
+from collections import deque
 from typing import Any
 
 SOURCE_POSITION_HEADER = "dpstream-source-position"
@@ -34,11 +35,16 @@ def source_position_of(record: Any) -> bytes | None:
 
 class SeenCopies:
     """Source positions of the events counted on one by-unit partition, kept while they may still
-    land in a window not yet emitted (event time at or after the earliest next window of any metric)."""
+    land in a window not yet emitted (event time at or after the earliest next window of any metric).
+
+    Positions are dropped from the oldest added on, while their event time is below the floor: O(1)
+    per event over time. An event added out of time order may outlive its need behind a later one;
+    that only keeps memory a little longer (a kept position is never wrong to skip: its windows
+    are emitted, so a copy of it would be late anyway)."""
 
     def __init__(self) -> None:
         self._ts: dict[bytes, float] = {}
-        self._floor = float("-inf")
+        self._order: deque[tuple[float, bytes]] = deque()
         self.skipped = 0
         """Copies skipped because their source position had been counted already."""
 
@@ -51,10 +57,12 @@ class SeenCopies:
     def add(self, position: bytes, event_time: float) -> None:
         """Remember a counted event's position (its copies are skipped while it can still count)."""
         self._ts[position] = event_time
+        self._order.append((event_time, position))
 
     def forget_before(self, floor: float) -> None:
-        """Drop the positions of events timed before `floor`: every window that could hold them has
-        been emitted, so a copy of them would be late anyway."""
-        if floor > self._floor:
-            self._floor = floor
-            self._ts = {p: t for p, t in self._ts.items() if t >= floor}
+        """Drop the positions of events timed before `floor`, oldest added first: every window that
+        could hold them has been emitted, so a copy of them would be late anyway."""
+        order, ts = self._order, self._ts
+        while order and order[0][0] < floor:
+            _, position = order.popleft()
+            ts.pop(position, None)
