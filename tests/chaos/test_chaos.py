@@ -156,8 +156,10 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
                     sup.paused = False
                 elif action == "redis_stop":
                     sup.paused = True
-                    down_since = time.time()
                     servers.redis.stop()
+                    # the outage starts when Redis has exited: after SIGTERM it serves until its next cron tick
+                    # (up to 100 ms), so a charge then is made before the outage, and its publish is legitimate
+                    down_since = time.time()
                     sup.injections.append(Injection("redis_stop", down_since, f"{settings.redis_pause_s:g} s"))
                     redis_back_at = down_since + settings.redis_pause_s
                 elif action == "kafka_restart":
