@@ -66,17 +66,17 @@ def test_records_fetched_before_a_pipeline_was_made_are_fetched_again_from_its_s
         consumer.subscribe([topic], listener=_Listener(svc))
         await consumer.start()
         try:
-            made_before = dict(svc._cores)  # noqa: SLF001 - the fetch-time snapshot the ingest loop takes
+            made_before = dict(svc._made)  # noqa: SLF001 - the fetch-time snapshot the ingest loop takes
             first = await _fetch(consumer, tp)
             # the first fetch of a partition makes its pipeline (at the committed start: none, so 0):
             # those records were fetched before it, so they are left for the next fetch
             dropped_first = await svc._owned_work({tp: first}, made_before)  # noqa: SLF001
-            made_before = dict(svc._cores)  # noqa: SLF001
+            made_before = dict(svc._made)  # noqa: SLF001
             again = await _fetch(consumer, tp)
             fed = await svc._owned_work({tp: again}, made_before)  # noqa: SLF001
             # now a rebalance takes the partition and gives it back while `again` (offsets 0..) is in
             # hand; meanwhile its previous owner had committed offset 7
-            made_before = dict(svc._cores)  # noqa: SLF001
+            made_before = dict(svc._made)  # noqa: SLF001
             await svc.drop_partitions([tp])
             await consumer.commit({tp: OffsetAndMetadata(7, "")})
             stale = await svc._owned_work({tp: again}, made_before)  # noqa: SLF001

@@ -109,6 +109,9 @@ class IngestService(Service):
         self._warned: set[str] = set()
         self.schedule_start: int | None = None
         self._lock = asyncio.Lock()
+        self._made: dict[TopicPartition, int] = {}
+        """When each partition's pipeline was made (a sequence number): records fetched before it are not its."""
+        self._made_seq = 0
         self.stale_batches = 0
         """Fetched partition batches dropped because their partition's pipeline was (re)made after the fetch."""
         self._offload = offload
@@ -188,6 +191,7 @@ class IngestService(Service):
         async with self._lock:
             for tp in revoked:
                 self._committed.pop(tp, None)
+                self._made.pop(tp, None)
                 core = self._cores.pop(tp, None)
                 if core is not None:
                     self.stats.revoked += 1
@@ -200,11 +204,10 @@ class IngestService(Service):
         return list(self._cores.values())
 
     async def _owned_work(
-        self, batches: dict[TopicPartition, list[Any]], made_before: dict[TopicPartition, PartitionPipeline]
+        self, batches: dict[TopicPartition, list[Any]], made_before: dict[TopicPartition, int]
     ) -> list[tuple[TopicPartition, PartitionPipeline, list[Any]]]:
         """Each owned partition's pipeline and its records of a fetched batch, leaving out the records of
-        a partition whose pipeline was made after the fetch (`made_before`: the pipelines then, a
-        copy of `_cores`; a pipeline that is not the same object was made since). Those
+        a partition whose pipeline was made after the fetch (`made_before`: the pipelines then). Those
         came from a position before the pipeline's start (e.g. fetched before a rebalance gave the
         partition back): fed to it, they would be counted before the records between its commit and
         them, and a window could close without those (DESIGN §3). The pipeline seeked the consumer to
@@ -219,7 +222,7 @@ class IngestService(Service):
                 core = await self._core(tp)
             except IllegalStateError:  # unassigned meanwhile: a rebalance; its owner reads it
                 continue
-            if made_before.get(tp) is not core:
+            if self._made.get(tp) != made_before.get(tp):
                 self.stale_batches += 1
                 _log.info("ingest: records fetched before a partition's pipeline was made dropped; fetched again")
                 continue
@@ -230,7 +233,7 @@ class IngestService(Service):
     async def _consume_forever(self) -> None:
         assert self._consumer is not None
         while not self.should_stop:
-            made_before = dict(self._cores)
+            made_before = dict(self._made)
             try:
                 batches = await self._consumer.getmany(
                     timeout_ms=self.settings.fetch_timeout_ms, max_records=self._max_records
@@ -372,6 +375,8 @@ class IngestService(Service):
             check_keys=True,
         )
         self._committed[tp] = (offset, meta.metadata if meta is not None else "")
+        self._made_seq += 1
+        self._made[tp] = self._made_seq
         return core
 
     async def _flush(self, outputs: list[tuple[TopicPartition, ProcessorOutput]]) -> None:
