@@ -6,8 +6,11 @@ in-process ledger (quote → noise → record → charge → commit; the publish
 excluded). Twice in one run: one ungrouped key, and 1,000 declared keys. The baseline is a bare
 OpenDP call of the same distribution: `make_gaussian` on an i64 vector at the release's scale,
 invoked on as many keys right after each release (interleaved, so that other load on the
-machine weighs on both alike). Figures are `time.process_time` per release (CPU, so that load
-inflates them less than wall time would). Needs only the package.
+machine weighs on both alike). Each release then starts with caches the OpenDP call has just
+used (as a worker's release starts after its event path): the cold figure. A second pass times
+the release stream as `replay` runs it, a block of releases back to back, then as many bare
+calls (blocks alternating): the warm figure. Figures are `time.process_time` per release (CPU,
+so that load inflates them less than wall time would). Needs only the package.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ class Row:
     releaser's mechanism for that cost, its drawn-ahead noise), without the record and the charge."""
     scale: float
     """The discrete Gaussian σ parameter the releases used (integer units)."""
+    stream_release_us: float
+    """Median over the rounds of the CPU µs per release in a block of releases run back to back."""
+    stream_baseline_us: float
+    """Median over the rounds of the CPU µs per bare OpenDP call in a block of as many calls."""
+    stream_ratio: float
+    """Median over the rounds of stream release / stream bare."""
 
 
 def _topology(keys: int) -> Topology:
@@ -125,9 +134,20 @@ async def _measure_width(keys: int, releases: int, warmup: int, rounds: int) -> 
                 window += 60
             rows.append((ours / per_round * 1e6, theirs / per_round * 1e6))
         priced = [await _price_and_noise(releaser, metric, window, values, per_round) for _ in range(rounds)]
+        streams: list[tuple[float, float]] = []
+        for _ in range(rounds):
+            t0 = time.process_time()
+            for _ in range(per_round):
+                await releaser.release(metric, (window, window + 60), values, _no_publish)
+                window += 60
+            t1 = time.process_time()
+            for _ in range(per_round):
+                meas(bare_values)
+            t2 = time.process_time()
+            streams.append(((t1 - t0) / per_round * 1e6, (t2 - t1) / per_round * 1e6))
     finally:
         await ledger.close()
-    if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + per_round * rounds:
+    if releaser.counts.by_outcome[ReleaseOutcome.PUBLISHED] != warmup + 2 * per_round * rounds:
         raise RuntimeError(f"bench release: expected every release published, got {releaser.counts.snapshot()}")
     us = statistics.median(r[0] for r in rows)
     base = statistics.median(r[1] for r in rows)
@@ -143,6 +163,9 @@ async def _measure_width(keys: int, releases: int, warmup: int, rounds: int) -> 
         min(r[1] for r in rows),
         statistics.median(priced),
         scale,
+        statistics.median(r[0] for r in streams),
+        statistics.median(r[1] for r in streams),
+        statistics.median(r[0] / r[1] for r in streams),
     )
 
 
@@ -191,18 +214,20 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{'keys':>6} {'releases':>9} {'σ':>8} | {'release µs':>20} {'bare OpenDP µs':>20} | {'ratio':>6} "
-        f"{'overhead µs':>12} | {'price+noise µs':>14}"
+        f"{'overhead µs':>12} | {'price+noise µs':>14} | {'stream µs':>10} {'bare':>10} {'ratio':>6}"
     )
     for r in rows:
         ours = f"{r.release_us:.1f} [{r.best_release_us:.1f}]"
         bare = f"{r.baseline_us:.1f} [{r.best_baseline_us:.1f}]"
         print(
             f"{r.keys:>6} {r.releases:>9} {r.scale:>8.1f} | {ours:>20} {bare:>20} | {r.ratio:>6.2f} "
-            f"{r.overhead_us:>12.1f} | {r.price_noise_us:>14.1f}"
+            f"{r.overhead_us:>12.1f} | {r.price_noise_us:>14.1f} | {r.stream_release_us:>10.1f} "
+            f"{r.stream_baseline_us:>10.1f} {r.stream_ratio:>6.2f}"
         )
     print(
         "ratio = release / one bare OpenDP make_gaussian call on the same keys at the same σ, timed right after "
         "each release; overhead = release − bare; price+noise = quote → mechanism at the quoted cost → noisy "
-        "values (the release without its record and charge)"
+        "values (the release without its record and charge); stream = the same in blocks: releases back to "
+        "back, then as many bare calls (warm caches, as in replay)"
     )
     return 0
