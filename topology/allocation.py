@@ -8,6 +8,11 @@ Adaptive rule: the next release of metric m gets
 where L is the pool left, N_j a metric's releases per period, n_j its releases still to come
 (the current one included) and f_j = n_j / N_j. On plan this equals the static
 pool × (w_m / Σw) / N_m; a skipped or cheaper release leaves its share to the rest.
+
+A deployment that starts at S inside a period releases only the windows starting at or after S
+(DESIGN §1 rule 2), so in that first period n_j counts only those: a metric with no such window
+gets no share, and the others share the whole pool (on plan each release then costs
+pool × (w_m / N_m) / Σ_j (w_j · n_j⁰ / N_j), with n_j⁰ the windows the first period releases).
 """
 
 from __future__ import annotations
@@ -60,12 +65,19 @@ def adaptive_release_cost(pool_left: float, metric: str, demands: Mapping[str, M
     return min(pool_left, pool_left * (demand.weight / demand.per_period) / planned_left)
 
 
-def windows_left(window: Window, period_start: int, period_s: int, current_end: int) -> int:
+def windows_left(
+    window: Window, period_start: int, period_s: int, current_end: int, schedule_start: int | None = None
+) -> int:
     """Windows starting inside the period [period_start, +period_s) whose end is ≥ current_end.
 
     These are the metric's releases still to come when a window ending at `current_end` is priced.
+    With the deployment start S (`schedule_start`), windows starting before S are not counted: the
+    public schedule never releases them (DESIGN §1 rule 2). S at or before the period start changes
+    nothing.
     """
     first_start = max(period_start, current_end - window.size_s)
+    if schedule_start is not None and schedule_start > first_start:
+        first_start = schedule_start
     # first window start ≥ first_start on the window grid
     first_start = -(-first_start // window.every_s) * window.every_s
     last_start = period_start + period_s - 1

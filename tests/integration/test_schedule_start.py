@@ -23,3 +23,36 @@ def test_the_first_start_of_a_version_is_recorded_once(fresh_redis: Any) -> None
     first, later, declared = asyncio.run(body())
     assert first == later == 1_796_000_000
     assert declared == 1_795_000_000  # a declared start wins and is not taken from the ledger
+
+
+def test_every_release_side_prices_from_the_same_recorded_start(fresh_redis: Any) -> None:
+    """Two workers of one version (started an hour apart, the first mid-day) read the first one's S from
+    the ledger and so quote the first period alike; that S is the ingest's (`resolve_schedule_start`)."""
+    from dpstream.workers.ledger import open_ledger
+    from dpstream.workers.runtime.schedule import schedule_start_of
+
+    day = 86_400
+    p0 = (1_796_000_000 // day) * day
+    s = p0 + 6 * 3600 + 1800  # 06:30
+    topo = one_scope_topology(
+        metrics=(("hourly", 1.0, 3600, 3600, False), ("daily", 3.0, day, day, False), ("hop", 2.0, 7200, 3600, False))
+    )
+
+    async def body() -> tuple[list[int | None], list[float], float, int]:
+        a = await open_ledger(fresh_redis.url, topo)
+        b = await open_ledger(fresh_redis.url, topo)
+        plain = await open_ledger(fresh_redis.url, topo)
+        try:
+            a.use_schedule_start(await schedule_start_of(topo, a, now=s))
+            b.use_schedule_start(await schedule_start_of(topo, b, now=s + 3600))
+            quotes = [(await x.quote("hourly", p0 + 7 * 3600, p0 + 8 * 3600)).cost for x in (a, b)]
+            unpriced = (await plain.quote("hourly", p0 + 7 * 3600, p0 + 8 * 3600)).cost
+            ingest = await resolve_schedule_start(topo, fresh_redis.url, now=s + 7200)
+            return [a.schedule_start, b.schedule_start], quotes, unpriced, ingest
+        finally:
+            for x in (a, b, plain):
+                await x.close()
+
+    starts, quotes, unpriced, ingest = asyncio.run(body())
+    assert starts == [s, s] and ingest == s
+    assert quotes[0] == quotes[1] > unpriced  # the daily window's share is not held back from S on

@@ -124,6 +124,27 @@ def test_windows_left_counts_the_current_and_later_windows_of_the_period():
     assert windows_left(hopping, 0, DAY, DAY + 300) == 0
 
 
+def test_windows_left_skips_windows_that_start_before_the_deployment_start():
+    """Windows starting before S are never released, so none is still to come; S at or before the period
+    start counts every window, as without S."""
+    s = 6 * 3600 + 1800  # 06:30
+    daily, hourly, sliding = Window(DAY, DAY), Window(3600, 3600), Window(7200, 3600)
+    assert windows_left(daily, 0, DAY, 8 * 3600) == 1  # the day's only window, priced as still to come
+    assert windows_left(daily, 0, DAY, 8 * 3600, schedule_start=s) == 0  # it starts before S: never released
+    assert windows_left(hourly, 0, DAY, 8 * 3600, schedule_start=s) == 17  # 07:00 … 23:00
+    assert windows_left(sliding, 0, DAY, 8 * 3600) == 18  # 06:00 … 23:00
+    assert windows_left(sliding, 0, DAY, 8 * 3600, schedule_start=s) == 17  # 07:00 … 23:00
+    assert windows_left(sliding, 0, DAY, 7 * 3600, schedule_start=7 * 3600) == 17  # a window starting at S counts
+    for end in (3600, 8 * 3600, DAY, DAY + 3600):
+        for window in (daily, hourly, sliding):
+            want = windows_left(window, 0, DAY, end)
+            assert windows_left(window, 0, DAY, end, schedule_start=0) == want
+            assert windows_left(window, 0, DAY, end, schedule_start=-5 * 3600) == want
+            assert windows_left(window, DAY, DAY, DAY + end, schedule_start=s) == windows_left(
+                window, DAY, DAY, DAY + end
+            )
+
+
 def test_warning_cost_factor_and_thinning():
     """Stretching σ by s divides ρ by s² (zCDP) or ε by s (pure); thin n keeps every n-th window."""
     policy = WarningPolicy(stretch=1.5, thin=2)

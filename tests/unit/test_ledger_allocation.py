@@ -9,6 +9,7 @@ from typing import Any
 from dpstream.topology.loader import load_topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.config import scope_configs
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 
 DAY = 86_400
@@ -87,5 +88,116 @@ def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> Non
         assert summary.spent_units <= pool
         assert pool - summary.spent_units <= largest
         assert summary.period_id == period_id(DAY, P0)
+
+    run(body())
+
+
+# ---- a deployment that starts inside a period (DESIGN §1 rule 2: no window before S is released) ----
+
+HOUR = 3_600
+S_MID = P0 + 6 * HOUR + 1800  # 06:30 UTC
+
+_MIXED = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts, allowed_lateness: 30s}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d, reserve: 0.2, warn_at: 0.8}
+metrics:
+  hourly: {source: s, budget: b, weight: 1, window: {tumbling: 1h}, aggregate: count, mechanism: gaussian}
+  daily: {source: s, budget: b, weight: 3, window: {tumbling: 1d}, aggregate: count, mechanism: gaussian}
+  sliding: {source: s, budget: b, weight: 2, window: {hopping: 2h, every: 1h}, aggregate: count, mechanism: gaussian}
+sinks: {releases: r, dead_letter: d}
+"""
+
+
+def _mixed():
+    from dpstream.topology.loader import load_topology_text
+
+    return load_topology_text(_MIXED)
+
+
+def _schedule(topo, start: int, until: int) -> list[tuple[int, str, int]]:
+    """(end, metric, start) of every window of the public schedule from `start` whose start is before `until`,
+    in close order."""
+    out = []
+    for name, m in topo.metrics.items():
+        first = -(-start // m.window.every_s) * m.window.every_s
+        out.extend((s + m.window.size_s, name, s) for s in range(first, until, m.window.every_s))
+    order = list(topo.metrics)
+    return sorted(out, key=lambda w: (w[0], order.index(w[1]), w[2]))
+
+
+async def _charge_all(ledger, windows) -> list[int]:
+    """Quote and charge every window at its quote; the granted units, in order."""
+    out = []
+    for end, name, start in windows:
+        q = await ledger.quote(name, start, end)
+        later = tuple((period_id(DAY, p), p) for p in periods_touched(DAY, start, end)[1:])
+        r = await ledger.charge(
+            ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, q.cost, b"", extra_periods=later)
+        )
+        assert r.outcome is Outcome.GRANTED, r
+        out.append(r.cost_units)
+    return out
+
+
+def test_a_metric_whose_only_window_starts_before_s_gets_no_share() -> None:
+    """S at 06:30: the daily window [00:00, 24:00) is never released, so it takes no share; hourly and
+    sliding (17 windows each from 07:00) share the whole pool: pool × (w/N) / Σ_j w_j·n_j/N_j."""
+    from fractions import Fraction
+
+    async def body() -> None:
+        topo = _mixed()
+        ledger = await open_ledger("memory", topo, clock=ManualClock(S_MID), schedule_start=S_MID)
+        assert ledger.schedule_start == S_MID
+        cfg = scope_configs(topo)["b"]
+        pool = cfg.cap_units - cfg.reserve_units
+        shares = Fraction(1, 24) * 17 + Fraction(2, 24) * 17  # hourly and sliding; daily has no window left
+        q = await ledger.quote("hourly", P0 + 7 * HOUR, P0 + 8 * HOUR)
+        assert abs(q.cost_units - pool * Fraction(1, 24) / shares) <= 1
+        # priced at 09:00 with nothing charged: hourly's 07:00 window is over, 16 of its windows are left
+        q = await ledger.quote("sliding", P0 + 7 * HOUR, P0 + 9 * HOUR)
+        assert abs(q.cost_units - pool * Fraction(2, 24) / (Fraction(1, 24) * 16 + Fraction(2, 24) * 17)) <= 1
+        # the same quote without S counts the daily window and the sliding window of 06:00 as still to come
+        plain = await open_ledger("memory", topo, clock=ManualClock(S_MID))
+        q0 = await plain.quote("hourly", P0 + 7 * HOUR, P0 + 8 * HOUR)
+        assert abs(q0.cost_units - pool * Fraction(1, 24) / (Fraction(1, 24) * 17 + Fraction(2, 24) * 18 + 3)) <= 1
+
+    run(body())
+
+
+def test_a_start_at_or_before_the_period_start_prices_exactly_as_without_one() -> None:
+    """Every grant of two whole periods is the same unit for unit with no S, S at the period start and S
+    five hours before it; and S inside the first period leaves the second period's grants unchanged."""
+
+    async def body() -> None:
+        topo = _mixed()
+        windows = _schedule(topo, P0, P0 + 2 * DAY)
+        want = await _charge_all(await open_ledger("memory", topo, clock=ManualClock(P0)), windows)
+        for start in (P0, P0 - 5 * HOUR):
+            ledger = await open_ledger("memory", topo, clock=ManualClock(P0), schedule_start=start)
+            assert await _charge_all(ledger, windows) == want
+        second = _schedule(topo, P0 + DAY, P0 + 2 * DAY)
+        base = await _charge_all(await open_ledger("memory", topo, clock=ManualClock(P0)), second)
+        mid = await open_ledger("memory", topo, clock=ManualClock(P0), schedule_start=S_MID)
+        assert await _charge_all(mid, second) == base
+
+    run(body())
+
+
+def test_use_schedule_start_takes_whole_epoch_seconds_only() -> None:
+    """A deployment start that is not whole seconds >= 0 is a bug, refused before it prices anything."""
+    import pytest
+
+    from dpstream.topology.errors import InternalError
+
+    async def body() -> None:
+        ledger = await open_ledger("memory", _mixed(), clock=ManualClock(P0))
+        assert ledger.schedule_start is None
+        for bad in (-1, 1.5, True, "0"):
+            with pytest.raises(InternalError, match="whole epoch seconds"):
+                ledger.use_schedule_start(bad)  # type: ignore[arg-type]  # the wrong types are the point
+        assert ledger.schedule_start is None
 
     run(body())

@@ -68,7 +68,8 @@ async def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
     out: BinaryIO = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - closed in finally
-    ledger = await open_ledger(args.ledger, topology, actor=args.actor)
+    # the replay's schedule starts at --from: its ledger prices that first period from there (DESIGN §5)
+    ledger = await open_ledger(args.ledger, topology, actor=args.actor, schedule_start=span[0])
 
     async def publish(value: bytes, key: bytes) -> None:
         out.write(value + b"\n")

@@ -5,6 +5,7 @@
     r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
     await ledger.commit(scope, release_id)                              # reserved -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
+    ledger.use_schedule_start(start)                                    # price from S (DESIGN §5)
 
 One interface, two backends (Redis for production, in-process for `replay` and tests), one
 contract test suite.
@@ -76,25 +77,33 @@ async def open_ledger(
     clock: Callable[[], float] = time.time,
     retention_s: int = DEFAULT_RETENTION_S,
     max_connections: int = 128,
+    schedule_start: int | None = None,
 ) -> Ledger:
     """Open the ledger at `where` ("memory" or a ledger URL: `ledger.connection`) and register its scopes.
 
     A Redis that is not durable (AOF with `appendfsync always`) is refused with a ConfigError
     unless `allow_volatile`; an unreachable one raises LedgerUnavailable. Without a topology
-    the ledger serves the read and operator calls of the CLI only.
+    the ledger serves the read and operator calls of the CLI only. `schedule_start` is the
+    deployment start S the ledger prices with (`Ledger.use_schedule_start`); None counts every window
+    of a period as still to come.
     """
     configs = scope_configs(topology) if topology is not None else {}
     if where == MEMORY:
         from dpstream.workers.ledger.memory import MemoryLedger
 
-        ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s)
+        ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s, schedule_start=schedule_start)
     else:
         from dpstream.workers.ledger.connection import LedgerAddress
         from dpstream.workers.ledger.redis_backend import RedisLedger, connect
 
         address = LedgerAddress.parse(where)
         redis_ledger = RedisLedger(
-            connect(address, max_connections), address, configs, clock=clock, retention_s=retention_s
+            connect(address, max_connections),
+            address,
+            configs,
+            clock=clock,
+            retention_s=retention_s,
+            schedule_start=schedule_start,
         )
         try:
             await redis_ledger.check_durability(allow_volatile)  # the primary's and every replica's

@@ -110,29 +110,44 @@ def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
 
 
 def _adaptive_units(
-    cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    metric: str,
+    period_start: int,
+    window_end: int,
+    pool_left: int,
+    schedule_start: int | None = None,
 ) -> int:
     """`_units(adaptive_release_cost(pool_left / 1e12, metric, demands))`, in integers where it can."""
-    return _adaptive_units_of(_shape_of(cfg), cfg, snap, metric, period_start, window_end, pool_left)
+    return _adaptive_units_of(_shape_of(cfg), cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
 
 
 def _adaptive_units_of(
-    shape: _Shape, cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int, pool_left: int
+    shape: _Shape,
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    metric: str,
+    period_start: int,
+    window_end: int,
+    pool_left: int,
+    schedule_start: int | None = None,
 ) -> int:
     ks = shape.ks
     if ks is not None:
         if pool_left <= 0:
             return 0
-        # Σ_j k_j·n_j with n_j = windows_left(window_j, period_start, period_s, window_end) minus
+        # Σ_j k_j·n_j with n_j = windows_left(window_j, period_start, period_s, window_end, S) minus
         # what is charged already, the window-grid arithmetic of `windows_left` written out
         # (called per metric per quote, this loop is the quote's cost in a wide scope)
         charged = snap.charged_after
         last = period_start + cfg.period_s - 1
+        # no window starting before S is released (DESIGN §1 rule 2): none is still to come
+        lo = schedule_start if schedule_start is not None and schedule_start > period_start else period_start
         total = 0
         for name, k, size, every in shape.rows:
             first = window_end - size
-            if first < period_start:
-                first = period_start
+            if first < lo:
+                first = lo
             first = -(-first // every) * every
             left = ((last - first) // every + 1 if first <= last else 0) - charged.get(name, 0)
             if left < 1 and name == metric:  # already charged: reserve will answer DUPLICATE
@@ -146,18 +161,25 @@ def _adaptive_units_of(
         adaptive_release_cost(
             Fraction(pool_left, UNITS_PER_CURRENCY),  # type: ignore[arg-type]  # exact: the same arithmetic on a Fraction
             metric,
-            _demands(cfg, snap, metric, period_start, window_end),
+            _demands(cfg, snap, metric, period_start, window_end, schedule_start),
         )
     )
 
 
 def _demands(
-    cfg: ScopeConfig, snap: Snapshot, metric: str, period_start: int, window_end: int
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    metric: str,
+    period_start: int,
+    window_end: int,
+    schedule_start: int | None = None,
 ) -> dict[str, MetricDemand]:
     plan = cfg.metric(metric)
     demands: dict[str, MetricDemand] = {}
     for p in cfg.metrics:
-        left = windows_left(p.window, period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
+        left = windows_left(p.window, period_start, cfg.period_s, window_end, schedule_start) - snap.charged_after.get(
+            p.name, 0
+        )
         demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]  # exact Fraction weight
     if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
         demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]  # exact Fraction weight
@@ -198,9 +220,14 @@ def price(
     period_start: int,
     window_start: int,
     window_end: int,
+    schedule_start: int | None = None,
 ) -> Quote:
     """The grant for the release of `metric` over [window_start, window_end) in this period, at the
-    snapshot's spend version."""
+    snapshot's spend version.
+
+    `schedule_start` is the deployment start S: windows starting before it are never released
+    (DESIGN §1 rule 2), so they are not counted among the releases still to come; None (or S at
+    or before the period start) prices every window of the period's grid, as a whole period."""
     shape = _SHAPES.get(id(cfg))
     if shape is None or shape.cfg is not cfg:
         shape = _shape_of(cfg)
@@ -215,9 +242,9 @@ def price(
     pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
         pool_left = 0
-    units = _adaptive_units_of(shape, cfg, snap, metric, period_start, window_end, pool_left)
+    units = _adaptive_units_of(shape, cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
     if plan.may_use_reserve:
-        demands = _demands(cfg, snap, metric, period_start, window_end)
+        demands = _demands(cfg, snap, metric, period_start, window_end, schedule_start)
         pool = Fraction(cap - reserve, UNITS_PER_CURRENCY)
         static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
         units = min(cap - spent, max(units, static))

@@ -160,6 +160,7 @@ class Ledger(ABC):
         *,
         clock: Callable[[], float] = time.time,
         retention_s: int = DEFAULT_RETENTION_S,
+        schedule_start: int | None = None,
     ) -> None:
         self._configs = dict(configs)
         self._metric_scope = {p.name: cfg for cfg in self._configs.values() for p in cfg.metrics}
@@ -167,6 +168,9 @@ class Ledger(ABC):
         self._scope_metric_names = {name: frozenset(names) for name, names in self._scope_metrics.items()}
         self._clock = clock
         self._retention_s = int(retention_s)
+        self._schedule_start: int | None = None
+        if schedule_start is not None:
+            self.use_schedule_start(schedule_start)
 
     # ---- public contract -------------------------------------------------------------------
 
@@ -204,6 +208,19 @@ class Ledger(ABC):
             raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {proposed!r}")
         return await self._deployment_start(deployment_start_key(topology_version), proposed)
 
+    @property
+    def schedule_start(self) -> int | None:
+        """The deployment start S this ledger prices with (None: every window of a period counts)."""
+        return self._schedule_start
+
+    def use_schedule_start(self, start: int) -> None:
+        """Price from the deployment start S (DESIGN §1 rule 2): no window starting before S is
+        released, so none is counted among a period's releases still to come (DESIGN §5). Every
+        process of one deployment must use the same S (`runtime.schedule`) to price alike."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
+        self._schedule_start = start
+
     def scope_of(self, metric: str) -> ScopeConfig:
         """The scope config a metric is charged to."""
         try:
@@ -227,7 +244,7 @@ class Ledger(ABC):
         # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
         ws = window_start if type(window_start) is int else int(window_start)
-        return price(cfg, snap, metric, pid, pstart, ws, we)
+        return price(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start)
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing),

@@ -132,6 +132,7 @@ class ReleaseSide:
         """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable)."""
         from dpstream.workers.ledger import LedgerUnavailable, open_ledger
         from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
+        from dpstream.workers.runtime.schedule import schedule_start_of
 
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap,
@@ -146,6 +147,8 @@ class ReleaseSide:
             """Open the ledger and warm up against it; closed again if the ledger fails meanwhile."""
             self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
             try:
+                # price the first period from S, as the ingest schedules it (every process the same S)
+                self._ledger.use_schedule_start(await schedule_start_of(self.topology, self._ledger))
                 self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
                 self._releaser = Releaser(self.topology, self._timed_ledger, actor=self.settings.worker_id)
                 self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
