@@ -56,3 +56,26 @@ def test_every_release_side_prices_from_the_same_recorded_start(fresh_redis: Any
     starts, quotes, unpriced, ingest = asyncio.run(body())
     assert starts == [s, s] and ingest == s
     assert quotes[0] == quotes[1] > unpriced  # the daily window's share is not held back from S on
+
+
+def test_reading_the_recorded_start_records_nothing(fresh_redis: Any) -> None:
+    """A reader (the budget gauges) sees None before any worker recorded S, and the first worker's S after;
+    its read does not record a start of its own."""
+    from dpstream.workers.ledger import open_ledger
+
+    topo = one_scope_topology()
+
+    async def body() -> tuple[int | None, int | None, int, int | None]:
+        reader = await open_ledger(fresh_redis.url, None)
+        try:
+            before = await reader.recorded_deployment_start(topo.topology_version)
+            again = await reader.recorded_deployment_start(topo.topology_version)
+            first = await resolve_schedule_start(topo, fresh_redis.url, now=1_796_000_000)
+            after = await reader.recorded_deployment_start(topo.topology_version)
+            return before, again, first, after
+        finally:
+            await reader.close()
+
+    before, again, first, after = asyncio.run(body())
+    assert before is None and again is None
+    assert first == after == 1_796_000_000  # the worker's start, not the reader's

@@ -208,6 +208,11 @@ class Ledger(ABC):
             raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {proposed!r}")
         return await self._deployment_start(deployment_start_key(topology_version), proposed)
 
+    async def recorded_deployment_start(self, topology_version: str) -> int | None:
+        """The start recorded for this topology version, or None; read only (a scrape never records
+        one: that would fix S at the first scrape instead of the first worker's start)."""
+        return await self._read_deployment_start(deployment_start_key(topology_version))
+
     @property
     def schedule_start(self) -> int | None:
         """The deployment start S this ledger prices with (None: every window of a period counts)."""
@@ -521,6 +526,11 @@ class Ledger(ABC):
     @abstractmethod
     async def _deployment_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
+
+    async def _read_deployment_start(self, key: str) -> int | None:
+        """The value of `key`, or None; a backend that does not answer it reads as None (the in-process
+        ledger: its readers share the ledger object and read `schedule_start` instead)."""
+        return None
 
     async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
         """What `quote` prices from, in one consistent read; None when the scope is not registered.

@@ -227,6 +227,10 @@ class RedisLedger(Ledger):
         out = await self._guard(pipe.execute())
         return int(out[1])
 
+    async def _read_deployment_start(self, key: str) -> int | None:
+        raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
+        return int(raw) if raw is not None else None
+
     async def _charge(
         self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
     ) -> RawCharge:
