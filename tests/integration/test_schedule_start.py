@@ -79,3 +79,39 @@ def test_reading_the_recorded_start_records_nothing(fresh_redis: Any) -> None:
     before, again, first, after = asyncio.run(body())
     assert before is None and again is None
     assert first == after == 1_796_000_000  # the worker's start, not the reader's
+
+
+def test_the_exporters_gauges_count_the_plan_from_the_recorded_start(fresh_redis: Any) -> None:
+    """An exporter (a read-only ledger of its own, without S) reads the S a worker recorded in Redis:
+    its planned figures count from S, as the workers' ledgers price; before any record, from the period start."""
+    from dpstream.topology.plan import build_plan
+    from dpstream.workers.ledger import open_ledger
+    from dpstream.workers.ledger.testing import ManualClock
+    from dpstream.workers.telemetry.budget import BudgetReader, planned_ratio, planned_spend_rate
+
+    day = 86_400
+    p0 = (1_796_000_000 // day) * day
+    s = p0 + 6 * 3600 + 1800
+    topo = one_scope_topology(
+        metrics=(("hourly", 1.0, 3600, 3600, False), ("daily", 3.0, day, day, False), ("hop", 2.0, 7200, 3600, False))
+    )
+    plan = build_plan(topo).scope("s")
+    clock = ManualClock(p0 + 12 * 3600)
+
+    async def body() -> list[tuple[float | None, float | None]]:
+        worker = await open_ledger(fresh_redis.url, topo, clock=clock)  # registers the scope
+        exporter = await open_ledger(fresh_redis.url, None, clock=clock)
+        try:
+            reader = BudgetReader(topo, clock=clock)
+            before = (await reader.read(exporter))[0]
+            await resolve_schedule_start(topo, fresh_redis.url, now=s)
+            after = (await reader.read(exporter))[0]
+            return [(f.planned_ratio, f.planned_spend_rate) for f in (before, after)]
+        finally:
+            await worker.close()
+            await exporter.close()
+
+    before, after = asyncio.run(body())
+    now = p0 + 12 * 3600
+    assert before == (planned_ratio(plan, p0, p0 + day, now), planned_spend_rate(plan))
+    assert after == (planned_ratio(plan, p0, p0 + day, now, s), plan.pool / (p0 + day - s))

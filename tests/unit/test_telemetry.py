@@ -128,6 +128,102 @@ def test_planned_spend_rate_is_the_pool_over_the_period(accounting: str) -> None
     assert math.isclose(planned_spend_rate(scope) * DAY, scope.planned_total, rel_tol=1e-9)
 
 
+S_MID = P0 + 6 * HOUR + 1800  # a deployment that starts at 06:30
+
+
+def test_planned_ratio_counts_from_a_mid_period_start() -> None:
+    """From S = 06:30 the daily window (started at 00:00) is never released and the plan spends the pool
+    on the 17 hourly and 17 sliding windows from 07:00: at 12:30 5 hourly and 4 sliding have ended."""
+    scope = build_plan(_topology()).scope("b")
+    end = P0 + DAY
+    assert planned_ratio(scope, P0, end, S_MID, S_MID) == 0.0
+    released = 1 / 24 * 17 + 2 / 24 * 17  # per-release cost ∝ weight / releases per period
+    want = 0.8 * (1 / 24 * 5 + 2 / 24 * 4) / released
+    assert math.isclose(planned_ratio(scope, P0, end, P0 + 12.5 * HOUR, S_MID), want, rel_tol=1e-9)
+    assert math.isclose(planned_ratio(scope, P0, end, end, S_MID), 0.8 * (1 / 24 * 17 + 2 / 24 * 16) / released)
+    assert math.isclose(planned_ratio(scope, P0, end, end + HOUR, S_MID), 0.8, rel_tol=1e-9)
+    ratios = [planned_ratio(scope, P0, end, P0 + t, S_MID) for t in range(0, DAY + 2 * HOUR, 600)]
+    assert ratios == sorted(ratios)
+    # S at or before the period start, and every later period: exactly the whole-period figures
+    for t in range(0, DAY + 2 * HOUR, 1800):
+        whole = planned_ratio(scope, P0, end, P0 + t)
+        assert planned_ratio(scope, P0, end, P0 + t, P0) == whole
+        assert planned_ratio(scope, P0, end, P0 + t, P0 - 5 * HOUR) == whole
+        assert planned_ratio(scope, end, end + DAY, end + t, S_MID) == planned_ratio(scope, end, end + DAY, end + t)
+    # nothing is planned in a period before S, nor after the period's last window start
+    assert planned_ratio(scope, P0, end, end + HOUR, end + 5 * HOUR) == 0.0
+    assert planned_ratio(scope, P0, end, end + HOUR, end - 1800) == 0.0
+
+
+def test_planned_spend_rate_in_a_first_partial_period_spends_the_pool_from_s() -> None:
+    """The plan spends the pool between S and the period end: pool / (end − S); the whole-period rate
+    from the next period on and for S at or before the period start; 0 where nothing is released."""
+    scope = build_plan(_topology()).scope("b")
+    end = P0 + DAY
+    whole = planned_spend_rate(scope)
+    assert planned_spend_rate(scope, P0, end, S_MID) == scope.pool / (end - S_MID)
+    assert planned_spend_rate(scope, P0, end, S_MID) * (end - S_MID) == scope.pool
+    for start in (None, P0, P0 - HOUR):
+        assert planned_spend_rate(scope, P0, end, start) == whole
+    assert planned_spend_rate(scope, end, end + DAY, S_MID) == whole
+    assert planned_spend_rate(scope, P0, end, end - 1800) == 0.0  # no window starts in the last half hour
+    assert planned_spend_rate(scope, P0, end, end + 5 * HOUR) == 0.0  # S in a later period
+
+
+def test_on_plan_the_gauge_and_the_ledger_agree_in_a_first_partial_period() -> None:
+    """Charging every window from S = 06:30 at its quote, the ledger's spent ratio after each close equals
+    the planned ratio at that time (to the ledger's rounding), as it does in a whole period."""
+
+    async def body(start: int) -> list[tuple[float, float]]:
+        topology = _topology()
+        plan = build_plan(topology).scope("b")
+        ledger = await open_ledger("memory", topology, clock=_Clock(start), schedule_start=start)
+        windows = []
+        for name, m in topology.metrics.items():
+            first = -(-start // m.window.every_s) * m.window.every_s
+            windows += [(s + m.window.size_s, s, name) for s in range(first, P0 + DAY, m.window.every_s)]
+        out = []
+        windows.sort()
+        for k, (end, s, name) in enumerate(windows):
+            q = await ledger.quote(name, s, end)
+            later = ((period_id(DAY, P0 + DAY), P0 + DAY),) if end > P0 + DAY else ()
+            req = ReleaseRequest(f"{name}{s}", "b", q.period_id, name, s, end, q.cost, b"{}", extra_periods=later)
+            assert (await ledger.charge(req)).outcome is Outcome.GRANTED
+            if k + 1 == len(windows) or windows[k + 1][0] != end:  # every window closing at `end` is charged
+                block = next(h for h in await ledger.history("b") if h.start == P0)
+                out.append((block.spent_units / block.cap_units, planned_ratio(plan, P0, P0 + DAY, end, start)))
+        return out
+
+    for start in (P0, S_MID):
+        pairs = asyncio.run(body(start))
+        assert len(pairs) == (25 if start == P0 else 18)  # one per close time
+        for spent, planned in pairs:
+            assert math.isclose(spent, planned, abs_tol=1e-9), (start - P0, spent, planned)
+
+
+def test_budget_reader_counts_the_plan_from_the_deployment_start() -> None:
+    """The reader takes S from the ledger it reads (the release side's in-process ledger prices with it), or
+    from the topology's `start:`; without either it counts from the period start."""
+    from dataclasses import replace
+
+    clock = _Clock(P0 + 12.5 * HOUR)
+    plan = build_plan(_topology()).scope("b")
+
+    async def body() -> list[tuple[float | None, float | None]]:
+        out = []
+        for topology, start in ((_topology(), S_MID), (replace(_topology(), start_s=S_MID), None), (_topology(), None)):
+            ledger = await open_ledger("memory", topology, clock=clock, schedule_start=start)
+            figures = (await BudgetReader(topology, clock=clock).read(ledger))[0]
+            out.append((figures.planned_ratio, figures.planned_spend_rate))
+        return out
+
+    mid, declared, plain = asyncio.run(body())
+    now = P0 + 12.5 * HOUR
+    assert mid == declared == (planned_ratio(plan, P0, P0 + DAY, now, S_MID), plan.pool / (P0 + DAY - S_MID))
+    assert plain == (planned_ratio(plan, P0, P0 + DAY, now), planned_spend_rate(plan))
+    assert mid[0] > plain[0]  # the daily window's half of the pool is not planned from 06:30
+
+
 def test_spent_total_sums_blocks_and_never_goes_down() -> None:
 
     def block(pid: str, units: int) -> SimpleNamespace:

@@ -10,9 +10,11 @@ Per `scope` (the topology's budget scopes that are registered in the ledger):
     dpstream_budget_spent{scope,currency}              spent this period
     dpstream_budget_spent_ratio{scope}                 spent / cap: `dpstream budget status --json`'s ratio
     dpstream_budget_warn_ratio{scope}                  the scope's warn_at
-    dpstream_budget_planned_ratio{scope}               what the static plan has spent by now, / cap
+    dpstream_budget_planned_ratio{scope}               what the plan has spent by now, / cap (from S in
+                                                       the deployment's first period: `planned_spent`)
     dpstream_budget_spent_total{scope,currency}        counter: spend summed over every period block
     dpstream_budget_planned_spend_rate{scope,currency} pool / period seconds: currency per second on plan
+                                                       (pool / (period end − S) in the first period)
     dpstream_budget_epsilon_spent{scope}               ε-equivalent of this period's spend
     dpstream_budget_period_end_timestamp_seconds{scope}
     dpstream_budget_period_seconds{scope}
@@ -98,27 +100,82 @@ def windows_ended(period_start: int, period_end: int, size_s: int, every_s: int,
     return 0 if last < first else int((last - first) // every_s) + 1
 
 
-def planned_spent(scope_plan: Any, period_start: int, period_end: int, now: float) -> float:
-    """What the static plan (`topology.plan.scope_plan`) has spent by `now` in the period: each
-    metric's per-release cost (the pool spread by weight over its releases per period) times its
-    windows of the period that have ended. Reaches the pool when the period's last window ends."""
-    return math.fsum(
-        m.per_release_cost * windows_ended(period_start, period_end, m.window_size_s, m.window_every_s, now)
+def _windows_from(first_start: int, period_end: int, every_s: int) -> int:
+    """How many grid windows (starts multiples of `every_s`) start in [first_start, period_end)."""
+    if every_s <= 0 or period_end <= first_start:
+        return 0
+    first = -(-first_start // every_s) * every_s
+    last = ((period_end - 1) // every_s) * every_s
+    return 0 if last < first else (last - first) // every_s + 1
+
+
+def _first_period_start(period_start: int, schedule_start: int | None) -> int | None:
+    """S when it lies after the period start (the deployment's first period), else None."""
+    return int(schedule_start) if schedule_start is not None and schedule_start > period_start else None
+
+
+def planned_spent(
+    scope_plan: Any, period_start: int, period_end: int, now: float, schedule_start: int | None = None
+) -> float:
+    """What the plan (`topology.plan.scope_plan`) has spent by `now` in the period: each metric's
+    per-release cost (the pool spread by weight over its releases per period) times its windows of
+    the period that have ended. Reaches the pool when the period's last window ends.
+
+    In a deployment's first period (the deployment start S, `schedule_start`, after the period
+    start) only windows starting at or after S are released (DESIGN §1 rule 2) and the ledger
+    spends the whole pool on them (DESIGN §5): each release then costs pool × c_m / Σ_j c_j·n_j
+    (c_j the per-release cost above, n_j the windows the period releases from S), so the plan
+    counts only those windows too and still reaches the pool. S at or before the period start
+    changes nothing."""
+    start = _first_period_start(period_start, schedule_start)
+    if start is None:
+        return math.fsum(
+            m.per_release_cost * windows_ended(period_start, period_end, m.window_size_s, m.window_every_s, now)
+            for m in scope_plan.metrics
+        )
+    released = math.fsum(
+        m.per_release_cost * _windows_from(start, period_end, m.window_every_s) for m in scope_plan.metrics
+    )
+    if released <= 0:
+        return 0.0  # no window of this period is released: the plan spends nothing in it
+    ended = math.fsum(
+        m.per_release_cost * windows_ended(start, period_end, m.window_size_s, m.window_every_s, now)
         for m in scope_plan.metrics
     )
+    return float(scope_plan.pool) * ended / released
 
 
-def planned_ratio(scope_plan: Any, period_start: int, period_end: int, now: float) -> float:
-    """`planned_spent` over the plan's cap: 0 at the period start, 1 − reserve at its end."""
+def planned_ratio(
+    scope_plan: Any, period_start: int, period_end: int, now: float, schedule_start: int | None = None
+) -> float:
+    """`planned_spent` over the plan's cap: 0 at the period start (or at S), 1 − reserve at its end."""
     cap = float(scope_plan.cap)
-    return planned_spent(scope_plan, period_start, period_end, now) / cap if cap > 0 else 0.0
+    return planned_spent(scope_plan, period_start, period_end, now, schedule_start) / cap if cap > 0 else 0.0
 
 
-def planned_spend_rate(scope_plan: Any) -> float:
+def planned_spend_rate(
+    scope_plan: Any,
+    period_start: int | None = None,
+    period_end: int | None = None,
+    schedule_start: int | None = None,
+) -> float:
     """Currency per second the plan spends: the pool over the period's length (the burn-rate
-    denominator: rate(dpstream_budget_spent_total) / this = 1 on plan)."""
+    denominator: rate(dpstream_budget_spent_total) / this = 1 on plan).
+
+    In a deployment's first period (S after the period start) the ledger spends the whole pool in
+    the time from S to the period end, so the rate is pool / (period end − S): a burn rate of 1
+    still means "on plan", and a deployment that starts late in a period does not read as burning
+    fast (from 18:00 on a daily scope the plan itself spends 4× the daily rate). When no window of
+    the period starts at or after S the plan spends nothing in it: 0 (the burn-rate rules then
+    have no series, as for a scope with nothing planned). From the next period on it is the pool
+    over the period's length again."""
     period_s = float(scope_plan.period_s)
-    return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
+    start = _first_period_start(period_start, schedule_start) if period_start is not None else None
+    if start is None or period_end is None:
+        return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
+    if not any(_windows_from(start, period_end, m.window_every_s) for m in scope_plan.metrics):
+        return 0.0
+    return float(scope_plan.pool) / (period_end - start)
 
 
 class SpentTotals:
@@ -224,11 +281,20 @@ class LedgerSource:
 
 
 class BudgetReader:
-    """Reads the figures of the topology's scopes from a ledger (one pass per scrape)."""
+    """Reads the figures of the topology's scopes from a ledger (one pass per scrape).
+
+    The plan's figures count from the deployment start S in its first period: S is the topology's
+    `start:`, else the S the ledger prices with (an in-process ledger shared with the release side),
+    else the one recorded in the ledger for this topology version (read only; until a worker
+    records one the plan counts from the period start). Once known it is kept: S never changes."""
 
     def __init__(self, topology: Topology | None, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._scopes: list[str] = list(topology.budgets) if topology is not None else []
+        self._version = topology.topology_version if topology is not None else None
+        self._start: int | None = (
+            int(topology.start_s) if topology is not None and topology.start_s is not None else None
+        )
         self._plans: dict[str, Any] = {}
         if topology is not None:
             from dpstream.topology.plan import build_plan
@@ -252,6 +318,15 @@ class BudgetReader:
                 continue  # not registered yet: no worker of this topology has started
         return out
 
+    async def schedule_start(self, ledger: Any) -> int | None:
+        """The deployment start S the plan's figures count from (None while no worker recorded one)."""
+        if self._start is None and self._version is not None:
+            start = ledger.schedule_start
+            if start is None:
+                start = await ledger.recorded_deployment_start(self._version)
+            self._start = int(start) if start is not None else None
+        return self._start
+
     async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
         status = await ledger.status(scope)
         mono = time.monotonic()
@@ -270,6 +345,7 @@ class BudgetReader:
         elif plan is not None:
             reserve_ratio = float(plan.reserve_fraction)
         now = self._clock()
+        start = await self.schedule_start(ledger) if plan is not None else None
         state = status.state.value if hasattr(status.state, "value") else str(status.state)
         return ScopeFigures(
             scope=scope,
@@ -287,9 +363,11 @@ class BudgetReader:
             spent_total=self._totals.units(scope) / UNITS_PER_CURRENCY,
             reserve_ratio=reserve_ratio,
             planned_ratio=(
-                planned_ratio(plan, status.period_start, status.period_end, now) if plan is not None else None
+                planned_ratio(plan, status.period_start, status.period_end, now, start) if plan is not None else None
             ),
-            planned_spend_rate=planned_spend_rate(plan) if plan is not None else None,
+            planned_spend_rate=(
+                planned_spend_rate(plan, status.period_start, status.period_end, start) if plan is not None else None
+            ),
             parked=len(await ledger.parked(scope)),
         )
 
@@ -377,7 +455,8 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
     )
     planned = gauge(
         "dpstream_budget_planned_ratio",
-        "What the static plan has spent by now in the current period (releases whose windows ended), over the cap.",
+        "What the plan has spent by now in the current period (releases whose windows ended; in the "
+        "deployment's first period, of the windows from its start), over the cap.",
         ["scope"],
     )
     total = CounterMetricFamily(
@@ -387,7 +466,8 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
     )
     rate = gauge(
         "dpstream_budget_planned_spend_rate",
-        "Currency per second the plan spends: pool / period seconds.",
+        "Currency per second the plan spends: pool / period seconds "
+        "(in the deployment's first period: pool / seconds from its start to the period end).",
         ["scope", "currency"],
     )
     eps = gauge(
