@@ -210,3 +210,28 @@ def test_from_to_must_be_utc_and_ordered(topo, tmp_path, capsys):
     assert "no UTC offset" in capsys.readouterr().err
     assert main(["replay", str(topo_file), str(events), "--from", "2026-12-01", "--to", "2026-11-30"]) == 2
     assert "--to must be after --from" in capsys.readouterr().err
+
+
+def test_a_replay_from_mid_period_spends_that_periods_pool_on_the_windows_it_releases(tmp_path):
+    """`replay --from 06:30 --to 24:00`: the daily window (started at 00:00) is not in the schedule, so the
+    ledger prices from --from and the 17 hourly windows spend the whole pool (1 − reserve of the cap),
+    not only their share of a whole day's plan."""
+    day = _T0 - _T0 % 86_400
+    topo_file = tmp_path / "t.yaml"
+    topo_file.write_text(
+        _YAML.replace("window: {tumbling: 1m}", "window: {tumbling: 1h}", 1)
+        .replace("weight: 1\n    window: {tumbling: 1m}", "weight: 3\n    window: {tumbling: 1d}", 1)
+        .replace("period: 1d}", "period: 1d, reserve: 0.2}")
+    )
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"user_id": "a", "ts": day + 43_200, "page": "a"}) + "\n")
+    out = tmp_path / "rel.jsonl"
+    span = ["--from", str(day + 6 * 3600 + 1800), "--to", str(day + 86_400)]
+    assert main(["replay", str(topo_file), str(events), "--out", str(out), *span]) == 0
+    recs = [json.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted((r["metric"], r["window"]["start_epoch"] - day) for r in recs) == [
+        ("views", h * 3600) for h in range(7, 24)
+    ]
+    costs = [r["cost"]["rho"] for r in recs]
+    assert max(costs) - min(costs) <= 1e-11  # an even grant (to a few 1e-12 units of rounding)
+    assert math.isclose(max(r["budget"]["ratio_after"] for r in recs), 0.8, abs_tol=1e-6)
