@@ -201,3 +201,18 @@ def test_use_schedule_start_takes_whole_epoch_seconds_only() -> None:
         assert ledger.schedule_start is None
 
     run(body())
+
+
+def test_a_window_before_s_is_priced_as_in_a_whole_period() -> None:
+    """A window that starts before S is not in the schedule (only the release side's warm-up quotes one):
+    it gets a whole period's grant, not the pool left for windows that will never come."""
+
+    async def body() -> None:
+        topo = _mixed()
+        late = P0 + DAY - 1800  # S at 23:30: no window of the day starts at or after it
+        mid = await open_ledger("memory", topo, clock=ManualClock(late), schedule_start=late)
+        plain = await open_ledger("memory", topo, clock=ManualClock(late))
+        for name, start, end in (("hourly", P0 + 23 * HOUR, P0 + DAY), ("daily", P0, P0 + DAY)):
+            assert (await mid.quote(name, start, end)).cost_units == (await plain.quote(name, start, end)).cost_units
+
+    run(body())

@@ -227,7 +227,11 @@ def price(
 
     `schedule_start` is the deployment start S: windows starting before it are never released
     (DESIGN §1 rule 2), so they are not counted among the releases still to come; None (or S at
-    or before the period start) prices every window of the period's grid, as a whole period."""
+    or before the period start) prices every window of the period's grid, as a whole period. A
+    window that itself starts before S is not in the schedule (the release side's warm-up quotes
+    one): it is priced as in a whole period, never as the last window left of it."""
+    if schedule_start is not None and window_start < schedule_start:
+        schedule_start = None
     shape = _SHAPES.get(id(cfg))
     if shape is None or shape.cfg is not cfg:
         shape = _shape_of(cfg)
