@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Metric, Topology
+from dpstream.workers.frozen import FrozenFields
 from dpstream.workers.release import record as record_module
 from dpstream.workers.release.record import build_record, canonical_bytes, record_bytes
 from tests.unit.test_release_record import _YAML as _FIXTURE_YAML
@@ -95,14 +96,16 @@ def _both(**args: Any) -> tuple[tuple[str, Any], tuple[str, Any]]:
 
 
 def _mechanism_fields(draw: st.DrawFn) -> dict[str, Any]:
-    """What a mechanism's `to_record_fields()` looks like, with drawn numbers."""
+    """What a mechanism's `to_record_fields()` looks like, with drawn numbers (its metadata plain
+    dicts, or the read-only `FrozenFields` a value mechanism hands to every release at a cost)."""
     scale = draw(st.floats(1e-6, 1e6))
+    wrap: Any = FrozenFields if draw(st.booleans()) else dict
     return {
         "values": draw(st.dictionaries(st.text(max_size=3), st.floats(-1e9, 1e9), max_size=4)),
         "mechanism": draw(st.sampled_from(["discrete_gaussian", "discrete_laplace", "noisy_top_k"])),
-        "noise": {"scale": scale, "stddev": scale},
-        "ci": {"level": 0.95, "half_width": draw(st.floats(0, 1e6))},
-        "postprocess": {"round": draw(st.booleans()), "clamp_zero": draw(st.booleans())},
+        "noise": wrap({"scale": scale, "stddev": scale}),
+        "ci": wrap({"level": 0.95, "half_width": draw(st.floats(0, 1e6))}),
+        "postprocess": wrap({"round": draw(st.booleans()), "clamp_zero": draw(st.booleans())}),
     }
 
 
@@ -134,7 +137,10 @@ def _arguments(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _containers(value: Any) -> list[Any]:
-    """Every non-empty dict and list inside `value` (itself included), outermost first."""
+    """Every non-empty dict and list inside `value` (itself included), outermost first; not a
+    `FrozenFields`, which cannot be changed in place (and holds scalars only)."""
+    if type(value) is FrozenFields:
+        return []
     if isinstance(value, dict):
         inner = list(value.values())
     elif isinstance(value, list):
@@ -244,3 +250,17 @@ def test_costs_equal_as_numbers_keep_their_own_text(first: Any, second: Any) -> 
         for cost in (first, second, first):
             args = {**_count_args(m, topo, values={"": 1.0}), "cost": cost}
             assert record_bytes(**args) == canonical_bytes(build_record(**args))
+
+
+def test_frozen_metadata_text_follows_the_object_in_its_cell() -> None:
+    """One noise cell sees frozen A, A again (kept text), frozen B with other numbers, a plain dict
+    equal to A, then A: every record is the plain path's bytes."""
+    topo = _TOPOLOGIES[0]
+    m = topo.metrics["hist"]
+    a, b = FrozenFields(scale=2.0, stddev=3.0), FrozenFields(scale=2, stddev=3.5)
+    seen = []
+    for noise in (a, a, b, dict(a), a):
+        args = _count_args(m, topo, values={"a": 1.0}, noise=noise)
+        seen.append(record_bytes(**args))
+        assert seen[-1] == canonical_bytes(build_record(**args))
+    assert seen[0] == seen[1] == seen[3] == seen[4] != seen[2]

@@ -29,7 +29,7 @@ from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
 from dpstream.topology.selection import TOP_K_SELECTION_SHARE  # the plan's split, shared so both agree
 from dpstream.workers.noise import discrete, measurements
 from dpstream.workers.noise.grid import FixedPointGrid, choose_grid
-from dpstream.workers.noise.release import NoisyRelease, apply_postprocess
+from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_postprocess
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
 _I64 = 2**63
@@ -144,9 +144,10 @@ class _ValueRelease(ReleaseMechanism):
         self._threshold = None
         suffix = "" if integer else "_fixed_point"
         self._name = _NAMES[component.mechanism] + suffix
-        # the noise metadata of every release at this cost (copied into each release)
-        self._spread = _spread(self._noise, self._codec)
-        self._ci = {"level": discrete.LEVEL, "half_width": self._noise.ci_half_width * self._codec.unit}
+        # the noise metadata of every release at this cost (read-only, the same objects in each release)
+        self._spread = FrozenFields(_spread(self._noise, self._codec))
+        self._ci = FrozenFields(level=discrete.LEVEL, half_width=self._noise.ci_half_width * self._codec.unit)
+        self._flags = FrozenFields(apply_postprocess({}, metric.postprocess)[1])
         if self._keys is None:
             self._threshold = measurements.threshold(
                 self._noise, accounting, metric.contribution.max_keys, self._codec.per_key_units, delta
@@ -164,14 +165,14 @@ class _ValueRelease(ReleaseMechanism):
             encode, get = codec.encode, true_values.get
             units = self._noise.draw([encode(get(k, 0)) for k in self._keys])
             raw = codec.decode_keys(self._keys, units)
-        values, flags = apply_postprocess(raw, self.metric.postprocess)  # `raw` is this release's own dict
+        values, _ = apply_postprocess(raw, self.metric.postprocess)  # `raw` is this release's own dict
         return NoisyRelease.of(
             values=values,
             mechanism=self._name,
-            noise=dict(self._spread),
-            ci=dict(self._ci),
+            noise=self._spread,
+            ci=self._ci,
             cost=self.cost,
-            postprocess=flags,
+            postprocess=self._flags,
             partition_selection=self.partition_selection,
         )
 

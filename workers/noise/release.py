@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["NoisyRelease", "apply_postprocess"]
+__all__ = ["FrozenFields", "NoisyRelease", "apply_postprocess"]
 
 from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.model import PostProcess
+from dpstream.workers.frozen import FrozenFields
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,15 @@ class NoisyRelease:
         return release
 
     def to_record_fields(self) -> dict[str, Any]:
-        """The release-record fields this object owns, as plain JSON-able values."""
+        """The release-record fields this object owns, as plain JSON-able values (a mechanism's
+        `FrozenFields` as they are: read-only, so no copy is needed)."""
+        noise, ci, postprocess = self.noise, self.ci, self.postprocess
         fields: dict[str, Any] = {
             "values": dict(self.values),
             "mechanism": self.mechanism,
-            "noise": _plain(self.noise),
-            "ci": _plain(self.ci),
-            "postprocess": dict(self.postprocess),
+            "noise": noise if type(noise) is FrozenFields else _plain(noise),
+            "ci": ci if type(ci) is FrozenFields else _plain(ci),
+            "postprocess": postprocess if type(postprocess) is FrozenFields else dict(postprocess),
         }
         if self.keys or self.mechanism.startswith("noisy_top_k"):
             fields["keys"] = list(self.keys)

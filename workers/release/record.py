@@ -27,6 +27,7 @@ from typing import Any
 
 from dpstream.topology.accounting import epsilon_from_rho
 from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Source
+from dpstream.workers.frozen import FrozenFields
 from dpstream.workers.ledger.types import RATIO_TOKEN
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
@@ -217,8 +218,15 @@ _NO_MEMO = _Memo((), (), "")
 
 
 def _memo_text(cell: list[_Memo | None], value: dict[Any, Any]) -> str:
-    """`_encode(value)`, from the cell when it holds the same objects; fills an empty cell."""
+    """`_encode(value)`, from the cell when it holds the same objects; fills an empty cell. A
+    mechanism's `FrozenFields` (read-only, one object per cost) is known by its own identity."""
     memo = cell[0]
+    if type(value) is FrozenFields:
+        if memo is not None and memo.held and memo.held[0] is value:
+            return memo.text
+        text = _encode(value)
+        cell[0] = _Memo((), (value,), text)  # holds it, so no other object takes its id while cached
+        return text
     if memo is _NO_MEMO or len(value) > _MEMO_MAX_ITEMS:
         return _encode(value)
     ids = (*map(id, value), *map(id, value.values()))
@@ -379,7 +387,7 @@ def record_bytes(
             if slot < 0:
                 continue
             kind = type(value)
-            if kind is dict:
+            if kind is dict or kind is FrozenFields:
                 parts[slot] = _memo_text(cell, value)
             elif kind is str:
                 parts[slot] = encode_basestring(value)
