@@ -38,6 +38,9 @@ def _plan() -> tuple[str, int] | None:
 
 
 _PLAN = _plan()
+ARMED = _PLAN is not None
+"""Whether a crash is planned in this process (fixed at import, as the plan is): callers test it
+before calling `crash_point`, so an unarmed release pays one global read per step."""
 _passes = 0
 
 

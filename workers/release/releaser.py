@@ -32,7 +32,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, ReleaseRequest
 from dpstream.workers.ledger.units import ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
-from dpstream.workers.release.faults import crash_point
+from dpstream.workers.release import faults
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
@@ -155,14 +155,20 @@ class Releaser:
             await publish(known, rid.encode())
             await self.ledger.commit(budget.name, rid)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
-        async with self._pricing_lock(budget.name):
+        lock = self._locks.get(budget.name) or self._pricing_lock(budget.name)
+        await lock.acquire()  # = `async with lock`, without its two wrapper calls per release
+        try:
             charged = await self._price_and_charge(m, budget, start, end, rid, true_values)
+        finally:
+            lock.release()
         if isinstance(charged, ReleaseResult):
             return charged
         stored = charged.payload
-        crash_point("after_charge")  # chaos tests only (off unless armed): charged, not yet published
+        if faults.ARMED:  # chaos tests only (off unless armed): charged, not yet published
+            faults.crash_point("after_charge")
         await publish(stored, rid.encode())
-        crash_point("after_publish")  # chaos tests only: published, not yet committed
+        if faults.ARMED:  # chaos tests only: published, not yet committed
+            faults.crash_point("after_publish")
         await self.ledger.commit(budget.name, rid)
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult.of(outcome, rid, m.name, start, end, "", stored)
