@@ -84,3 +84,47 @@ def test_a_grant_with_nothing_left_exits_2_with_one_line(fresh_redis: Any, capsy
     assert main([*grant, "--amount", "0.01"]) == 2
     err = capsys.readouterr().err.strip()
     assert "nothing left to grant" in err and "granted in full" in err and len(err.splitlines()) == 1
+
+
+_TOPOLOGY = """\
+version: 1
+sources:
+  src: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  s: {epsilon: 1.0, accounting: pure, period: 1d}
+metrics:
+  m: {source: src, budget: s, window: {tumbling: 1h}, aggregate: count, mechanism: laplace}
+sinks: {releases: r, dead_letter: d}
+"""
+
+
+def test_status_with_the_topology_projects_a_first_period_from_the_recorded_start(
+    fresh_redis: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `--topology`, status reads the deployment start S the workers recorded and projects the first
+    period's spend at its rate since S over what S left of the period, not at its rate since the period start."""
+    from dpstream.topology.loader import load_topology
+
+    path = tmp_path / "topology.yaml"
+    path.write_text(_TOPOLOGY)
+    topo = load_topology(str(path))
+    now = time.time()
+    pstart = period_start(86_400, now)
+    if now - pstart < 60:
+        pytest.skip("the period began under a minute ago: no room for a start inside it")  # 1 run in 1,440
+    start = pstart + int(now - pstart) // 2
+
+    async def body() -> None:
+        ledger = await open_ledger(fresh_redis.url, topo)
+        assert await ledger.deployment_start(topo.topology_version, start) == start
+        await ledger.charge(ReleaseRequest("r0", "s", period_id(86_400, now), "m", pstart, pstart + 3600, 0.01, b"{}"))
+        await ledger.close()
+
+    asyncio.run(body())
+    assert main(["budget", "status", "--topology", str(path), "--redis", fresh_redis.url, "--json"]) == 0
+    (s,) = json.loads(capsys.readouterr().out)["scopes"]
+    later = time.time()
+    ratio, projected = s["ratio"], s["projected"]["ratio"]
+    lo, hi = (pstart + 86_400 - start) / (later - start), (pstart + 86_400 - start) / (now - start)
+    assert ratio > 0 and lo * ratio * (1 - 1e-9) <= projected <= hi * ratio * (1 + 1e-9)
+    assert projected > 1.5 * 86_400 / (now - pstart) * ratio  # well above the projection from the period start

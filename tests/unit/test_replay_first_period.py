@@ -78,3 +78,31 @@ def test_a_first_period_from_mid_period_spends_its_pool_evenly() -> None:
     assert mid_total - mid_end == mid_costs["sliding"][-1]
     assert mid_costs["sliding"][-1] <= 2 * min(mid_costs["sliding"])  # not the shares of unreleased windows
     assert full_end - mid_end <= mid_costs["sliding"][-1]
+
+
+def test_status_projects_a_first_period_from_the_deployment_start() -> None:
+    """Two hours after S = 06:00 the scope's spend is projected at its rate since S over the 18 hours S left
+    of the period (×9), not at its rate since midnight over the day (×3, which reads a deployment on plan as
+    spending a third of its pool); S comes from the ledger or from the caller."""
+
+    async def run() -> tuple[float, ...]:
+        topo = load_topology_text(_YAML)
+        start = P0 + 6 * HOUR
+        clock = ManualClock(start)
+        ledger = await open_ledger("memory", topo, clock=clock, schedule_start=start)
+        plain = await open_ledger("memory", topo, clock=clock)
+
+        async def publish(value: bytes, key: bytes) -> None:
+            return None
+
+        for led in (ledger, plain):
+            await replay_lines(topo, [], led, publish, start=start, end=start + 2 * HOUR)
+        clock.now = start + 2 * HOUR
+        s, p, given = await ledger.status("b"), await plain.status("b"), await plain.status("b", start)
+        return s.ratio, s.projected_ratio, p.ratio, p.projected_ratio, given.projected_ratio
+
+    ratio, projected, plain_ratio, plain_projected, given = asyncio.run(run())
+    assert ratio > 0 and plain_ratio > 0
+    assert abs(projected - 9 * ratio) <= 1e-9 * projected
+    assert abs(given - 9 * plain_ratio) <= 1e-9 * given
+    assert abs(plain_projected - 3 * plain_ratio) <= 1e-9 * plain_projected

@@ -45,7 +45,7 @@ def add_ledger_args(parser: argparse.ArgumentParser) -> None:
 
 async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     """Open the ledger the command line names (without registering anything); also the topology's scopes."""
-    url, scopes = getattr(args, "redis", None) or os.environ.get("DPSTREAM_REDIS", "").strip(), []
+    url, scopes, topo = getattr(args, "redis", None) or os.environ.get("DPSTREAM_REDIS", "").strip(), [], None
     if getattr(args, "topology", None):
         from dpstream.topology.loader import load_topology
 
@@ -56,6 +56,16 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
     ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))
+    if topo is not None:  # the deployment start S, so that a first period's projection runs from S
+        try:
+            start = topo.start_s
+            if start is None:
+                start = await ledger.recorded_deployment_start(topo.topology_version)
+            if start is not None:
+                ledger.use_schedule_start(int(start))
+        except BaseException:
+            await ledger.close()
+            raise
     return ledger, scopes
 
 

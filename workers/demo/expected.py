@@ -25,9 +25,9 @@ from dpstream.topology.plan import Plan
 from dpstream.workers.demo.sizing import Typical, ci_for
 
 _TOLERANCE = 0.02
-"""A release whose cost is within 2 % of the prediction is 'as predicted': integer flooring, a hopping metric's
-window that would have started before the schedule (priced as still to come by the first releases) and the
-extra charge of a window straddling the period boundary move it by well under that on an hourly period."""
+"""A release whose cost is within 2 % of the prediction is 'as predicted': integer flooring and the extra charge
+of a window straddling the period boundary move it by well under that on an hourly period (windows that start
+before the schedule are not counted by the ledger either: it prices from the deployment start)."""
 
 
 @dataclass(frozen=True)

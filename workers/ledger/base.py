@@ -331,20 +331,24 @@ class Ledger(ABC):
         """Scopes of this ledger's topology, or every registered scope when opened without one."""
         return sorted(self._configs) if self._configs else sorted(await self._scopes())
 
-    async def status(self, scope: str) -> ScopeStatus:
-        """Where the scope stands in its current (wall-clock) period."""
+    async def status(self, scope: str, schedule_start: int | None = None) -> ScopeStatus:
+        """Where the scope stands in its current (wall-clock) period. The projection to the period
+        end runs at the rate since the period start, or since the deployment start S when S falls
+        inside this period (its first: nothing was spent before S); S is `schedule_start`, else the
+        one this ledger prices with."""
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
         now = self._clock()
         pstart = _period_start(period_s, now)
+        start = self._schedule_start if schedule_start is None else schedule_start
+        since = start if start is not None and pstart < start < now else pstart
         pid = _period_id(period_s, pstart)
         period = await self._period_fields(scope, pid)
         breaker = _breaker_for(await self._breaker_fields(scope), pid)
         cap, reserve, warn = _terms(stored, period)
         accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
-        elapsed = max(1.0, now - pstart)
-        projected = spent * period_s / elapsed
+        projected = spent * (pstart + period_s - since) / max(1.0, now - since)
         delta = float(stored["delta"])
         spent_f = units_to_float(spent)
         eps = epsilon_from_rho(spent_f, delta) if accounting == "zcdp" and spent else spent_f

@@ -328,7 +328,9 @@ class BudgetReader:
         return self._start
 
     async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
-        status = await ledger.status(scope)
+        plan = self._plans.get(scope)
+        start = await self.schedule_start(ledger) if plan is not None else None
+        status = await ledger.status(scope, start)  # projected from S in the deployment's first period
         mono = time.monotonic()
         full = mono - self._full_at.get(scope, -math.inf) >= FULL_REFRESH_S
         blocks = await ledger.history(scope, ALL_BLOCKS if full else RECENT_BLOCKS)
@@ -338,14 +340,12 @@ class BudgetReader:
         # the current block (if opened) holds the period's terms; before its first charge the
         # period will open with the registered ones, which the plan of the same topology shares
         current = next((b for b in blocks if b.period_id == status.period_id), None)
-        plan = self._plans.get(scope)
         reserve_ratio: float | None = None
         if current is not None and current.cap_units > 0:
             reserve_ratio = current.reserve_units / current.cap_units
         elif plan is not None:
             reserve_ratio = float(plan.reserve_fraction)
         now = self._clock()
-        start = await self.schedule_start(ledger) if plan is not None else None
         state = status.state.value if hasattr(status.state, "value") else str(status.state)
         return ScopeFigures(
             scope=scope,
