@@ -17,6 +17,8 @@ __all__ = ["main", "build_parser"]
 import argparse
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 
 from dpstream.topology.errors import ConfigError, DpstreamError, InternalError
@@ -120,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Stdout's reader went away (`dpstream replay … | head`): stop quietly, as a tool killed by
+    SIGPIPE would (exit 141), with stdout pointed at /dev/null so that the interpreter's final
+    flush does not fail again with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
