@@ -27,6 +27,7 @@ from typing import Any
 from dpstream.topology.durations import parse_duration
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
+from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.reporting import iso, parked_json, status_json
 from dpstream.workers.ledger.units import units_to_float
 
@@ -55,7 +56,10 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     url = url or _DEFAULT_REDIS
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
-    ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))
+    try:
+        ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))
+    except LedgerUnavailable as exc:  # the same class (exit 1), with where the URL came from and what to check
+        raise LedgerUnavailable(f"{str(exc).rstrip('.')}; {_where_url_came_from(args, topo)}") from None
     if topo is not None:  # the deployment start S, so that a first period's projection runs from S
         try:
             start = topo.start_s
@@ -67,6 +71,22 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
             await ledger.close()
             raise
     return ledger, scopes
+
+
+def _where_url_came_from(args: argparse.Namespace, topo: Any) -> str:
+    """The fix hint of an unreachable or refusing ledger: which setting named it, and the credentials' names."""
+    if getattr(args, "redis", None):
+        source = "--redis"
+    elif os.environ.get("DPSTREAM_REDIS", "").strip():
+        source = "$DPSTREAM_REDIS"
+    elif topo is not None and topo.redis.url:
+        source = f"redis.url in {args.topology}"
+    else:
+        source = f"the default {_DEFAULT_REDIS} (none of --redis, $DPSTREAM_REDIS, --topology's redis.url given)"
+    return (
+        f"check the URL from {source} and that Redis runs there "
+        "(credentials: $DPSTREAM_REDIS_USERNAME / $DPSTREAM_REDIS_PASSWORD)"
+    )
 
 
 def _run(args: argparse.Namespace, body: Callable[[Ledger, list[str]], Awaitable[int]]) -> int:
