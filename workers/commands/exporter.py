@@ -58,13 +58,24 @@ def _run(args: argparse.Namespace) -> int:
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
     telemetry = exporter_telemetry(topology, url, allow_volatile=args.allow_volatile)
-    print(
-        f"dpstream exporter: serving http://{args.bind}:{args.port}/metrics ({len(topology.budgets)} budget scope(s))",
-        file=sys.stderr,
-        flush=True,
+    serving = (
+        f"dpstream exporter: serving http://{args.bind}:{args.port}/metrics ({len(topology.budgets)} budget scope(s))"
     )
+
+    async def serve_and_say() -> None:
+        """Serve; say "serving" once the port is bound (a port in use prints only the error)."""
+        ready = asyncio.Event()
+        server = asyncio.create_task(serve(telemetry, args.bind, args.port, ready))
+        bound = asyncio.create_task(ready.wait())
+        await asyncio.wait({server, bound}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.is_set():
+            print(serving, file=sys.stderr, flush=True)
+        else:
+            bound.cancel()
+        await server
+
     try:
-        asyncio.run(serve(telemetry, args.bind, args.port))
+        asyncio.run(serve_and_say())
     except OSError as exc:
         raise ConfigError(f"--bind {args.bind} --port {args.port}: cannot listen ({exc.strerror or exc})") from None
     return 0
