@@ -266,6 +266,17 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         kafka_libs=options.kafka_libs,
         **({"home": home} if home else {}),
     )
+    path = options.topology_path or demo_topology_path()
+    # a topology the user can fix is refused before anything starts (loaded again below, with the
+    # addresses of the services the stack actually runs)
+    load_topology(
+        path,
+        env={
+            **os.environ,
+            "DPSTREAM_KAFKA": f"127.0.0.1:{options.kafka_port}",
+            "DPSTREAM_REDIS": f"redis://127.0.0.1:{options.redis_port}/0",
+        },
+    )
     stack = Stack(config, progress=say)
     already_up = {s.service for s in stack.status(services) if s.up}
     children = _Children(log_dir)
@@ -280,7 +291,6 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
                 "and exporter (`deploy/local/stack down` first to let the demo start its own)"
             )
         bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
-        path = options.topology_path or demo_topology_path()
         topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
         plan = build_plan(topology)
         population = DemoPopulation(users=options.users, rate=options.rate)
