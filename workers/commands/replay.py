@@ -101,7 +101,10 @@ async def _run(args: argparse.Namespace) -> int:
 def _schedule(args: argparse.Namespace, topology: Topology) -> tuple[int, int]:
     """[from, to) of the replay: the flags, or (said so on stderr) the periods the events span."""
     if args.start is not None and args.end is not None:
-        return parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
+        span = parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
+        for line in _cut_windows(topology, span[0]):
+            print(f"dpstream replay: note: {line}", file=sys.stderr)
+        return span
     if args.start is not None or args.end is not None:
         raise ConfigError("--from/--to: give both (the public schedule of the replay), or neither")
     try:
@@ -117,6 +120,21 @@ def _schedule(args: argparse.Namespace, topology: Topology) -> tuple[int, int]:
         file=sys.stderr,
     )
     return span
+
+
+def _cut_windows(topology: Topology, start: int) -> list[str]:
+    """One line per metric whose window grid --from does not fall on: the schedule starts at --from,
+    so the window it cuts is not released (as a worker deployed at that moment would not)."""
+    out = []
+    for metric in topology.metrics.values():
+        every = metric.window.every_s
+        if start % every:
+            first = start + every - start % every
+            out.append(
+                f"--from {iso_utc(start)} is not on {metric.name}'s window grid (every {every} s): its first "
+                f"release is the window starting {iso_utc(first)}; give a --from on the grid to include the one it cuts"
+            )
+    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
