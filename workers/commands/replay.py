@@ -101,10 +101,10 @@ async def _run(args: argparse.Namespace) -> int:
 def _schedule(args: argparse.Namespace, topology: Topology) -> tuple[int, int]:
     """[from, to) of the replay: the flags, or (said so on stderr) the periods the events span."""
     if args.start is not None and args.end is not None:
-        span = parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
-        for line in _cut_windows(topology, span[0]):
+        given = parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
+        for line in _cut_windows(topology, given[0]):
             print(f"dpstream replay: note: {line}", file=sys.stderr)
-        return span
+        return given
     if args.start is not None or args.end is not None:
         raise ConfigError("--from/--to: give both (the public schedule of the replay), or neither")
     try:
