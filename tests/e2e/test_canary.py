@@ -1,4 +1,4 @@
-"""Canary through a real worker and exporter with keyed unit hashing on (issue #11 item 8; DESIGN §1 "Trust boundary").
+"""Canary through a real worker and exporter with keyed unit hashing on (DESIGN §1 "Trust boundary").
 
 A deployment whose source is not keyed by its unit (so the repartition hop runs) and hashes unit ids
 (`privacy_unit_hash: hmac-sha256`) gets a few hundred events of 24 units and a canary: a unique unit id,

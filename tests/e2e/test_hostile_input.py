@@ -1,4 +1,4 @@
-"""Hostile input through a real worker (issue #11 item 7): 10,000 hypothesis-generated events per run.
+"""Hostile input through a real worker: 10,000 hypothesis-generated events per run.
 
 Malformed JSON, wrong types, NaN and ±Infinity as raw bytes, 1e308, negative numbers, missing /
 empty / 1 MB unit ids, timestamps far in the past and in the future, ~1 MB messages, bytes that

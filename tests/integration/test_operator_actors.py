@@ -1,4 +1,4 @@
-"""Every operator command that changes the ledger records who ran it in the audit stream (issue #11 item 8).
+"""Every operator command that changes the ledger records who ran it in the audit stream.
 
 The commands that write to a shared ledger: `breaker open|close`, `budget grant`, `budget retry` (its own
 tests: tests/integration/test_parked_windows.py) and `replay --ledger redis://…` (registers the topology's

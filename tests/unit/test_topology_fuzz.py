@@ -1,4 +1,4 @@
-"""Fuzzing `dpstream validate` with 200 hypothesis-generated topology files (issue #11, hostile input).
+"""Fuzzing `dpstream validate` with 200 hypothesis-generated topology files (hostile input).
 
 Each file starts from a valid topology (an example of topology/examples/ or one from
 `_topology_strategies.valid_topologies`) and gets up to four mutations: a field deleted, duplicated
