@@ -79,6 +79,7 @@ async def read_topic(
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
 
+    options = client_options(security)  # TLS/SASL as the workers' (None: the DPSTREAM_KAFKA_* environment)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -86,16 +87,19 @@ async def read_topic(
         max_partition_fetch_bytes=_FETCH_BYTES,
         fetch_max_bytes=_FETCH_BYTES,
         request_timeout_ms=30_000,
-        **client_options(security),  # TLS/SASL as the workers' (None: the DPSTREAM_KAFKA_* environment)
+        **options,
     )
     try:
         try:
             await consumer.start()
             partitions = await partition_count(bootstrap, topic, security)
         except (KafkaError, OSError) as exc:
+            protocol = options.get("security_protocol", "PLAINTEXT")
             raise ConfigError(
-                f"--bootstrap {bootstrap}: cannot read Kafka ({type(exc).__name__}); "
-                "check the address and that the broker runs"
+                f"Kafka at {bootstrap} over {protocol}: cannot read ({type(exc).__name__}); check the address "
+                "(--bootstrap, else $DPSTREAM_KAFKA, else the topology's kafka.bootstrap), that the broker runs, "
+                f"and that {protocol} is its listener's protocol (DPSTREAM_KAFKA_SECURITY_PROTOCOL and the "
+                "DPSTREAM_KAFKA_SASL_*/SSL_* variables, or the topology's kafka.security_protocol)"
             ) from None
         if partitions == 0:
             raise ConfigError(
