@@ -71,10 +71,15 @@ def test_server_properties_options(tmp_path: Path) -> None:
 
 
 def test_prometheus_default_config_targets_the_stack_ports() -> None:
-    """The default prometheus.yml scrapes itself and the worker port and alerts to the stack's Alertmanager."""
-    config = yaml.safe_load(render_prometheus_config(29090, 29094, 26066))
+    """The default prometheus.yml scrapes itself, the worker and the exporter under the rules' job names and
+    alerts to the stack's Alertmanager."""
+    config = yaml.safe_load(render_prometheus_config(29090, 29094, 26066, 29464))
     targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
-    assert targets == {"prometheus": ["127.0.0.1:29090"], "dpstream": ["127.0.0.1:26066"]}
+    assert targets == {
+        "prometheus": ["127.0.0.1:29090"],
+        "dpstream-worker": ["127.0.0.1:26066"],
+        "dpstream-exporter": ["127.0.0.1:29464"],
+    }
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:29094"]
 
 
