@@ -1,5 +1,5 @@
-"""`python -m dpstream.workers.localstack up|status|down`: the local stack from the command line
-(also `deploy/local/stack`)."""
+"""`deploy/local/stack up|status|down` (`python -m dpstream.workers.localstack`): the local stack from the
+command line; options and service names may come in any order."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError, DpstreamError
+from dpstream.workers.localstack.monitoring import check_user_configs
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import Ports
 from dpstream.workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
@@ -21,7 +22,7 @@ _DEFAULTS = Ports()
 def build_parser() -> argparse.ArgumentParser:
     """Parser of the stack command: an action, optional service names, home and ports."""
     parser = argparse.ArgumentParser(
-        prog="python -m dpstream.workers.localstack",
+        prog="deploy/local/stack",
         description="Run dpstream's local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) on 127.0.0.1.",
     )
     parser.add_argument("action", choices=("up", "status", "down"))
@@ -71,6 +72,9 @@ def _services(args: argparse.Namespace) -> tuple[Service, ...]:
 def _run(args: argparse.Namespace) -> int:
     if args.brokers < 1:
         raise ConfigError(f"--brokers {args.brokers}: need at least 1 Kafka broker")
+    services = _services(args)
+    if args.action == "up":  # before anything starts: a bad path must not leave earlier services running
+        check_user_configs(args.prometheus_config, args.alertmanager_config)
     ports = Ports(
         kafka=args.kafka_port,
         kafka_controller=args.kafka_controller_port,
@@ -88,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     stack = Stack(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True), brokers=args.brokers)
     action = {"up": stack.up, "status": stack.status, "down": stack.down}[args.action]
     started = time.monotonic()
-    statuses = action(_services(args))
+    statuses = action(services)
     print(f"# {args.action}: state in {config.home} ({time.monotonic() - started:.1f} s)")
     for status in statuses:
         print(status.line())
@@ -99,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user mistakes print one line and exit 2, a service that fails to start exits 1."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # `status --home H redis` as well as `status redis --home H`
     try:
         return _run(args)
     except ConfigError as exc:

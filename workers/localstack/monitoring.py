@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["PrometheusHandle", "AlertmanagerHandle", "render_prometheus_config", "http_ready"]
+__all__ = [
+    "EXPORTER_PORT",
+    "PrometheusHandle",
+    "AlertmanagerHandle",
+    "check_config_file",
+    "check_user_configs",
+    "render_prometheus_config",
+    "http_ready",
+    "shipped_rules_path",
+]
 
+import json
 import shutil
 import subprocess
 import urllib.error
@@ -13,18 +23,67 @@ from pathlib import Path
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.localstack import sysdeps
 from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
-from dpstream.workers.localstack.paths import render_template, template_path
+from dpstream.workers.localstack.paths import render_template, repo_deploy_dir, template_path
 from dpstream.workers.localstack.ports import HOST
 
+EXPORTER_PORT = 9464
+"""`dpstream exporter`'s default `--port`: the stack does not start the exporter, so its default config scrapes
+this port (the exporter command lives above this layer, so the number is repeated here, not imported)."""
 
-def render_prometheus_config(prometheus_port: int, alertmanager_port: int, worker_metrics_port: int) -> str:
-    """The default prometheus.yml: scrape itself and a dpstream worker, alert to the local Alertmanager."""
+
+def shipped_rules_path() -> Path | None:
+    """deploy/prometheus/rules.yml of this checkout (the shipped alert and recording rules), if it is there."""
+    path = repo_deploy_dir().parent / "prometheus" / "rules.yml"
+    return path if path.is_file() else None
+
+
+def render_prometheus_config(
+    prometheus_port: int,
+    alertmanager_port: int,
+    worker_metrics_port: int,
+    exporter_port: int = EXPORTER_PORT,
+    rules: Path | None = None,
+) -> str:
+    """The default prometheus.yml: the shipped rules (`rules`, None for none), the worker and exporter under the
+    job names those rules select, Prometheus itself, and alerts to the local Alertmanager."""
     return render_template(
         "prometheus.yml",
         prometheus_port=prometheus_port,
         alertmanager_port=alertmanager_port,
         worker_metrics_port=worker_metrics_port,
+        exporter_port=exporter_port,
+        rule_files=json.dumps([str(rules)] if rules is not None else []),
     )
+
+
+def check_config_file(flag: str, path: Path, kind: str) -> Path:
+    """The resolved `path` if it is a readable file, else a one-line ConfigError naming `flag` and `kind`."""
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.exists():
+        raise ConfigError(f"{flag} {resolved}: no such file: give the path of {kind}")
+    if not resolved.is_file():
+        raise ConfigError(f"{flag} {resolved}: not a file: give the path of {kind}")
+    try:
+        with resolved.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag} {resolved}: not readable ({exc.strerror}): fix its permissions") from exc
+    return resolved
+
+
+def check_user_configs(prometheus: Path | None, alertmanager: Path | None) -> None:
+    """Check the user's config files before any service starts, so a bad path leaves nothing running: each
+    must be a readable file, and is checked by promtool / amtool when that tool is installed."""
+    if prometheus is not None:
+        path = check_config_file("--prometheus-config", prometheus, "a prometheus.yml")
+        promtool = shutil.which("promtool")
+        if promtool:
+            _check([promtool, "check", "config", str(path)], path)
+    if alertmanager is not None:
+        path = check_config_file("--alertmanager-config", alertmanager, "an alertmanager.yml")
+        amtool = shutil.which("amtool")
+        if amtool:
+            _check([amtool, "check-config", str(path)], path)
 
 
 def http_ready(port: int, path: str = "/-/ready") -> bool:
@@ -60,12 +119,14 @@ class PrometheusHandle(ServiceHandle):
         config_file: Path | None = None,
         alertmanager_port: int = 9093,
         worker_metrics_port: int = 6066,
+        exporter_port: int = EXPORTER_PORT,
         start_timeout: float = 60.0,
         progress: Progress = no_progress,
     ) -> None:
         self.user_config = Path(config_file).resolve() if config_file is not None else None
         self.alertmanager_port = alertmanager_port
         self.worker_metrics_port = worker_metrics_port
+        self.exporter_port = exporter_port
         super().__init__(port, data_dir, start_timeout, progress)
 
     @property
@@ -85,13 +146,17 @@ class PrometheusHandle(ServiceHandle):
         sysdeps.ensure([sysdeps.PROMETHEUS, sysdeps.PROMTOOL], self.progress)
         if self.user_config is None:
             self.config_file.write_text(
-                render_prometheus_config(self._port, self.alertmanager_port, self.worker_metrics_port),
+                render_prometheus_config(
+                    self._port,
+                    self.alertmanager_port,
+                    self.worker_metrics_port,
+                    self.exporter_port,
+                    shipped_rules_path(),
+                ),
                 encoding="utf-8",
             )
-        elif not self.user_config.is_file():
-            raise ConfigError(
-                f"--prometheus-config {self.user_config}: no such file: give the path of a prometheus.yml"
-            )
+        else:
+            check_config_file("--prometheus-config", self.user_config, "a prometheus.yml")
         _check([shutil.which("promtool") or "promtool", "check", "config", str(self.config_file)], self.config_file)
 
     def _argv(self) -> list[str]:
@@ -141,10 +206,8 @@ class AlertmanagerHandle(ServiceHandle):
         sysdeps.ensure([sysdeps.ALERTMANAGER], self.progress)
         if self.user_config is None:
             shutil.copyfile(template_path("alertmanager.yml"), self.config_file)
-        elif not self.user_config.is_file():
-            raise ConfigError(
-                f"--alertmanager-config {self.user_config}: no such file: give the path of an alertmanager.yml"
-            )
+        else:
+            check_config_file("--alertmanager-config", self.user_config, "an alertmanager.yml")
         amtool = shutil.which("amtool")
         if amtool:
             _check([amtool, "check-config", str(self.config_file)], self.config_file)
