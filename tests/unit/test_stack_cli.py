@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dpstream.workers.localstack import free_port
 from dpstream.workers.localstack.__main__ import build_parser
 from dpstream.workers.localstack.__main__ import main as stack_main
+from dpstream.workers.localstack.monitoring import render_prometheus_config, shipped_rules_path
 from dpstream.workers.localstack.ports import port_open
 
 _PORT_FLAGS = ("kafka", "kafka-controller", "redis", "prometheus", "alertmanager", "worker-metrics")
@@ -111,3 +115,22 @@ def test_usage_names_the_script() -> None:
     parser = build_parser()
     assert parser.prog == "deploy/local/stack"
     assert parser.format_usage().startswith("usage: deploy/local/stack ")
+
+
+def test_default_prometheus_config_loads_shipped_rules_and_their_jobs(tmp_path: Path) -> None:
+    """The stack's default prometheus.yml passes `promtool check config` with the shipped rules loaded, and
+    scrapes every job the rules select (`job="..."`), so DPWorkerDown / DPExporterDown see real targets."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed (the stack installs it with `up prometheus`)")
+    rules = shipped_rules_path()
+    assert rules is not None, "deploy/prometheus/rules.yml missing from the checkout"
+    rule_jobs = set(re.findall(r'job="([^"]+)"', rules.read_text(encoding="utf-8")))
+    assert rule_jobs, "no job selector found in the shipped rules"
+    path = tmp_path / "prometheus.yml"
+    path.write_text(render_prometheus_config(29090, 29094, 26066, 29464, rules), encoding="utf-8")
+    result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert config["rule_files"] == [str(rules)]
+    assert rule_jobs <= {job["job_name"] for job in config["scrape_configs"]}
