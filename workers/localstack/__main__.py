@@ -11,12 +11,20 @@ import time
 from pathlib import Path
 
 from dpstream.topology.errors import ConfigError, DpstreamError
-from dpstream.workers.localstack.monitoring import check_user_configs
+from dpstream.workers.localstack.monitoring import EXPORTER_PORT, check_user_configs
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import Ports
 from dpstream.workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
 
 _DEFAULTS = Ports()
+_PORT_HELP = {
+    "kafka": "Kafka broker port",
+    "redis": "Redis port",
+    "prometheus": "Prometheus port",
+    "alertmanager": "Alertmanager port",
+    "kafka_controller": "Kafka KRaft controller port",
+    "worker_metrics": "a worker's --web-port, scraped by the default prometheus.yml as job dpstream-worker",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,12 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name in ("kafka", "kafka_controller", "redis", "prometheus", "alertmanager", "worker_metrics"):
         flag = "--" + name.replace("_", "-") + "-port"
-        parser.add_argument(flag, dest=f"{name}_port", type=int, default=getattr(_DEFAULTS, name), metavar="N")
+        default = getattr(_DEFAULTS, name)
+        note = _PORT_HELP[name]
+        parser.add_argument(
+            flag, dest=f"{name}_port", type=int, default=default, metavar="N", help=f"{note} (default {default})"
+        )
     parser.add_argument(
-        "--prometheus-config", type=Path, default=None, help="prometheus.yml to use instead of the default"
+        "--prometheus-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="prometheus.yml to use instead of the default (which loads deploy/prometheus/rules.yml and scrapes "
+        f"jobs dpstream-worker and dpstream-exporter, the latter on the exporter's default port {EXPORTER_PORT})",
     )
     parser.add_argument(
-        "--alertmanager-config", type=Path, default=None, help="alertmanager.yml to use instead of the default"
+        "--alertmanager-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="alertmanager.yml to use instead of the default",
     )
     return parser
 
