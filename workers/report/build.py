@@ -14,6 +14,7 @@ from dpstream.workers.report.accounting import accounting_section, checks_of
 from dpstream.workers.report.advice import advice_section
 from dpstream.workers.report.collect import PeriodData
 from dpstream.workers.report.fairness import fairness_section
+from dpstream.workers.report.planned import planned_of
 from dpstream.workers.report.utility import utility_of
 
 REPORT_VERSION = 1
@@ -58,9 +59,10 @@ def build_report(data: PeriodData) -> dict[str, Any]:
     """The whole report: accounting, utility, fairness, advice, timeline."""
     accounting = Accounting(data.accounting)
     plan = build_plan(data.topology)
-    plans = {m.name: m for s in plan.scopes if s.name == data.scope for m in s.metrics}
+    scope_plan = next(s for s in plan.scopes if s.name == data.scope)
+    planned = planned_of(data, {m.name: m for m in scope_plan.metrics}, scope_plan.pool)
     checks = checks_of(data)
-    util, util_rows = utility_of(data, accounting, plans)
+    util, util_rows = utility_of(data, accounting, planned)
     budget = data.topology.budgets[data.scope]
     return {
         "report_version": REPORT_VERSION,
@@ -71,6 +73,9 @@ def build_report(data: PeriodData) -> dict[str, Any]:
             "end": iso_utc(data.period_start + data.period_s),
             "start_epoch": data.period_start,
             "seconds": data.period_s,
+            # the deployment start S when it lies inside this period (its first): nothing is scheduled before it
+            "schedule_start": iso_utc(data.first_release_start) if data.first_release_start is not None else None,
+            "schedule_start_epoch": data.first_release_start,
         },
         "topology": {"path": data.topology.path, "version": data.topology.topology_version},
         "terms": {

@@ -7,7 +7,7 @@ published): no raw event, true aggregate or unit id is ever touched.
 
 from __future__ import annotations
 
-__all__ = ["Charge", "Event", "PeriodData", "collect_period"]
+__all__ = ["Charge", "Event", "PeriodData", "collect_period", "schedule_start_read"]
 
 import json
 from dataclasses import dataclass, field
@@ -73,6 +73,15 @@ class PeriodData:
     topology: Topology
     charges: list[Charge] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    schedule_start: int | None = None
+    """The deployment start S (DESIGN §1 rule 2): no window starting before it is released. None: unknown
+    (no worker recorded one), every window of the period counts."""
+
+    @property
+    def first_release_start(self) -> int | None:
+        """S when it lies after the period start (the deployment's first period), else None."""
+        s = self.schedule_start
+        return s if s is not None and s > self.period_start else None
 
 
 async def collect_period(ledger: Ledger, topology: Topology, scope: str, period: str | None = None) -> PeriodData:
@@ -107,6 +116,7 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
         spent_units=block.spent_units,
         delta_spent_units=block.delta_spent_units,
         topology=topology,
+        schedule_start=await schedule_start_read(ledger, topology),
     )
     if make_period_id(budget.period_s, period_start(budget.period_s, block.start)) != pid:
         raise ConfigError(
@@ -145,6 +155,17 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
                 )
             )
     return data
+
+
+async def schedule_start_read(ledger: Ledger, topology: Topology) -> int | None:
+    """S as the workers use it: the topology's `start:`, else the ledger's own, else the start recorded
+    for this topology version. Read only: a report never records one (that would fix S at the report)."""
+    if topology.start_s is not None:
+        return int(topology.start_s)
+    if ledger.schedule_start is not None:
+        return int(ledger.schedule_start)
+    recorded = await ledger.recorded_deployment_start(topology.topology_version)
+    return int(recorded) if recorded is not None else None
 
 
 def _decode(raw: bytes | None) -> dict[str, Any] | None:

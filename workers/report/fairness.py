@@ -1,7 +1,8 @@
 """The report's fairness section: each metric's share of the period's spend against its weight
 share, and its releases refused (by reason), stretched (charged while the warning policy
 stretched noise) and skipped (scheduled windows that left no ledger record: thinned, or not
-released by the last charged window's end)."""
+released by the last charged window's end). The schedule starts at the deployment start S (DESIGN §1
+rule 2): in a deployment's first period no window starting before S is scheduled, so none is skipped."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from typing import Any
 
 from dpstream.topology.model import Metric
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+from dpstream.workers.pipeline.partition import first_window_start
 from dpstream.workers.report.collect import PeriodData
 
 
-def scheduled_windows(metric: Metric, period_start: int, horizon: int) -> int:
-    """Windows of `metric` that touch the period from `period_start` and end by `horizon`."""
+def scheduled_windows(metric: Metric, period_start: int, horizon: int, schedule_start: int | None = None) -> int:
+    """Windows of `metric` that touch the period from `period_start` and end by `horizon`, none starting
+    before the deployment start S (`schedule_start`): the schedule's first window is the first grid
+    window starting at or after S (`pipeline.partition.first_window_start`)."""
     size, every = metric.window.size_s, metric.window.every_s
     first = -(-(period_start - size + 1) // every) * every  # first window start whose end passes period_start
+    if schedule_start is not None:
+        first = max(first, first_window_start(metric, schedule_start))
     last = (horizon - size) // every * every
     return max(0, (last - first) // every + 1) if last >= first else 0
 
@@ -49,7 +55,9 @@ def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
     rows = []
     for m in metrics:
         n_ref = sum(refused.get(m.name, Counter()).values())
-        sched = scheduled_windows(m, data.period_start, min(horizon, data.period_start + data.period_s))
+        sched = scheduled_windows(
+            m, data.period_start, min(horizon, data.period_start + data.period_s), data.schedule_start
+        )
         w_share = m.weight / total_w
         s_share = spend[m.name] / total_spend
         rows.append(

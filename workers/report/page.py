@@ -59,12 +59,18 @@ def _plan_ratio(rep: dict[str, Any]) -> float:
     return 1.0 - terms["reserve"] / terms["cap"] if terms["cap"] else 0.8
 
 
+def _plan_from(rep: dict[str, Any]) -> float:
+    """Hours into the period where the plan starts spending: the deployment start S in its first period."""
+    s = rep["period"].get("schedule_start_epoch")
+    return (s - rep["period"]["start_epoch"]) / 3600 if isinstance(s, (int, float)) else 0.0
+
+
 def _spend_plot(rep: dict[str, Any]) -> str:
     fig, ax = _figure()
     xs, ys = _hours(rep)
     hours = rep["period"]["seconds"] / 3600
     ax.plot(xs, ys, drawstyle="steps-post", color="#1f5fa8", label="spent / cap")
-    ax.plot([0, hours], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
+    ax.plot([_plan_from(rep), hours], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
     ax.axhline(rep["terms"]["warn_at"], color="#d08000", linewidth=1, label=f"warn ({rep['terms']['warn_at']:g})")
     ax.axhline(1.0, color="#b00000", linewidth=1.2, label="cap")
     start = rep["period"]["start_epoch"]
@@ -96,8 +102,11 @@ def _burn_plot(rep: dict[str, Any]) -> str:
         h = min(hours - 1, max(0, int(x - 1e-9)))
         per_hour[h] += y - prev
         prev = y
-    plan = _plan_ratio(rep) / hours
-    burn = [p / plan if plan else 0.0 for p in per_hour]
+    # the plan spends its ratio evenly from S (the period start after the first period) to the end
+    span_h, lo = rep["period"]["seconds"] / 3600, _plan_from(rep)
+    rate = _plan_ratio(rep) / (span_h - lo) if span_h > lo else 0.0
+    plan = [rate * max(0.0, min(h + 1, span_h) - max(h, lo)) for h in range(hours)]
+    burn = [p / q if q else 0.0 for p, q in zip(per_hour, plan, strict=True)]
     ax.bar([h + 0.5 for h in range(hours)], burn, width=0.9, color="#1f5fa8", label="burn rate (spend ÷ plan)")
     ax.axhline(1.0, color="#888", linestyle="--", label="on plan")
     ax.set_xlabel("hour of the period")
@@ -192,6 +201,11 @@ def render_page(rep: dict[str, Any]) -> str:
         f"<style>{_CSS}</style></head><body>",
         f"<h1>Report card: {esc(rep['scope'])}, period {esc(rep['period']['id'])}</h1>",
         f"<p>{esc(rep['period']['start'])} .. {esc(rep['period']['end'])}; {esc(rep['source'])}.</p>",
+        *(
+            [f"<p>First period of the deployment: its schedule starts at {esc(first)} (nothing before it).</p>"]
+            if (first := rep["period"].get("schedule_start"))
+            else []
+        ),
         "<h2>Accounting</h2>",
         f"<p>Charged: {esc(acc['currency'])} {ch['total']:.6g} of cap {ch['cap']:.6g} (ratio {ch['ratio']:.4f}), "
         f"ε {ch['epsilon']:.6g} at δ {ch['delta']:.3g}; audit reconciles: {'yes' if ch['reconciles'] else 'NO'}.</p>",

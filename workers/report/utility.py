@@ -20,8 +20,8 @@ from typing import Any
 
 from dpstream.topology.calibration import Z95
 from dpstream.topology.model import Accounting, Aggregate
-from dpstream.topology.plan import MetricPlan
 from dpstream.workers.report.collect import PeriodData
+from dpstream.workers.report.planned import Planned
 
 _GAUSS = math.sqrt(2.0 / math.pi)
 
@@ -145,28 +145,22 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
     return out
 
 
-def _planned_sigma(plan: MetricPlan) -> float | None:
-    parts = [c for c in plan.components if c.stddev is not None and c.stddev > 0]
-    if not parts:
-        return None
-    return parts[0].stddev
-
-
 def utility_of(
-    data: PeriodData, accounting: Accounting, plans: dict[str, MetricPlan]
+    data: PeriodData, accounting: Accounting, planned: dict[str, Planned]
 ) -> tuple[dict[str, MetricUtility], list[dict[str, Any]]]:
-    """The per-metric utility objects and the section's JSON rows."""
+    """The per-metric utility objects and the section's JSON rows (planned figures: `planned.planned_of`,
+    counted from the deployment start S in a deployment's first period)."""
     util = collect_utility(data, accounting)
     rows = []
     for name, u in util.items():
-        plan = plans[name]
-        planned_eps = release_epsilon(accounting, plan.per_release_cost)
+        plan = planned[name]
+        planned_eps = release_epsilon(accounting, plan.cost)
         row: dict[str, Any] = {
             "metric": name,
             "aggregate": u.aggregate,
             "releases": u.releases,
-            "planned_releases": plan.releases_per_period,
-            "planned_cost": plan.per_release_cost,
+            "planned_releases": plan.releases,
+            "planned_cost": plan.cost,
             "realised_cost_mean": statistics.fmean(u.costs) if u.costs else None,
             "planned_epsilon": planned_eps,
         }
@@ -174,7 +168,7 @@ def utility_of(
             c = u.c
             assert c is not None
             sig = statistics.fmean(u.sigmas)
-            planned_sigma = _planned_sigma(plan)
+            planned_sigma = plan.sigma
             if data.topology.metrics[name].aggregate is Aggregate.MEAN and planned_sigma is not None:
                 planned_sigma = None  # a plan σ of a mean's parts is not the σ of the released mean
             row.update(

@@ -1,0 +1,115 @@
+"""The report card of a deployment's first period, which starts at the deployment start S inside the
+period: no window before S is scheduled (so none is "skipped"), a window after S that was never released
+still is, and the planned figures count from S as the ledger's split and the plan gauges do."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from dpstream.topology.loader import load_topology_text
+from dpstream.topology.model import Topology
+from dpstream.topology.periods import period_id
+from dpstream.topology.plan import build_plan
+from dpstream.workers.ledger import Ledger, open_ledger
+from dpstream.workers.ledger.testing import ManualClock
+from dpstream.workers.report.build import build_report
+from dpstream.workers.report.collect import collect_period, schedule_start_read
+from dpstream.workers.runtime.replay import replay_lines
+from dpstream.workers.telemetry.budget import planned_spent
+
+HOUR = 3_600
+P0 = (1_796_000_000 // HOUR) * HOUR  # an hour boundary: the period start
+S = P0 + 400  # the deployment starts at :06:40, inside the period
+
+_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts, allowed_lateness: 30s}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1h, reserve: 0.2, warn_at: 0.8}
+metrics:
+  minute: {source: s, budget: b, weight: 1, window: {tumbling: 1m}, aggregate: count, mechanism: gaussian}
+  sliding: {source: s, budget: b, weight: 2, window: {hopping: 2m, every: 1m}, aggregate: count, mechanism: gaussian}
+  ten: {source: s, budget: b, weight: 3, window: {tumbling: 10m}, aggregate: count, mechanism: gaussian}
+sinks: {releases: r, dead_letter: d}
+"""
+
+
+async def _publish(value: bytes, key: bytes) -> None:
+    return None
+
+
+async def _report(spans: list[tuple[int, int]]) -> tuple[dict[str, Any], Topology]:
+    """Release every window of the schedule from S over `spans` (no events: empty windows are released
+    too) through the Releaser and the in-process ledger, then build the report of the first period."""
+    topo = load_topology_text(_YAML)
+    ledger = await open_ledger("memory", topo, clock=ManualClock(S), schedule_start=S)
+    for lo, hi in spans:
+        await replay_lines(topo, [], ledger, _publish, start=lo, end=hi)
+    data = await collect_period(ledger, topo, "b", period_id(HOUR, P0))
+    assert data.period_start == P0 and data.schedule_start == S
+    return build_report(data), topo
+
+
+def _rows(rep: dict[str, Any], section: str) -> dict[str, dict[str, Any]]:
+    return {r["metric"]: r for r in rep[section]}
+
+
+def test_a_first_period_released_in_full_skips_nothing() -> None:
+    """Every window from S released: each metric's scheduled windows (from the first grid window at or
+    after S) are all charged, so 0 skipped; the windows from :00 to S are not counted as scheduled."""
+    rep, topo = asyncio.run(_report([(S, P0 + HOUR + 120)]))
+    fair = _rows(rep, "fairness")
+    for name, m in topo.metrics.items():
+        row = fair[name]
+        first = math.ceil(S / m.window.every_s) * m.window.every_s
+        in_period = [w for w in range(first, P0 + HOUR, m.window.every_s) if w + m.window.size_s <= P0 + HOUR]
+        assert row["scheduled_by_horizon"] == len(in_period) > 0, name
+        assert row["skipped"] == 0 and row["refused"] == 0, name
+    assert rep["period"]["schedule_start_epoch"] == S
+
+
+def test_a_window_missing_after_the_deployment_start_is_skipped() -> None:
+    """Windows of [:20, :25) never released (the replay stops at :20 and resumes at :25): the tumbling
+    minute metric counts exactly those five as skipped, and nothing before S."""
+    rep, _ = asyncio.run(_report([(S, P0 + 1200), (P0 + 1500, P0 + HOUR)]))
+    fair = _rows(rep, "fairness")
+    assert fair["minute"]["skipped"] == (1500 - 1200) // 60
+    assert fair["sliding"]["skipped"] >= 1  # its windows starting in [:19, :25) were not released either
+
+
+def test_planned_figures_count_from_the_deployment_start() -> None:
+    """The utility's planned releases are the windows from S; planned releases × planned cost sum to the
+    pool, as the plan gauges reach it at the period's end; the ledger's grants match the planned cost."""
+    rep, topo = asyncio.run(_report([(S, P0 + HOUR + 120)]))
+    scope_plan = build_plan(topo).scopes[0]
+    util = _rows(rep, "utility")
+    for name, m in topo.metrics.items():
+        first = math.ceil(S / m.window.every_s) * m.window.every_s
+        assert util[name]["planned_releases"] == len(range(first, P0 + HOUR, m.window.every_s)), name
+        realised, planned = util[name]["realised_cost_mean"], util[name]["planned_cost"]
+        assert abs(realised - planned) <= 1e-3 * planned, name  # on plan: grants floored to the unit
+    total = math.fsum(u["planned_releases"] * u["planned_cost"] for u in util.values())
+    gauge = planned_spent(scope_plan, P0, P0 + HOUR, P0 + 2 * HOUR, S)
+    assert math.isclose(total, scope_plan.pool, rel_tol=1e-12) and math.isclose(gauge, total, rel_tol=1e-12)
+
+
+def test_the_report_reads_the_deployment_start_from_the_topology_or_the_ledger() -> None:
+    """S is the topology's start:, else the ledger's own (the recorded one: tests/integration/
+    test_report_schedule_start.py); with neither the in-process ledger gives None."""
+
+    async def run() -> tuple[int | None, ...]:
+        topo = load_topology_text(_YAML)
+        declared = load_topology_text(_YAML.replace("version: 1", "version: 1\nstart: 2026-12-01T00:00:00Z"))
+        bare: Ledger = await open_ledger("memory", topo, clock=ManualClock(S))
+        own: Ledger = await open_ledger("memory", topo, clock=ManualClock(S), schedule_start=S)
+        return (
+            await schedule_start_read(bare, topo),
+            await schedule_start_read(own, topo),
+            await schedule_start_read(own, declared),
+        )
+
+    none, own, declared = asyncio.run(run())
+    assert none is None and own == S and declared == 1_796_083_200  # 2026-12-01T00:00:00Z

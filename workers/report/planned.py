@@ -1,0 +1,56 @@
+"""What the plan expects of each metric in the reported period: releases, per-release cost and σ.
+
+A whole period is the static plan (`topology.plan`). In a deployment's first period (the deployment
+start S after the period start) only windows starting at or after S are released (DESIGN §1 rule 2)
+and the ledger spends the whole pool on them (DESIGN §5): metric m releases n_m windows of the grid
+from S, each costing c_m · pool / Σ_j c_j·n_j (c the static per-release cost), as the ledger's split
+(`topology.allocation.windows_left`) and the plan gauges (`telemetry.budget.planned_spent`) count.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Planned", "planned_of"]
+
+import math
+from dataclasses import dataclass
+
+from dpstream.topology.allocation import windows_left
+from dpstream.topology.model import Accounting
+from dpstream.topology.plan import MetricPlan
+from dpstream.workers.report.collect import PeriodData
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One metric's planned figures for the reported period."""
+
+    releases: int
+    cost: float
+    sigma: float | None
+    """σ of the plan's first noisy component (None when it has none)."""
+
+
+def _sigma(plan: MetricPlan) -> float | None:
+    parts = [c for c in plan.components if c.stddev is not None and c.stddev > 0]
+    return parts[0].stddev if parts else None
+
+
+def planned_of(data: PeriodData, plans: dict[str, MetricPlan], pool: float) -> dict[str, Planned]:
+    """Per metric of `plans` (the scope's), its planned figures for the period of `data`."""
+    start = data.first_release_start
+    if start is None:
+        return {name: Planned(p.releases_per_period, p.per_release_cost, _sigma(p)) for name, p in plans.items()}
+    metrics = data.topology.metrics
+    n = {
+        name: windows_left(metrics[name].window, data.period_start, data.period_s, data.period_start, start)
+        for name in plans
+    }
+    released = math.fsum(p.per_release_cost * n[name] for name, p in plans.items())
+    factor = pool / released if released > 0 else 1.0  # no window released: nothing is spent, costs moot
+    # σ of a noise scale calibrated to a cost: ∝ 1/√ρ (zCDP Gaussian), ∝ 1/ε (pure Laplace)
+    noise = 1.0 / math.sqrt(factor) if Accounting(data.accounting) is Accounting.ZCDP else 1.0 / factor
+    out = {}
+    for name, p in plans.items():
+        sigma = _sigma(p)
+        out[name] = Planned(n[name], p.per_release_cost * factor, None if sigma is None else sigma * noise)
+    return out
