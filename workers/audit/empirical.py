@@ -28,6 +28,7 @@ __all__ = [
     "audit",
     "standard_cases",
     "broken_cases",
+    "trials_to_flag",
 ]
 
 import bisect
@@ -108,6 +109,14 @@ class AuditResult:
     claimed_epsilon: float
     epsilon_lower_95: float
     epsilon_lower_strict: float
+    k0: int = 0
+    """Estimate-half draws in the event on the side that should be likelier (D, or D' when reversed)."""
+    k1: int = 0
+    """The same on the other side."""
+    draws: int = 0
+    """Estimate-half draws per side (half of `trials`)."""
+    trial_share: float = 1.0
+    """The case's fraction of the requested trials (`AuditCase.trial_share`)."""
 
     @property
     def passed(self) -> bool:
@@ -196,7 +205,43 @@ def audit(case: AuditCase, trials: int) -> AuditResult:
         claimed_epsilon=case.claim.epsilon_at(delta),
         epsilon_lower_95=_epsilon_lb(k0, k1, half, delta, REPORT_ALPHA),
         epsilon_lower_strict=_epsilon_lb(k0, k1, half, delta, STRICT_ALPHA),
+        k0=k0,
+        k1=k1,
+        draws=half,
+        trial_share=case.trial_share,
     )
+
+
+_MAX_DRAWS = 1 << 40
+"""Extrapolation stops here: an excess this small is not worth a number of trials."""
+
+
+def trials_to_flag(result: AuditResult) -> int | None:
+    """Requested `--trials` at which the verdict's strict bound on `result`'s event would exceed its claim,
+    were the event's rates those its 95 % bounds guarantee (p at its lower, p' at its upper bound: the
+    excess lb95 − claim is kept, only the sampling error shrinks); None when those rates show no excess
+    over the claim (no trial count is known to flag it). Why the power check may pass at few trials: the
+    strict bound (α = 1e-7) is much wider than the 95 % one at the same draws."""
+    n, delta, claim = result.draws, result.delta, result.claimed_epsilon
+    if n <= 0:
+        return None
+    p0, _ = clopper_pearson(result.k0, n, REPORT_ALPHA)
+    _, p1 = clopper_pearson(result.k1, n, REPORT_ALPHA)
+    if p0 <= delta or math.log((p0 - delta) / p1) <= claim:
+        return None
+
+    def flags(m: int) -> bool:
+        return _epsilon_lb(math.floor(p0 * m), min(m, math.ceil(p1 * m)), m, delta, STRICT_ALPHA) > claim
+
+    lo, hi = 1, max(2, n)
+    while not flags(hi):
+        lo, hi = hi, 2 * hi
+        if hi > _MAX_DRAWS:
+            return None
+    while hi - lo > max(1, hi // 1000):  # to 0.1 %: the figure is an estimate, not a bound
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if flags(mid) else (mid, hi)
+    return math.ceil(2 * hi / result.trial_share)
 
 
 # ---------------------------------------------------------------- the audited mechanisms
