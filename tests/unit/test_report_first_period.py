@@ -80,6 +80,17 @@ def test_a_window_missing_after_the_deployment_start_is_skipped() -> None:
     assert fair["sliding"]["skipped"] >= 1  # its windows starting in [:19, :25) were not released either
 
 
+def test_a_window_missing_at_the_first_period_end_is_not_hidden_by_a_straddling_charge() -> None:
+    """Windows of [:29, :31) never released (the replay stops at :30 and resumes at :31) and the schedule
+    then released past the period's end: the sliding window straddling out of the period is charged to it,
+    but S left no window straddling in for it to stand for, so both missing sliding windows count."""
+    rep, topo = asyncio.run(_report([(S, P0 + 1800), (P0 + 1860, P0 + HOUR + 120)]))
+    fair = _rows(rep, "fairness")
+    w = topo.metrics["sliding"].window
+    missing = [s for s in range(P0, P0 + HOUR, w.every_s) if s >= S and s + w.size_s > P0 + 1800 and s < P0 + 1860]
+    assert fair["minute"]["skipped"] == 1 and fair["sliding"]["skipped"] == len(missing) == 2
+
+
 def test_planned_figures_count_from_the_deployment_start() -> None:
     """The utility's planned releases are the windows from S; planned releases × planned cost sum to the
     pool, as the plan gauges reach it at the period's end; the ledger's grants match the planned cost."""

@@ -37,6 +37,7 @@ def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
     spend: Counter[str] = Counter()
     charged: Counter[str] = Counter()
     stretched: Counter[str] = Counter()
+    out: Counter[str] = Counter()  # charges of windows ending after the period (straddling out)
     ends = []
     for ch in data.charges:
         spend[ch.metric] += ch.cost_units
@@ -46,6 +47,8 @@ def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
         end = ((ch.record or {}).get("window") or {}).get("end_epoch")
         if isinstance(end, int):
             ends.append(end)
+            if end > data.period_start + data.period_s:
+                out[ch.metric] += 1
     refused: dict[str, Counter[str]] = {}
     for ev in data.events:
         if ev.kind == "refusal":
@@ -55,9 +58,16 @@ def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
     rows = []
     for m in metrics:
         n_ref = sum(refused.get(m.name, Counter()).values())
-        sched = scheduled_windows(
-            m, data.period_start, min(horizon, data.period_start + data.period_s), data.schedule_start
+        period_end = data.period_start + data.period_s
+        sched = scheduled_windows(m, data.period_start, min(horizon, period_end), data.schedule_start)
+        # the schedule counts the windows straddling in from the period before (charged there) and not
+        # those straddling out (charged here, ending after the period): an out-charge stands for an
+        # in-window, one for one. Where S cut the in-windows (a first period), the surplus ones stand for
+        # none, or they would hide as many windows skipped.
+        straddle_in = sched - scheduled_windows(
+            m, data.period_start, min(horizon, period_end), max(data.schedule_start or 0, data.period_start)
         )
+        matched = charged[m.name] - max(0, out[m.name] - straddle_in)
         w_share = m.weight / total_w
         s_share = spend[m.name] / total_spend
         rows.append(
@@ -73,7 +83,7 @@ def fairness_section(data: PeriodData) -> list[dict[str, Any]]:
                 "refused_reasons": dict(refused.get(m.name, Counter())),
                 "stretched": stretched[m.name],
                 "scheduled_by_horizon": sched,
-                "skipped": max(0, sched - charged[m.name] - n_ref),
+                "skipped": max(0, sched - matched - n_ref),
             }
         )
     return rows
