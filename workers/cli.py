@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"dpstream: error: {exc}", file=sys.stderr)
+        print(f"dpstream: error: {_config_error_line(exc, args)}", file=sys.stderr)
         return 2
     except DpstreamError as exc:
         print(f"dpstream: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -124,6 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+
+
+def _config_error_line(exc: ConfigError, args: argparse.Namespace) -> str:
+    """The one line of a user mistake; a refused volatile ledger suggests `--allow-volatile` only to a
+    command that has the flag (`worker`, `replay` have none: they say how to make the Redis durable)."""
+    from dpstream.workers.ledger.durability import NotDurable  # imported on this error path only: it is heavy
+
+    if isinstance(exc, NotDurable) and hasattr(args, "allow_volatile"):
+        return exc.with_flag_hint()
+    return str(exc)
 
 
 def _reader_gone() -> int:

@@ -100,7 +100,7 @@ def test_non_durable_server_is_refused_unless_allow_volatile(
     with fresh_redis.client() as client:
         client.config_set("appendfsync", "everysec")
         try:
-            with pytest.raises(ConfigError, match="appendfsync=everysec.*--allow-volatile"):
+            with pytest.raises(ConfigError, match="appendfsync=everysec.*`appendfsync always` in its redis.conf"):
                 asyncio.run(open_ledger(fresh_redis.url, one_scope_topology()))
             ledger = asyncio.run(open_ledger(fresh_redis.url, one_scope_topology(), allow_volatile=True))
             assert "NON-DURABLE" in capsys.readouterr().err

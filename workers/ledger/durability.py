@@ -1,17 +1,37 @@
 """Refuse to run the ledger on a Redis that could lose an acknowledged charge (DESIGN §4).
 
 A durable server has `appendonly yes` and `appendfsync always`: a reply to a charge means it
-is on disk. Anything else is refused unless the operator passes `--allow-volatile`, loudly.
+is on disk. Anything else is refused (`NotDurable`, whose line says how to make the server durable)
+unless the caller allows a volatile one, loudly; only a command that has `--allow-volatile` suggests it.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_durability", "durability_problem", "replica_problem"]
+__all__ = ["NotDurable", "check_durability", "durability_problem", "replica_problem"]
 
 import sys
 from collections.abc import Mapping
 
 from dpstream.topology.errors import ConfigError
+
+_DURABLE_CONFIG = "`appendonly yes` and `appendfsync always`"
+"""The two redis.conf lines that make a ledger server durable."""
+
+
+class NotDurable(ConfigError):
+    """A ledger Redis that could lose an acknowledged charge; the line says how to make it durable."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(
+            f"redis {url}: not durable: {problem}: an acknowledged charge could be lost on a crash; "
+            f"put {_DURABLE_CONFIG} in its redis.conf and restart it (or CONFIG SET both, then CONFIG REWRITE)"
+        )
+        self.url = url
+        self.problem = problem
+
+    def with_flag_hint(self) -> str:
+        """The line for a command that has `--allow-volatile` (budget, exporter, verify, bench): it may suggest it."""
+        return f"{self}; or pass --allow-volatile for throwaway runs"
 
 
 def durability_problem(settings: Mapping[str, str]) -> str | None:
@@ -24,15 +44,12 @@ def durability_problem(settings: Mapping[str, str]) -> str | None:
 
 
 def check_durability(url: str, settings: Mapping[str, str], allow_volatile: bool) -> None:
-    """ConfigError on a non-durable server; with `allow_volatile` print a loud warning instead."""
+    """NotDurable on a non-durable server; with `allow_volatile` print a loud warning instead."""
     problem = durability_problem(settings)
     if problem is None:
         return
     if not allow_volatile:
-        raise ConfigError(
-            f"redis {url}: not durable: {problem}: an acknowledged charge could be lost on a crash; "
-            "configure AOF with fsync always, or pass --allow-volatile for throwaway runs"
-        )
+        raise NotDurable(url, problem)
     print(
         f"dpstream: WARNING: ledger on a NON-DURABLE Redis ({url}: {problem}); "
         "acknowledged charges can be lost on a crash (--allow-volatile)",
