@@ -5,8 +5,16 @@ from __future__ import annotations
 __all__ = ["register"]
 
 import argparse
+import contextlib
+import errno
 import os
 import socket
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dpstream.topology.model import Topology
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,12 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import tempfile
-
     from dpstream.topology.errors import ConfigError
 
     if not 0 <= args.nice <= 19:
         raise ConfigError(f"--nice {args.nice}: out of range; give 0 (unchanged) to 19 (lowest priority)")
+    if args.web_port is not None and not 0 < args.web_port < 65536:
+        raise ConfigError(f"--web-port {args.web_port}: out of range; give 1-65535")
     if args.nice:
         os.nice(args.nice)
 
@@ -69,14 +77,86 @@ def _run(args: argparse.Namespace) -> int:
     topology = load_topology(args.file)
     check_unit_hashing(topology)  # a missing HMAC secret is one line now, not a traceback at the first batch
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    settings = RuntimeSettings(
-        bootstrap=args.bootstrap or topology.kafka.bootstrap,
-        redis_url=args.redis or topology.redis.url,
-        worker_id=worker_id,
-        web_port=args.web_port,
-        web_bind=args.web_bind,
-        partitions=args.partitions,
-        datadir=args.datadir or tempfile.mkdtemp(prefix=f"dpstream-{worker_id}-"),
-        kafka_security=KafkaSecurity.from_env(kafka=topology.kafka),
-    )
-    return run_worker(build_runtime(topology, settings, Role(args.role)), loglevel=args.loglevel)
+    role = Role(args.role)
+    redis_url = args.redis or topology.redis.url
+    # Faust would report these inside its own start, as a traceback: check them first, before Kafka too.
+    if args.web_port is not None:
+        _check_listen(args.web_bind, args.web_port)
+    _check_ledger(redis_url, topology if role is not Role.INGEST else None, worker_id)
+    with _datadir(args.datadir, worker_id) as datadir:
+        settings = RuntimeSettings(
+            bootstrap=args.bootstrap or topology.kafka.bootstrap,
+            redis_url=redis_url,
+            worker_id=worker_id,
+            web_port=args.web_port,
+            web_bind=args.web_bind,
+            partitions=args.partitions,
+            datadir=datadir,
+            kafka_security=KafkaSecurity.from_env(kafka=topology.kafka),
+        )
+        return run_worker(build_runtime(topology, settings, role), loglevel=args.loglevel)
+
+
+_LISTEN_FIXES = {
+    errno.EADDRINUSE: "pick a free port",
+    errno.EADDRNOTAVAIL: "give an address of this machine (or 0.0.0.0)",
+    errno.EACCES: "pick a port above 1023",
+}
+"""The fix a `--web-bind/--web-port` bind error names, by errno (others: check the address and port)."""
+
+
+def _check_listen(host: str, port: int) -> None:
+    """ConfigError (one line) unless the web endpoint can listen on `host:port`: bind every address
+    Faust's web server (asyncio `create_server`) would, with its SO_REUSEADDR, then close them."""
+    from dpstream.topology.errors import ConfigError
+
+    flags = f"--web-bind {host} --web-port {port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{flags}: cannot resolve {host} ({exc.strerror}): give an address of this machine") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        fix = _LISTEN_FIXES.get(exc.errno or 0, "check the address and port")
+        raise ConfigError(f"{flags}: cannot listen ({(exc.strerror or str(exc)).lower()}): {fix}") from None
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _check_ledger(url: str, topology: Topology | None, actor: str) -> None:
+    """Open and close the ledger as this worker's start will (URL, durability, the topology's scopes), so
+    its ConfigError is one line before Faust starts; an unreachable ledger is left to the start, which waits."""
+    import asyncio
+
+    from dpstream.workers.ledger import MEMORY, LedgerUnavailable, open_ledger
+
+    if url == MEMORY:
+        return
+
+    async def open_and_close() -> None:
+        ledger = await open_ledger(url, topology, actor=actor)
+        await ledger.close()
+
+    try:
+        asyncio.run(open_and_close())
+    except LedgerUnavailable:
+        return
+
+
+@contextlib.contextmanager
+def _datadir(given: str | None, worker_id: str) -> Iterator[str]:
+    """`--datadir` as given, else a temporary directory removed when the worker exits (stop or error)."""
+    if given:
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix=f"dpstream-{worker_id}-", ignore_cleanup_errors=True) as path:
+        yield path
