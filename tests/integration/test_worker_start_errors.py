@@ -8,9 +8,13 @@ Kafka with its own one-line error (exit 1), which the tests use as "the check le
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,12 +27,16 @@ from dpstream.workers.localstack import free_port
 DEMO = Path(__file__).resolve().parents[2] / "topology" / "examples" / "demo.yaml"
 
 
-def _dpstream(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
-    """`dpstream ARGS` in a child process whose temporary files go to `tmp` (TMPDIR)."""
+def _env(tmp: Path) -> dict[str, str]:
+    """The environment of a child `dpstream`: temporary files in `tmp` (TMPDIR), no DPSTREAM_* overrides."""
     tmp.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPSTREAM_")} | {"TMPDIR": str(tmp)}
+    return {k: v for k, v in os.environ.items() if not k.startswith("DPSTREAM_")} | {"TMPDIR": str(tmp)}
+
+
+def _dpstream(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    """`dpstream ARGS` in a child process whose temporary files go to `tmp`."""
     argv = [sys.executable, "-m", "dpstream.workers.cli", *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(argv, env=_env(tmp), capture_output=True, text=True, timeout=120)
 
 
 def _worker(redis_url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -126,9 +134,53 @@ def test_no_temporary_datadir_is_left_behind(fresh_redis: Any, tmp_path: Path) -
     unreachable Kafka, after the directory was made); a --datadir the user gave is kept."""
     tmp = tmp_path / "tmp"
     _stopped_at_kafka(_worker(fresh_redis.url, tmp))
-    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("dpstream-")) == []
+    assert _leftovers(tmp) == []
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep").write_text("x", encoding="utf-8")
     _stopped_at_kafka(_worker(fresh_redis.url, tmp, "--datadir", str(mine)))
     assert (mine / "keep").read_text(encoding="utf-8") == "x"
+
+
+def _leftovers(tmp: Path) -> list[str]:
+    """The worker data directories in `tmp`."""
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("dpstream-"))
+
+
+def _healthy(port: int) -> bool:
+    """The worker's web endpoint answers /health."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_temporary_datadir_is_removed_after_a_normal_stop(kafka_broker: Any, fresh_redis: Any, tmp_path: Path) -> None:
+    """A worker that ran (its free --web-port served /health, its datadir existed) and stopped on SIGTERM
+    leaves no data directory behind."""
+    tmp, port = tmp_path / "tmp", free_port()
+    argv = ["worker", str(DEMO), "--bootstrap", kafka_broker.bootstrap, "--redis", fresh_redis.url]
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dpstream.workers.cli", *argv, "--web-port", str(port)],
+            env=_env(tmp),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 90  # a bound on the wait, not a measured figure
+            while proc.poll() is None and not _healthy(port) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert proc.poll() is None and _healthy(port), log.read_text(errors="replace")
+            assert len(_leftovers(tmp)) == 1  # the premise: the running worker has its temporary datadir
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert "Traceback" not in log.read_text(errors="replace")
+    assert _leftovers(tmp) == []
