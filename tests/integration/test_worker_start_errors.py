@@ -109,13 +109,18 @@ def test_web_port_out_of_range_is_one_line(tmp_path: Path) -> None:
 
 def test_volatile_redis_is_one_line_without_a_flag_the_worker_lacks(fresh_redis: Any, tmp_path: Path) -> None:
     """A worker on a Redis without fsync always refuses in one line that says how to make it durable and
-    does not suggest --allow-volatile, which `worker` lacks; `budget`, which has the flag, still suggests it."""
+    does not suggest --allow-volatile, which `worker` (and `replay`) lack; `budget`, which has it, still does."""
     with _volatile(fresh_redis):
         worker = _one_line_error(_worker(fresh_redis.url, tmp_path / "tmp"))
         budget = _one_line_error(_dpstream(["budget", "status", "--redis", fresh_redis.url], tmp_path / "tmp"))
+        events = tmp_path / "events.jsonl"
+        events.write_text("", encoding="utf-8")
+        span = ["--from", "2026-11-30", "--to", "2026-12-01"]
+        replay = _dpstream(["replay", str(DEMO), str(events), "--ledger", fresh_redis.url, *span], tmp_path / "tmp")
     assert f"redis {fresh_redis.url}: not durable: appendonly=yes, appendfsync=everysec" in worker
     assert "put `appendonly yes` and `appendfsync always` in its redis.conf" in worker
     assert "--allow-volatile" not in worker
+    assert _one_line_error(replay).endswith("then CONFIG REWRITE)")  # replay has no --allow-volatile either
     assert budget.endswith(
         "in its redis.conf and restart it (or CONFIG SET both, then CONFIG REWRITE); "
         "or pass --allow-volatile for throwaway runs"
