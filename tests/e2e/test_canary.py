@@ -341,8 +341,8 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
             for s in range(first_window_start(m, start), last + 1, WINDOW)
         }
         assert windows <= set(live) and windows <= set(clean)
-        for window in sorted(windows):
-            assert live[window] == clean[window], (window, live[window], clean[window])
+        mismatched = [(w, live[w], clean[w]) for w in sorted(windows) if live[w] != clean[w]]
+        assert not mismatched, (mismatched, worker_log.read_text(errors="replace")[-6000:])
         bounds = topology.metrics["spend"].bounds
         assert bounds is not None
         spend_exp = value_exponent(bounds)
