@@ -167,11 +167,27 @@ def _epsilon_lb(k0: int, k1: int, n: int, delta: float, alpha: float) -> float:
     return math.log((p0_lo - delta) / p1_hi) if p0_lo > delta else 0.0
 
 
+_SELECTION_Z = 5.3
+"""The selection score's z: about the strict bound's (two-sided α = 1e-7), so an event is chosen for the
+bound it can be expected to reach on the other half, not for a lucky tail count."""
+
+
+def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score interval of k/n at `z`: close to Clopper–Pearson even at a handful of counts,
+    where the plain normal interval is far too narrow."""
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return centre - half, centre + half
+
+
 def _approx_lb(k0: int, k1: int, n: int, delta: float) -> float:
-    """Cheap selection score: normal-approximation bound at z = 5."""
-    p0, p1 = k0 / n, k1 / n
-    lo = p0 - 5.0 * math.sqrt(max(p0 * (1 - p0), 1.0 / n) / n)
-    hi = p1 + 5.0 * math.sqrt(max(p1 * (1 - p1), 1.0 / n) / n)
+    """Cheap selection score: the ε bound with Wilson intervals at the strict bound's z. (A normal
+    interval at z = 5 picked far-tail events whose few counts looked strong on the selection half
+    and were not on the other: the half-scale histogram was missed in 1 of 12 runs at 20,000 trials;
+    with Wilson its margin over the claim was 1.05-1.16 nats in 12 of 12.)"""
+    lo, _ = _wilson(k0, n, _SELECTION_Z)
+    _, hi = _wilson(k1, n, _SELECTION_Z)
     return math.log((lo - delta) / hi) if lo > delta else -math.inf
 
 
