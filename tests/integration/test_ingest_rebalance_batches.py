@@ -97,3 +97,45 @@ def test_records_fetched_before_a_pipeline_was_made_are_fetched_again_from_its_s
     assert stale == 0  # the batch in hand at the rebalance is not fed to the remade pipeline (start 7)
     assert after[0] == 7  # the consumer reads again from the remade pipeline's start
     assert dropped == 2
+
+
+def test_a_pipeline_made_during_a_fetch_gets_its_first_records_again(kafka_broker: Any, fresh_redis: Any) -> None:
+    """The other order: the close loop makes the pipeline (and seeks to its start) while the ingest loop's
+    fetch is in flight; the fetch then returns the pipeline's own first records and moves the position
+    past them. Dropped as fetched before the pipeline, they must be fetched again: else they are lost
+    and the first windows close without them (4 of 24 units once, in the canary e2e test under load)."""
+    topic = kafka_broker.new_topic("made-mid-fetch", partitions=1)
+    _produce(kafka_broker.bootstrap, topic, 20)
+    base = one_scope_topology()
+    topology = replace(base, sources={"src": Source("src", topic, "user_id", timestamp="ts", keyed_by_unit=True)})
+    svc = IngestService(topology, RuntimeSettings(kafka_broker.bootstrap, fresh_redis.url), offload=False)
+    svc.schedule_start = _T0
+    tp = TopicPartition(topic, 0)
+
+    async def body() -> tuple[list[int], int, list[int]]:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka_broker.bootstrap,
+            group_id=f"g-{topic}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        svc._consumer = consumer  # noqa: SLF001 - the service's consumer, driven step by step here
+        consumer.subscribe([topic], listener=_Listener(svc))
+        await consumer.start()
+        try:
+            for _ in range(100):  # wait for the assignment, as the loop's first fetch would
+                if tp in consumer.assignment():
+                    break
+                await asyncio.sleep(0.1)
+            made_before = dict(svc._made)  # noqa: SLF001 - the ingest loop's snapshot, taken before its fetch
+            await svc._core(tp)  # noqa: SLF001 - the close loop makes the pipeline meanwhile (seek to 0)
+            first = await _fetch(consumer, tp)  # the fetch returns the pipeline's own records 0..
+            work = await svc._owned_work({tp: first}, made_before)  # noqa: SLF001
+            again = await _fetch(consumer, tp)
+            return [r.offset for r in first], len(work), [r.offset for r in again]
+        finally:
+            await consumer.stop()
+
+    first, fed, again = asyncio.run(body())
+    assert first[0] == 0 and fed == 0  # its own first records, dropped as fetched before it was made
+    assert again[0] == 0 and again == list(range(len(again)))  # fetched again from its start, in order

@@ -204,8 +204,12 @@ class PartitionPipeline:
             self._marks.append((read_at, end_offset))
         return BatchOutput(self._close_reached(), [])
 
+    def next_offset(self) -> int:
+        """The offset of the next record this pipeline expects (where consumption resumes for it)."""
+        return 0 if self.last_offset is None else self.last_offset + 1
+
     def _close_reached(self) -> list[WindowPartial]:
-        position = 0 if self.last_offset is None else self.last_offset + 1
+        position = self.next_offset()
         through = None
         while self._marks and position >= self._marks[0][1]:
             through = self._marks.pop(0)[0]

@@ -20,6 +20,7 @@ from __future__ import annotations
 __all__ = ["IngestService", "IngestStats"]
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -224,6 +225,11 @@ class IngestService(Service):
                 continue
             if self._made.get(tp) != made_before.get(tp):
                 self.stale_batches += 1
+                # Made during this fetch: the records may precede the pipeline's start, or be its own first
+                # records, fetched after its seek, and then the fetch moved the position past them. Either
+                # way consumption restarts where the pipeline stands, so none is skipped.
+                with contextlib.suppress(IllegalStateError):  # unassigned meanwhile: its owner reads it
+                    self._consumer.seek(tp, core.next_offset())
                 _log.info("ingest: records fetched before a partition's pipeline was made dropped; fetched again")
                 continue
             self._check_timestamp_type(tp.topic, records[0])
