@@ -103,9 +103,12 @@ def test_charge_not_on_a_replica_is_not_published(group: SentinelLedger) -> None
     publish the bytes stored by the failed attempt."""
     replica = group.nodes[1]
     assert replica.pid is not None
+    group.wait_replicas(1)  # in sync before the first release, whose WAIT must be confirmed
 
     async def body() -> None:
-        ledger, releaser = await _open(group.url, wait_ms=300)
+        # long enough for a loaded machine's replica to confirm the first release; each WAIT while the
+        # replica is stopped costs this much
+        ledger, releaser = await _open(group.url, wait_ms=1500)
         published = Published()
         metric: Metric = _topology().metrics["m"]
         try:

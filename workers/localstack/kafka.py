@@ -373,11 +373,12 @@ class KafkaCluster:
         return any(started)
 
     def wait_brokers(self, count: int, timeout: float = 120.0) -> None:
-        """Wait until the cluster's metadata lists `count` live brokers (topics with RF 3 need all three)."""
+        """Wait until every node's metadata lists `count` live brokers: topics with RF 3 need all three, and
+        a node that has not yet learnt of the others would answer a topic creation with fewer."""
         from dpstream.workers.runtime.admin import broker_count
 
         deadline = time.monotonic() + timeout
-        while broker_count(self.bootstrap) < count:
+        while min(broker_count(node.bootstrap) for node in self.nodes) < count:
             if time.monotonic() > deadline:
                 raise ServiceStartError(f"kafka: fewer than {count} brokers registered after {timeout:.0f} s")
             time.sleep(0.5)
