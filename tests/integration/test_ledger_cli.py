@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from dpstream.topology.periods import period_id, period_start
 from dpstream.workers.cli import main
+from dpstream.workers.commands import budget as budget_command
 from dpstream.workers.ledger import ReleaseRequest, open_ledger
 from dpstream.workers.ledger.keys import ScopeKeys
 from dpstream.workers.ledger.testing import one_scope_topology
 
+#: The fixed wall clock of these tests (06:00 UTC): nothing here depends on when the suite runs.
+NOW = datetime(2026, 3, 10, 6, 0, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture(autouse=True)
+def pinned_cli_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CLI's ledger commands read the same fixed clock as the ledgers these tests charge through."""
+    monkeypatch.setattr(budget_command, "clock", lambda: NOW)
+    yield
+
 
 def _charge(url: str, n: int) -> None:
     async def body() -> None:
-        ledger = await open_ledger(url, one_scope_topology())
-        now = time.time()
+        ledger = await open_ledger(url, one_scope_topology(), clock=lambda: NOW)
+        now = NOW
         start = period_start(86_400, now)
         for i in range(n):
             await ledger.charge(
@@ -62,7 +74,7 @@ def test_reconcile_exit_code_reports_mismatch(fresh_redis: Any, capsys: pytest.C
     _charge(fresh_redis.url, 3)
     assert main(["budget", "reconcile", "--redis", fresh_redis.url]) == 0
     with fresh_redis.client() as client:
-        client.hincrby(ScopeKeys("s").period(period_id(86_400, time.time())), "spent", 5)
+        client.hincrby(ScopeKeys("s").period(period_id(86_400, NOW)), "spent", 5)
     assert main(["budget", "reconcile", "--redis", fresh_redis.url, "--json"]) == 1
     assert '"ok": false' in capsys.readouterr().out
 
@@ -98,24 +110,35 @@ sinks: {releases: r, dead_letter: d}
 """
 
 
+#: Times of day the first-period projection is checked at: either side of noon (where the old wall-clock
+#: test turned red), near both ends of the day, and a minute into it.
+_TIMES_OF_DAY = [(0, 1), (0, 30), (6, 0), (11, 59), (12, 1), (18, 0), (23, 59)]
+
+
+@pytest.mark.parametrize(("hour", "minute"), _TIMES_OF_DAY, ids=[f"{h:02d}:{m:02d}" for h, m in _TIMES_OF_DAY])
 def test_status_with_the_topology_projects_a_first_period_from_the_recorded_start(
-    fresh_redis: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    fresh_redis: Any,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    hour: int,
+    minute: int,
 ) -> None:
     """With `--topology`, status reads the deployment start S the workers recorded and projects the first
-    period's spend at its rate since S over what S left of the period, not at its rate since the period start."""
+    period's spend at its rate since S over what S left of the period (ratio x (end - S) / (now - S)), not at
+    its rate since the period start, at every time of day (a pinned clock)."""
     from dpstream.topology.loader import load_topology
 
     path = tmp_path / "topology.yaml"
     path.write_text(_TOPOLOGY)
     topo = load_topology(str(path))
-    now = time.time()
+    now = datetime(2026, 3, 10, hour, minute, tzinfo=UTC).timestamp()
+    monkeypatch.setattr(budget_command, "clock", lambda: now)
     pstart = period_start(86_400, now)
-    if now - pstart < 60:
-        pytest.skip("the period began under a minute ago: no room for a start inside it")  # 1 run in 1,440
     start = pstart + int(now - pstart) // 2
 
     async def body() -> None:
-        ledger = await open_ledger(fresh_redis.url, topo)
+        ledger = await open_ledger(fresh_redis.url, topo, clock=lambda: now)
         assert await ledger.deployment_start(topo.topology_version, start) == start
         await ledger.charge(ReleaseRequest("r0", "s", period_id(86_400, now), "m", pstart, pstart + 3600, 0.01, b"{}"))
         await ledger.close()
@@ -123,8 +146,9 @@ def test_status_with_the_topology_projects_a_first_period_from_the_recorded_star
     asyncio.run(body())
     assert main(["budget", "status", "--topology", str(path), "--redis", fresh_redis.url, "--json"]) == 0
     (s,) = json.loads(capsys.readouterr().out)["scopes"]
-    later = time.time()
     ratio, projected = s["ratio"], s["projected"]["ratio"]
-    lo, hi = (pstart + 86_400 - start) / (later - start), (pstart + 86_400 - start) / (now - start)
-    assert ratio > 0 and lo * ratio * (1 - 1e-9) <= projected <= hi * ratio * (1 + 1e-9)
-    assert projected > 1.5 * 86_400 / (now - pstart) * ratio  # well above the projection from the period start
+    from_start = ratio * (pstart + 86_400 - start) / (now - start)
+    from_period_start = ratio * 86_400 / (now - pstart)
+    assert ratio == pytest.approx(0.01)
+    assert projected == pytest.approx(from_start, rel=1e-9)
+    assert from_start > from_period_start  # S after the period start: the two projections differ, at any hour

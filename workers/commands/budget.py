@@ -34,6 +34,15 @@ from dpstream.workers.ledger.units import units_to_float
 _DEFAULT_REDIS = "redis://localhost:6379/0"
 
 
+#: The ledger commands' wall clock: what "now" and "this period" mean for status, grants and --since.
+#: One name so that tests pin it (monkeypatch) and the period arithmetic runs at any fixed time of day.
+clock: Callable[[], float] = time.time
+
+
+def _now() -> float:
+    return clock()
+
+
 def add_ledger_args(parser: argparse.ArgumentParser) -> None:
     """--redis, --topology, --allow-volatile, --json: how every ledger command finds and prints."""
     parser.add_argument(
@@ -57,7 +66,7 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
     try:
-        ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False))
+        ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False), clock=_now)
     except LedgerUnavailable as exc:  # the same class (exit 1), with where the URL came from and what to check
         raise LedgerUnavailable(f"{str(exc).rstrip('.')}; {_where_url_came_from(args, topo)}") from None
     if topo is not None:  # the deployment start S, so that a first period's projection runs from S
@@ -226,7 +235,7 @@ def _since_ms(text: str | None) -> int:
     if not text:
         return 0
     try:
-        return int((time.time() - parse_duration(text)) * 1000)
+        return int((_now() - parse_duration(text)) * 1000)
     except ValueError:
         pass
     try:
