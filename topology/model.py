@@ -14,6 +14,7 @@ __all__ = [
     "WindowKind",
     "UnitHash",
     "EVENT_LEVEL_UNIT",
+    "EVENT_LEVEL_LABEL",
     "Window",
     "WarningPolicy",
     "Budget",
@@ -36,6 +37,9 @@ from enum import Enum
 
 EVENT_LEVEL_UNIT = "event"
 """`privacy_unit: event` means event-level DP: weaker, chosen explicitly, labelled everywhere."""
+
+EVENT_LEVEL_LABEL = "event-level (weaker)"
+"""The label of a source, metric or scope with `privacy_unit: event` wherever a figure of it shows."""
 
 
 class Accounting(Enum):
