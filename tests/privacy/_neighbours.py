@@ -259,6 +259,19 @@ def run_replay(topo: Topology, lines: Sequence[bytes], start: int, end: int, par
     return asyncio.run(go())
 
 
+def run_replay_cli(topology_file: str, lines: Sequence[bytes], flags: Sequence[str], tmp: Any) -> tuple[int, dict]:
+    """`dpstream replay TOPOLOGY EVENTS FLAGS` as a user runs it (its own in-process ledger), with
+    `lines` as the events file in directory `tmp`: (exit code, release_id → record)."""
+    from dpstream.workers.cli import main
+
+    events, out = tmp / "events.jsonl", tmp / "releases.jsonl"
+    events.write_bytes(b"".join(line + b"\n" for line in lines))
+    out.unlink(missing_ok=True)
+    code = main(["replay", str(topology_file), str(events), "--out", str(out), *flags])
+    records = [json.loads(line) for line in out.read_bytes().splitlines()] if out.exists() else []
+    return code, {r["release_id"]: r for r in records}
+
+
 # -- comparing ------------------------------------------------------------------------------------
 def compare(
     topo: Topology,

@@ -159,7 +159,8 @@ def test_cli_names_a_missing_events_file(tmp_path, capsys):
     """A missing events file is a one-line user error (exit 2)."""
     topo_file = tmp_path / "t.yaml"
     topo_file.write_text(_YAML)
-    assert main(["replay", str(topo_file), str(tmp_path / "nope.jsonl")]) == 2
+    span = ["--from", str(_T0), "--to", str(_T0 + 180)]
+    assert main(["replay", str(topo_file), str(tmp_path / "nope.jsonl"), *span]) == 2
     assert "cannot read events file" in capsys.readouterr().err
     assert math.isfinite(1.0)
 
@@ -185,19 +186,20 @@ def test_a_full_day_releases_every_window_including_the_empty_ones_at_its_start(
     assert "invalid:out_of_range=1" in capsys.readouterr().err
 
 
-def test_without_from_to_the_range_is_the_events_periods_and_said_to_be_data_derived(topo, tmp_path, capsys):
-    """No --from/--to: the whole budget periods the events span, and stderr says it is derived from the data."""
+def test_without_from_or_to_the_replay_is_refused_naming_both_flags(topo, tmp_path, capsys):
+    """No --from, no --to, or only one of them: one line naming both flags (exit 2), nothing released;
+    the schedule is never taken from the events."""
     day = _T0 - _T0 % 86_400
     topo_file = tmp_path / "t.yaml"
     topo_file.write_text(_YAML)
     events = tmp_path / "events.jsonl"
     events.write_text(json.dumps({"user_id": "a", "ts": day + 100}) + "\n")
     out = tmp_path / "rel.jsonl"
-    assert main(["replay", str(topo_file), str(events), "--out", str(out)]) == 0
-    recs = [json.loads(line) for line in out.read_bytes().splitlines()]
-    assert len(recs) == 2 * 1440
-    err = capsys.readouterr().err
-    assert "derived from the data" in err
+    for flags in ([], ["--from", str(day)], ["--to", str(day + 86_400)]):
+        assert main(["replay", str(topo_file), str(events), "--out", str(out), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "--from and --to are both required" in err, err
+        assert not out.exists() or out.read_bytes() == b""
 
 
 def test_from_to_must_be_utc_and_ordered(topo, tmp_path, capsys):

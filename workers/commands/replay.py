@@ -3,10 +3,10 @@
 Each line of EVENTS is one event (JSON object) of the source; events are spread over
 `--partitions` partitions by a hash of their privacy unit, exactly as a keyed topic would, and run
 through the same bounding, windowing, merging, noise and ledger code as the worker. The release
-schedule is public: every window in [--from, --to) is released, empty or not; events outside it
-are dead-lettered (`out_of_range`). A file line has no broker append time: each event counts as
-arrived at its own event time (never late). Release records (the ledger's stored bytes) go out as
-JSON lines.
+schedule is public: every window in [--from, --to) is released, empty or not (both flags are
+required: the schedule never comes from the events); events outside it are dead-lettered
+(`out_of_range`). A file line has no broker append time: each event counts as arrived at its own
+event time (never late). Release records (the ledger's stored bytes) go out as JSON lines.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dpstream.workers.commands.budget import default_actor
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.pipeline.unit_ids import check_unit_hashing
 from dpstream.workers.release.record import iso_utc
-from dpstream.workers.runtime.replay import data_range, replay_lines
+from dpstream.workers.runtime.replay import replay_lines
 
 # This module is the command line only (arguments, files, the ledger, printing). The engine lives in
 # dpstream.workers.runtime.replay; `replay_lines` stays importable from here for callers written
@@ -99,27 +99,17 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace, topology: Topology) -> tuple[int, int]:
-    """[from, to) of the replay: the flags, or (said so on stderr) the periods the events span."""
-    if args.start is not None and args.end is not None:
-        given = parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
-        for line in _cut_windows(topology, given[0]):
-            print(f"dpstream replay: note: {line}", file=sys.stderr)
-        return given
-    if args.start is not None or args.end is not None:
-        raise ConfigError("--from/--to: give both (the public schedule of the replay), or neither")
-    try:
-        with open(args.events, "rb") as fh:
-            span = data_range(topology, fh, args.source)
-    except OSError as exc:
-        raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
-    if span is None:
-        raise ConfigError(f"{args.events}: no valid event to derive a range from; give --from and --to")
-    print(
-        f"dpstream replay: no --from/--to: releasing [{iso_utc(span[0])}, {iso_utc(span[1])}), the whole budget "
-        "periods the events span; this range is derived from the data (give --from/--to for a public schedule)",
-        file=sys.stderr,
-    )
-    return span
+    """[from, to) of the replay, from the flags only: the release schedule is public, so nothing here
+    looks at the events (a range taken from them would let one unit's timestamp add releases)."""
+    if args.start is None or args.end is None:
+        raise ConfigError(
+            "replay: --from and --to are both required: the public schedule of the releases "
+            "(e.g. --from 2026-11-30 --to 2026-12-01, UTC)"
+        )
+    given = parse_utc(args.start, "--from"), parse_utc(args.end, "--to")
+    for line in _cut_windows(topology, given[0]):
+        print(f"dpstream replay: note: {line}", file=sys.stderr)
+    return given
 
 
 def _cut_windows(topology: Topology, start: int) -> list[str]:
@@ -166,14 +156,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--from",
         dest="start",
         default=None,
-        help="first window start, UTC (ISO-8601 with Z, a date, or epoch s); events before it are "
-        "dead-lettered as out_of_range",
+        help="first window start, UTC (ISO-8601 with Z, a date, or epoch s; required); events before it "
+        "are dead-lettered as out_of_range",
     )
     parser.add_argument(
         "--to",
         dest="end",
         default=None,
-        help="end of the last window, UTC; without --from/--to the whole budget periods the events "
-        "span are used (derived from the data, and said so)",
+        help="end of the last window, UTC (required, as --from is: the schedule never comes from the events)",
     )
     parser.set_defaults(func=lambda args: asyncio.run(_run(args)))

@@ -3,10 +3,11 @@
 Each line is one event (JSON object) of one source; events are spread over `partitions`
 partitions by a hash of their privacy unit, exactly as a keyed topic would, and run through the
 same bounding, windowing, merging, noise and ledger code as the worker. The release schedule is
-public: every window in [start, end) is released, empty or not; events outside it are
-dead-lettered (`out_of_range`). A line has no broker append time: each event counts as arrived
-at its own event time (never late). `dpstream replay` (commands/replay.py) is the command line
-around it: argument parsing, opening the files and the ledger, printing.
+public: every window in [start, end) is released, empty or not, and [start, end) is always given
+by the caller, never derived from the events; events outside it are dead-lettered
+(`out_of_range`). A line has no broker append time: each event counts as arrived at its own
+event time (never late). `dpstream replay` (commands/replay.py) is the command line around it:
+argument parsing, opening the files and the ledger, printing.
 
     summary = await replay_lines(topology, open("events.jsonl", "rb"), ledger, publish,
                                  start=1764460800, end=1764547200, partitions=4)
@@ -14,19 +15,18 @@ around it: argument parsing, opening the files and the ledger, printing.
 
 from __future__ import annotations
 
-__all__ = ["ReplayRecord", "ReplaySummary", "replay_lines", "data_range"]
+__all__ = ["ReplayRecord", "ReplaySummary", "replay_lines"]
 
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dpstream.topology.errors import ConfigError, EventError
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
-from dpstream.topology.periods import period_start
 from dpstream.workers.ledger import Ledger
 from dpstream.workers.pipeline import BatchOutput, MergedWindow, PartialMerger, PartitionPipeline
 from dpstream.workers.pipeline.counters import EventCounts
-from dpstream.workers.pipeline.events import EventParser, decode_json
+from dpstream.workers.pipeline.events import decode_json
 from dpstream.workers.release import Publish, ReleaseCounts, Releaser, ReleaseResult
 from dpstream.workers.release.releaser import MechanismFactory
 
@@ -158,29 +158,6 @@ async def replay_lines(
         e.skipped += c.skipped
         e.invalid.update(c.invalid)
     return summary
-
-
-def data_range(topology: Topology, lines: Iterable[bytes], source: str | None = None) -> tuple[int, int] | None:
-    """The whole budget periods spanned by the valid events' times (the longest period of the
-    source's scopes), or None when no line is a valid event. Derived from the data: a fallback for
-    `replay` without --from/--to, not a public schedule."""
-    src = _pick_source(topology, source)
-    parser = EventParser(topology.sources[src])
-    lo = hi = None
-    for raw in lines:
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            ts = parser.parse(raw).time
-        except EventError:
-            continue
-        lo = ts if lo is None or ts < lo else lo
-        hi = ts if hi is None or ts > hi else hi
-    if lo is None or hi is None:
-        return None
-    period = max(topology.budgets[m.budget].period_s for m in topology.metrics.values() if m.source == src)
-    return period_start(period, lo), period_start(period, hi) + period
 
 
 def _pick_source(topology: Topology, source: str | None) -> str:
