@@ -36,6 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address the web endpoint listens on (default 127.0.0.1); the port is curator-side: "
         "bind it wider only on a network that only the curator reaches",
     )
+    parser.add_argument(
+        "--curator-metrics",
+        action="store_true",
+        help="serve the curator-only metrics on /metrics too (events and dead letters by outcome, release "
+        "outcomes, latency and lag, windows pending, parked windows, ledger call timings): for a Prometheus "
+        "only the curator reads; without it /metrics serves only the data-independent metrics",
+    )
     parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created when missing")
     parser.add_argument("--datadir", default=None, help="Faust data directory (default: a per-worker temp dir)")
     parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
@@ -65,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nice {args.nice}: out of range; give 0 (unchanged) to 19 (lowest priority)")
     if args.web_port is not None and not 0 < args.web_port < 65536:
         raise ConfigError(f"--web-port {args.web_port}: out of range; give 1-65535")
+    if args.curator_metrics and args.web_port is None:
+        raise ConfigError("--curator-metrics: no /metrics to serve them on; give --web-port N too")
     if args.nice:
         os.nice(args.nice)
 
@@ -90,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             worker_id=worker_id,
             web_port=args.web_port,
             web_bind=args.web_bind,
+            curator_metrics=args.curator_metrics,
             partitions=args.partitions,
             datadir=datadir,
             kafka_security=KafkaSecurity.from_env(kafka=topology.kafka),

@@ -181,7 +181,14 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
     if settings.web_port is not None:
         from dpstream.workers.telemetry.web import install_worker_pages, worker_telemetry
 
-        telemetry = worker_telemetry(topology, settings.redis_url, role.value, ingest=ingest, releases=releases)
+        telemetry = worker_telemetry(
+            topology,
+            settings.redis_url,
+            role.value,
+            ingest=ingest,
+            releases=releases,
+            curator=settings.curator_metrics,
+        )
         install_worker_pages(app, telemetry)
     return Runtime(app, ingest, releases, repartition, telemetry)
 

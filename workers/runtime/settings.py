@@ -22,6 +22,8 @@ class RuntimeSettings:
     web_port: int | None = None
     web_bind: str = "127.0.0.1"
     """Address the web server listens on: curator-side, so loopback unless told otherwise."""
+    curator_metrics: bool = False
+    """Serve the curator-only metrics on `/metrics` too (`--curator-metrics`: for a restricted Prometheus)."""
     partitions: int = 4
     """Partitions of topics the worker creates when missing."""
     batch_max_records: int = 20000

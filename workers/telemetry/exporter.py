@@ -2,9 +2,11 @@
 
 A small aiohttp server (`/metrics`, `/health`). Each scrape reads the ledger (read-only: the ledger is
 opened without registering any scope) for the topology's scopes and renders the budget families of
-workers.telemetry.budget plus `dpstream_ledger_up` and `dpstream_build_info`. With Redis down the
-exporter still answers, with `dpstream_ledger_up 0` and no budget gauge; it reconnects at the next
-scrape. A budget therefore shows once per ledger, however many workers run.
+workers.telemetry.budget plus `dpstream_ledger_up`, `dpstream_build_info` and
+`dpstream_metric_privacy_info`. With Redis down the exporter still answers, with `dpstream_ledger_up 0`
+and no budget gauge; it reconnects at the next scrape. A budget therefore shows once per ledger,
+however many workers run. It serves data-independent families only (workers.telemetry.classes): the
+parked-window count the budget collector also reads is curator-only, and left to workers asked for it.
 """
 
 from __future__ import annotations
@@ -15,38 +17,20 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from dpstream.topology.model import Topology
 from dpstream.workers.telemetry.budget import BudgetCollector, BudgetReader, LedgerSource
+from dpstream.workers.telemetry.info import TopologyInfo
 from dpstream.workers.telemetry.web import CONTENT_TYPE, Telemetry
 
 _log = logging.getLogger(__name__)
 
 
-class _BuildInfo(Collector):
-    def __init__(self, topology: Topology) -> None:
-        from dpstream.workers.telemetry.worker import build_version
-
-        self._labels = [build_version(), topology.topology_version]
-
-    def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily(
-            "dpstream_build_info",
-            "dpstream version and the topology version this process runs (always 1).",
-            labels=["version", "topology_version"],
-        )
-        info.add_metric(self._labels, 1.0)
-        yield info
-
-
 def exporter_telemetry(topology: Topology, redis_url: str, *, allow_volatile: bool = False) -> Telemetry:
-    """The exporter's registry: budget gauges of the topology's scopes, ledger_up, build info."""
+    """The exporter's registry: the data-independent budget gauges of the topology's scopes, ledger_up
+    and the topology's info gauges. Never a curator-only family: the exporter has no flag for them."""
     budget = BudgetCollector(LedgerSource(redis_url, allow_volatile=allow_volatile), BudgetReader(topology))
-    return Telemetry("exporter", budget, [_BuildInfo(topology)])
+    return Telemetry("exporter", budget, [TopologyInfo(topology)], curator=False)
 
 
 def make_app(telemetry: Telemetry):  # aiohttp.web.Application, imported lazily

@@ -4,7 +4,8 @@ A worker adds both as Faust pages on its web port (`install_worker_pages`); `dps
 serves the same handlers from a bare aiohttp app (workers.telemetry.exporter). A scrape awaits the
 budget ledger first (bounded by a timeout, on the process's event loop), then renders everything
 with `prometheus_client.generate_latest` — no Redis round trip happens inside the render.
-`/health` says only that the process serves and which role it runs: no figure, no data.
+`/health` says only that the process serves and which role it runs: no figure, no data. Which
+families a scrape serves follows workers.telemetry.classes: curator-only ones only where asked.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from dpstream.topology.model import Topology
 from dpstream.workers.telemetry.budget import BudgetCollector, BudgetReader, LedgerSource
+from dpstream.workers.telemetry.classes import ClassFilter
 
 _log = logging.getLogger(__name__)
 
@@ -28,14 +30,25 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Telemetry:
-    """One process's registry: the budget collector (refreshed per scrape) and in-process collectors."""
+    """One process's registry: the budget collector (refreshed per scrape) and in-process collectors.
 
-    def __init__(self, role: str, budget: BudgetCollector | None, collectors: Sequence[Collector] = ()) -> None:
+    Every collector is served through `ClassFilter`: data-independent families always, curator-only
+    ones only when `curator` is set (workers.telemetry.classes holds which is which)."""
+
+    def __init__(
+        self,
+        role: str,
+        budget: BudgetCollector | None,
+        collectors: Sequence[Collector] = (),
+        *,
+        curator: bool = False,
+    ) -> None:
         self.role = role
         self.budget = budget
+        self.curator = curator
         self.registry = CollectorRegistry(auto_describe=False)
         for collector in ([budget] if budget is not None else []) + list(collectors):
-            self.registry.register(collector)
+            self.registry.register(ClassFilter(collector, curator=curator))
 
     async def render(self) -> bytes:
         """The exposition of one scrape: read the ledger (awaited), then render every collector."""
@@ -62,14 +75,18 @@ def worker_telemetry(
     *,
     ingest: Any = None,
     releases: Any = None,
+    curator: bool = False,
 ) -> Telemetry:
-    """A worker's telemetry: budget gauges (its own read-only ledger connection) for every role,
-    release metrics where the release side runs, event metrics where the ingest runs."""
+    """A worker's telemetry: budget gauges (its own read-only ledger connection) and the topology's
+    info gauges for every role, release metrics where the release side runs, event metrics where the
+    ingest runs. Curator-only families (most of the last two) only with `curator` (`--curator-metrics`)."""
+    from dpstream.workers.telemetry.info import TopologyInfo
     from dpstream.workers.telemetry.worker import WorkerCollector
 
     shared = (lambda: getattr(releases, "_ledger", None)) if releases is not None else None
     budget = BudgetCollector(LedgerSource(redis_url, shared=shared), BudgetReader(topology))
-    return Telemetry(role, budget, [WorkerCollector(topology, ingest=ingest, releases=releases)])
+    collectors = [TopologyInfo(topology), WorkerCollector(topology, ingest=ingest, releases=releases)]
+    return Telemetry(role, budget, collectors, curator=curator)
 
 
 def install_worker_pages(app: Any, telemetry: Telemetry) -> None:

@@ -26,7 +26,9 @@ Ingest side (roles `all` and `ingest`), per `source`:
                                                   also `accepted`: valid, but too late for a window)
     dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
 
-And `dpstream_build_info{version,topology_version}` 1.
+`dpstream_build_info` and `dpstream_metric_privacy_info` come from workers.telemetry.info. Which of
+these a scrape serves is workers.telemetry.classes's call: every family here but the noise σ is
+curator-only (served only with `dpstream worker --curator-metrics`).
 
 Labels are topology names (metric, source), fixed vocabularies (outcome, reason, op) and versions:
 never a unit, a key, an event field or an aggregate. The release side's windows are read only for
@@ -36,7 +38,7 @@ public (the releases topic is).
 
 from __future__ import annotations
 
-__all__ = ["WorkerCollector", "build_version", "fold_event_counts", "noise_stddev", "EVENT_OUTCOMES"]
+__all__ = ["WorkerCollector", "fold_event_counts", "noise_stddev", "EVENT_OUTCOMES"]
 
 import json
 import math
@@ -54,16 +56,6 @@ from dpstream.workers.release.outcomes import ReleaseOutcome
 
 EVENT_OUTCOMES = ("accepted", "invalid", "late", "capped", "clamped")
 """Values of the `outcome` label of `dpstream_events_total`."""
-
-
-def build_version() -> str:
-    """The installed dpstream version ("unknown" when not installed as a distribution)."""
-    try:
-        from importlib.metadata import version
-
-        return version("dpstream")
-    except Exception:  # metadata missing in an uninstalled checkout
-        return "unknown"
 
 
 _K = TypeVar("_K")
@@ -121,20 +113,12 @@ class WorkerCollector(Collector):
         self.ingest = ingest
         self.releases = releases
         self._clock = clock
-        self._version = build_version()
         self._noise: dict[str, tuple[bytes, float | None]] = {}
         self._lateness = {
             name: float(topology.sources[m.source].allowed_lateness_s) for name, m in topology.metrics.items()
         }
 
     def collect(self) -> Iterator[Metric]:
-        info = GaugeMetricFamily(
-            "dpstream_build_info",
-            "dpstream version and the topology version this process runs (always 1).",
-            labels=["version", "topology_version"],
-        )
-        info.add_metric([self._version, self.topology.topology_version], 1.0)
-        yield info
         if self.releases is not None:
             yield from self._release_families()
         if self.ingest is not None:
