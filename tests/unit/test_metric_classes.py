@@ -157,7 +157,11 @@ def _served(telemetry: Telemetry) -> set[str]:
 class _Releases:
     def __init__(self, topology) -> None:
         self.stats = SimpleNamespace(
-            outcomes=Counter(), retries=Counter(), parked=Counter(), last_payload={"views": b'{"noise":{"stddev":2}}'}
+            outcomes=Counter(),
+            retries=Counter(),
+            parked=Counter(),
+            publish_misses=Counter(),
+            last_payload={"views": b'{"noise":{"stddev":2}}'},
         )
         self.latency = LabelledHistogram("metric", topology.metrics, (0.1, 1.0))
         self.ledger_timings = LedgerTimings()
@@ -251,3 +255,55 @@ def test_the_privacy_info_gauge_labels_event_level_metrics_weaker() -> None:
         assert rows["taps"]["guarantee"] == EVENT_LEVEL_LABEL == "event-level (weaker)"
         assert rows["taps"]["privacy_unit"] == "event" and rows["taps"]["scope"] == "b"
         assert rows["views"]["guarantee"] == "unit-level" and rows["views"]["privacy_unit"] == "user_id"
+
+
+# ---- where the curator-only series are served --------------------------------------------------
+
+DEPLOY = ROOT / "deploy"
+_CURATOR = {n for n, c in METRIC_CLASSES.items() if c is MetricClass.CURATOR_ONLY}
+
+
+def _metric_names(text: str) -> set[str]:
+    """dpstream metric names in a text, histogram suffixes folded into their family's name."""
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in re.findall(r"dpstream_[a-z_]+", text)}
+
+
+def test_the_operators_compose_and_k8s_workers_serve_curator_metrics() -> None:
+    """compose and deploy/k8s (whose Prometheus is the operator's own) run both worker roles with
+    `--curator-metrics`, and never give the exporter a flag it does not have."""
+    import yaml
+
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+    for role in ("ingest", "release"):
+        assert "--curator-metrics" in compose[f"worker-{role}"]["command"], role
+        (container,) = yaml.safe_load((DEPLOY / "k8s" / f"deployment-worker-{role}.yaml").read_text())["spec"][
+            "template"
+        ]["spec"]["containers"]
+        assert "--curator-metrics" in container["args"], role
+    assert "--curator-metrics" not in compose["exporter"]["command"]
+
+
+def test_the_demo_worker_feeding_the_shared_dashboard_serves_no_curator_metrics(tmp_path: Path) -> None:
+    """The demo's worker (scraped by the demo's Prometheus, a shared dashboard) runs without the flag."""
+    from dpstream.workers.demo.run import DemoOptions, worker_command
+
+    args = worker_command(DemoOptions(), tmp_path / "t.yaml", "127.0.0.1:9092", "redis://127.0.0.1:6379/0")
+    assert args[0] == "worker" and "--web-port" in args
+    assert "--curator-metrics" not in args
+
+
+def test_alerts_and_runbooks_on_curator_only_series_say_they_need_the_flag() -> None:
+    """Every alert rule whose expression reads a curator-only series, and every runbook that queries
+    one, names `--curator-metrics` in its runbook (else it would stay silent on a shared Prometheus)."""
+    import yaml
+
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    needing = {name for name, expr in alerts.items() if _metric_names(expr) & _CURATOR}
+    assert {"DPReleaseLag", "DPReleasesRefused", "DPReleasesParked"} <= needing
+    for name in needing:
+        assert "--curator-metrics" in (DEPLOY / "runbooks" / f"{name}.md").read_text(), name
+    for path in sorted((DEPLOY / "runbooks").glob("*.md")):
+        text = path.read_text()
+        if _metric_names(text) & _CURATOR:
+            assert "--curator-metrics" in text, path.name

@@ -6,6 +6,11 @@ every 5 s and evaluates the shipped rules (deploy/prometheus/rules.yml; those jo
 availability alerts select). Alertmanager runs the shipped routing (deploy/alertmanager/alertmanager.yml.tmpl,
 rendered by its render.sh) with both receivers, pager and ticket, pointing at the demo's own webhook, so a
 notification is printed instead of paging anyone.
+
+This Prometheus stands for a dashboard with a wide audience, so the demo's worker runs without
+`--curator-metrics`: it and the exporter serve data-independent metrics only (budget, breaker, plan,
+info, the released noise σ). The alerts on curator-only series (DPReleaseLag, DPReleasesRefused,
+DPReleasesParked) therefore stay silent in the demo; the budget alerts work as in production.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ synthetic feed runs inside the demo so that it knows the truth it shows (labelle
 
 from __future__ import annotations
 
-__all__ = ["DemoOptions", "run_demo", "demo_topology_path", "for_run", "schedule_start"]
+__all__ = ["DemoOptions", "run_demo", "demo_topology_path", "for_run", "schedule_start", "worker_command"]
 
 import asyncio
 import json
@@ -230,6 +230,16 @@ def _render_monitoring(options: DemoOptions, log_dir: Path, say: Say) -> tuple[P
     return prometheus_yml, alertmanager_yml
 
 
+def worker_command(options: DemoOptions, run_path: Path, bootstrap: str, redis_url: str) -> list[str]:
+    """The demo worker's `dpstream` arguments. Its /metrics feeds the demo's shared dashboard (a wide
+    audience), so never `--curator-metrics`: it serves the data-independent metrics only."""
+    args = ["worker", str(run_path), "--bootstrap", bootstrap, "--redis", redis_url]
+    args += ["--worker-id", "demo-worker", "--loglevel", "WARNING"]
+    if options.monitoring:
+        args += ["--web-port", str(options.worker_web_port)]
+    return args
+
+
 def run_demo(options: DemoOptions, say: Say = print) -> int:
     """The whole demo; returns 0 when releases were shown, 1 otherwise."""
     with _quiet_client_logs():
@@ -308,26 +318,16 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
                 f"(critical → pager, warning → ticket; both print here)   "
                 f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics"
             )
+            say(
+                "  (a shared dashboard: data-independent metrics only, no --curator-metrics, so DPReleaseLag, "
+                "DPReleasesRefused and DPReleasesParked stay silent here)"
+            )
         start = schedule_start(time.time(), topology)
         run = for_run(topology, f"demo{start}", start)
         run_path = log_dir / "topology.yaml"
         run_path.write_text(dump_topology(run))
         ensure_topics(bootstrap, run)
-        worker_args = [
-            "worker",
-            str(run_path),
-            "--bootstrap",
-            bootstrap,
-            "--redis",
-            redis_url,
-            "--worker-id",
-            "demo-worker",
-            "--loglevel",
-            "WARNING",
-        ]
-        if options.monitoring:
-            worker_args += ["--web-port", str(options.worker_web_port)]
-        children.start("worker", worker_args)
+        children.start("worker", worker_command(options, run_path, bootstrap, redis_url))
         if options.monitoring:
             children.start(
                 "exporter",
