@@ -19,6 +19,10 @@ first at a cost is a dictionary look-up. `fn.__wrapped__` is the uncached functi
 from __future__ import annotations
 
 __all__ = [
+    "SELECTION_DELTA_SHARE",
+    "EpsilonEquivalent",
+    "conversion_delta",
+    "epsilon_equivalent",
     "epsilon_from_rho",
     "rho_cap",
     "gaussian_rho",
@@ -34,7 +38,11 @@ __all__ = [
 ]
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+
+SELECTION_DELTA_SHARE = 0.1
+"""Fraction of a zCDP scope's δ set aside for partition selection (when any of its metrics selects)."""
 
 _LOG_ALPHA_MIN_LOG = -20.0  # search log(α − 1) over [-20, 40]: exact down to ρ ≈ 1e-30
 _LOG_ALPHA_MAX = 40.0
@@ -102,6 +110,45 @@ def rho_cap(epsilon: float, delta: float) -> float:
 
 
 _epsilon_from_rho_uncached = epsilon_from_rho.__wrapped__
+
+
+def conversion_delta(zcdp: bool, delta: float, selects: bool) -> float:
+    """The δ at which a scope's cap was converted, and so every ε-equivalent of it: a zCDP scope's δ
+    less the share set aside for partition selection when a metric of it selects; 0 in a pure scope.
+
+    >>> conversion_delta(True, 1e-6, True) == 1e-6 - 1e-6 * SELECTION_DELTA_SHARE
+    True
+    """
+    if not zcdp:
+        return 0.0
+    return delta - delta * SELECTION_DELTA_SHARE if selects else delta
+
+
+@dataclass(frozen=True, slots=True)
+class EpsilonEquivalent:
+    """The (ε, δ) a spend amounts to: what status, records and the exported gauges show."""
+
+    epsilon: float
+    delta: float
+    """The δ the ε holds at: the conversion δ (zCDP), 0 (pure)."""
+
+    def __str__(self) -> str:
+        return f"ε={self.epsilon:.4g} at δ={self.delta:g}"
+
+
+def epsilon_equivalent(zcdp: bool, spend: float, conversion: float) -> EpsilonEquivalent:
+    """The ε of a spend in its scope's currency at `conversion`, the δ the scope's cap was converted
+    at (`conversion_delta`): ρ by the CKS20 conversion (zCDP), ε itself (pure). The one place an
+    ε-equivalent is computed (plan, status, records, exported gauges), so the ε shown and the δ
+    beside it are the cap's.
+
+    >>> cap = rho_cap(1.0, conversion_delta(True, 1e-6, True))
+    >>> str(epsilon_equivalent(True, cap, conversion_delta(True, 1e-6, True)))
+    'ε=1 at δ=9e-07'
+    """
+    if not zcdp:
+        return EpsilonEquivalent(spend, 0.0)
+    return EpsilonEquivalent(epsilon_from_rho(spend, conversion) if spend > 0 else 0.0, conversion)
 
 
 def gaussian_rho(l2_sensitivity: float, sigma: float) -> float:

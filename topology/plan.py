@@ -262,9 +262,7 @@ class Plan:
 
 def _to_epsilon(budget: Budget, conversion: float, cost: float) -> float:
     """ε-equivalent of a spend in the scope's currency at the scope's conversion δ."""
-    if budget.accounting is Accounting.PURE:
-        return cost
-    return acc.epsilon_from_rho(cost, conversion)
+    return acc.epsilon_equivalent(budget.accounting is Accounting.ZCDP, cost, conversion).epsilon
 
 
 def _expected_abs_error(mechanism: Mechanism, scale: float) -> float | None:
@@ -342,8 +340,8 @@ def _horizon(budget: Budget, cap: float, planned: float, selection: float, conve
     periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
     if budget.accounting is Accounting.ZCDP:
         rho = periods * planned
-        eps = acc.epsilon_from_rho(rho, conversion) if rho > 0 else 0.0
-        eps_full = acc.epsilon_from_rho(periods * cap, conversion)
+        eps = _to_epsilon(budget, conversion, rho)
+        eps_full = _to_epsilon(budget, conversion, periods * cap)
         delta = conversion + periods * selection
     else:
         rho = None

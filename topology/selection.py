@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dpstream.topology import accounting as acc
 from dpstream.topology.model import Accounting, Budget, Metric
 
-SELECTION_DELTA_SHARE = 0.1
-"""Fraction of a zCDP scope's δ set aside for partition selection (when any metric selects)."""
+SELECTION_DELTA_SHARE = acc.SELECTION_DELTA_SHARE
+"""Fraction of a zCDP scope's δ set aside for partition selection (`accounting.SELECTION_DELTA_SHARE`)."""
 
 TOP_K_SELECTION_SHARE = 0.5
 """Fraction of a data-derived top-k release's cost spent on selecting its candidate keys."""
@@ -45,12 +45,13 @@ def selection_delta_total(budget: Budget, metrics: Sequence[Metric]) -> float:
         return 0.0
     if budget.accounting is Accounting.PURE:
         return budget.delta
-    return budget.delta * SELECTION_DELTA_SHARE
+    return budget.delta * SELECTION_DELTA_SHARE  # so conversion_delta is exactly delta − this
 
 
 def conversion_delta(budget: Budget, metrics: Sequence[Metric]) -> float:
-    """The δ at which a zCDP scope's ρ is converted to ε: the scope's δ minus the selection δ."""
-    return budget.delta - selection_delta_total(budget, metrics)
+    """The δ at which a zCDP scope's ρ is converted to ε (`accounting.conversion_delta`): the scope's
+    δ minus the selection δ; 0 in a pure scope."""
+    return acc.conversion_delta(budget.accounting is Accounting.ZCDP, budget.delta, bool(_selecting(budget, metrics)))
 
 
 def selection_delta_per_release(metric: Metric, budget: Budget, metrics: Sequence[Metric]) -> float:

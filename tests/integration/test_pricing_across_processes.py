@@ -51,6 +51,10 @@ class _Gated:
         self.quotes = 0
         self.outcomes: list[Outcome] = []
 
+    @property
+    def ledger_id(self) -> str | None:
+        return self.ledger.ledger_id
+
     async def quote(self, metric: str, window_start: int, window_end: int) -> Quote:
         q = await self.ledger.quote(metric, window_start, window_end)
         self.quotes += 1

@@ -133,6 +133,8 @@ def _arguments(draw: st.DrawFn) -> dict[str, Any]:
         cost=draw(st.floats(1e-12, 10.0) | _FLOATS | st.integers(0, 3)),
         noise_fields=draw(_noise_fields()),
         built_at=draw(st.floats(-1e13, 1e13) | _FLOATS | _TIMES),
+        ledger=draw(st.none() | st.just("0f" * 16) | _HOSTILE),
+        conversion_delta=draw(st.sampled_from([1e-6, 9e-7, 0.0])),
     )
 
 
@@ -188,6 +190,8 @@ def _count_args(metric: Metric, topo: Topology, **fields: Any) -> dict[str, Any]
         cost=0.01,
         noise_fields=fields,
         built_at=1_796_044_870.4,
+        ledger="0f" * 16,
+        conversion_delta=topo.budgets[metric.budget].delta,
     )
 
 

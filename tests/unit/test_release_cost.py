@@ -267,6 +267,8 @@ def test_record_bytes_are_the_canonical_bytes_of_the_record(name: str, cost: flo
         cost=cost,
         noise_fields=fields,
         built_at=built,
+        ledger="0f" * 16,
+        conversion_delta=budget.delta,
     )
     for _ in range(2):  # first build, then from the kept text
         assert record_bytes(**args) == canonical_bytes(build_record(**args))  # type: ignore[arg-type]

@@ -77,6 +77,8 @@ def _record(topo, metric: str, cost: float = 0.01):
             "metric": "overwrite-attempt",
         },
         built_at=1_796_044_870.4,
+        ledger="0f" * 16,
+        conversion_delta=topo.budgets[m.budget].delta,
     )
 
 

@@ -6,6 +6,10 @@
     await ledger.commit(scope, release_id)                              # reserved -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
     ledger.use_schedule_start(start)                                    # price from S (DESIGN §5)
+    ledger.ledger_id                                                    # this namespace's id (None: in-process)
+
+Each Redis namespace has an id, created once by the first `open_ledger` (`ledger.identity`); every
+release record names it (`ledger`), and the in-process ledger has none (`null`: charged to no ledger).
 
 One interface, two backends (Redis for production, in-process for `replay` and tests), one
 contract test suite.
@@ -114,6 +118,8 @@ async def open_ledger(
         ledger = redis_ledger
     try:
         await ledger.register(actor)
+        if topology is not None:  # a process that releases: it names its ledger in every record
+            await ledger.resolve_ledger_id()
     except BaseException:
         await ledger.close()
         raise

@@ -3,9 +3,11 @@
 Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scripts, or their
 in-process port); pricing, periods, status, history and reconciliation live here once.
 
-A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap) are copied into its
-block when it opens and hold for the whole period: pricing, status and every reserve check read
-the block's terms once it exists, the registered config's only before.
+A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap, period length) are
+copied into its block when it opens and hold for the whole period: pricing, status and every
+reserve check read the block's terms once it exists, the registered config's only before. Every
+charge carries the caller's own accounting, cap and period length, and a block whose terms are not
+the caller's refuses it, whatever registered last.
 
 The per-release calls (`quote`, `charge`, `commit`, `stored_payload`) memoise what is a pure
 function of values that repeat from release to release (period names, unit conversions of a
@@ -17,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "parked_from_json",
     "Ledger",
+    "ChargeTerms",
     "RawCharge",
     "RawRegister",
     "REGISTER_RETRY",
@@ -29,19 +32,20 @@ import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import NamedTuple
 
-from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.accounting import conversion_delta, epsilon_equivalent
 from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
 from dpstream.workers.ledger.allocation import Snapshot, price, state_of
 from dpstream.workers.ledger.config import ScopeConfig
-from dpstream.workers.ledger.keys import check_scope_name, deployment_start_key
+from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
+from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
 from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
@@ -91,12 +95,25 @@ _STATES = {st.value: st for st in State}
 DEFAULT_RETENTION_S = 35 * 86_400
 """How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""
 
+HORIZON_MARGIN_S = 3600
+"""How much sooner than its record could expire a window is past the idempotency horizon: a worker
+whose clock lags the charging one's by up to this still refuses it instead of charging afresh."""
+
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
 
 REGISTER_RETRY = -1
 """`_register` answer: the stored period length changed between the read and the script; read again."""
 REGISTER_REFUSED = 2
 """`_register` answer: the change would alter the open period's terms; nothing was written."""
+
+
+class ChargeTerms(NamedTuple):
+    """The terms a caller's topology gives a scope, sent with every charge: a block it would
+    charge refuses it unless it keeps the same accounting and period length and no larger cap."""
+
+    accounting: str
+    cap_units: int
+    period_s: int
 
 
 class RawCharge(NamedTuple):
@@ -166,11 +183,16 @@ class Ledger(ABC):
         self._metric_scope = {p.name: cfg for cfg in self._configs.values() for p in cfg.metrics}
         self._scope_metrics = {name: [p.name for p in cfg.metrics] for name, cfg in self._configs.items()}
         self._scope_metric_names = {name: frozenset(names) for name, names in self._scope_metrics.items()}
+        self._terms = {
+            name: ChargeTerms(cfg.accounting.value, cfg.cap_units, cfg.period_s) for name, cfg in self._configs.items()
+        }
         self._clock = clock
         self._retention_s = int(retention_s)
         self._schedule_start: int | None = None
         if schedule_start is not None:
             self.use_schedule_start(schedule_start)
+        self._ledger_id: str | None = None
+        self._ledger_id_known = False
 
     # ---- public contract -------------------------------------------------------------------
 
@@ -179,7 +201,8 @@ class Ledger(ABC):
 
         The newest registration wins for future periods. While the current wall-clock period's
         block exists, a change of accounting or period length, or a smaller cap, is refused with
-        a ConfigError (the block keeps its terms); other changes are stored and apply from the
+        a ConfigError (the block keeps its terms); so is a change of period length while any block
+        lies in the new length's current period; other changes are stored and apply from the
         next period.
         """
         changed = []
@@ -196,6 +219,11 @@ class Ledger(ABC):
             else:
                 raise InternalError(f"budget scope {name!r}: its period length kept changing during registration")
             if raw.code == REGISTER_REFUSED:
+                if raw.what == "period":  # blocks of the old length lie in the new length's current period
+                    now = self._clock()
+                    new_start = _period_start(cfg.period_s, now)
+                    end = max(pstart + period_s, new_start + cfg.period_s)
+                    raise _refused_change(cfg, raw, _period_id(cfg.period_s, new_start), end)
                 raise _refused_change(cfg, raw, pid, pstart + period_s)
             if raw.code == 1:
                 changed.append(name)
@@ -213,6 +241,28 @@ class Ledger(ABC):
         one: that would fix S at the first scrape instead of the first worker's start)."""
         return await self._read_deployment_start(deployment_start_key(topology_version))
 
+    async def resolve_ledger_id(self) -> str | None:
+        """This ledger namespace's id (`ledger.identity`): created once (set-if-absent, so the first
+        opener's proposal wins and every later open, here or elsewhere, reads it), then kept. None
+        for the in-process ledger, which binds nothing: its records are charged to no ledger."""
+        if not self._ledger_id_known:
+            got = await self._create_ledger_id(LEDGER_ID_KEY, new_ledger_id())
+            self._ledger_id = None if got is None else check_ledger_id(got, f"{self.backend} ledger")
+            self._ledger_id_known = True
+        return self._ledger_id
+
+    async def recorded_ledger_id(self) -> str | None:
+        """The id stored for this namespace, or None; read only (`verify` never creates one)."""
+        got = await self._read_ledger_id(LEDGER_ID_KEY)
+        return None if got is None else check_ledger_id(got, f"{self.backend} ledger")
+
+    @property
+    def ledger_id(self) -> str | None:
+        """The id `resolve_ledger_id` found (`open_ledger` resolves it): what each record's `ledger` says."""
+        if not self._ledger_id_known:
+            raise InternalError("the ledger id was not resolved (open the ledger with open_ledger; this is a bug)")
+        return self._ledger_id
+
     @property
     def schedule_start(self) -> int | None:
         """The deployment start S this ledger prices with (None: every window of a period counts)."""
@@ -225,6 +275,26 @@ class Ledger(ABC):
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
         self._schedule_start = start
+
+    @property
+    def idempotency_horizon_s(self) -> int | None:
+        """How long after a window's end the ledger still surely knows its release (s): its records
+        are kept `retention_s` from the charge, which comes after the window's end; less a margin
+        for clock skew. None when records are never dropped."""
+        return max(0, self._retention_s - HORIZON_MARGIN_S)
+
+    def past_horizon(self, window_end: int, now_s: float) -> bool:
+        """True when a window ending at `window_end` is older than the idempotency horizon at `now_s`:
+        its release record may be gone, so it is never charged (nor noised) again. The schedule is
+        public, so refusing it says nothing about the data."""
+        horizon = self.idempotency_horizon_s
+        return horizon is not None and window_end + horizon <= now_s
+
+    def _expired_reason(self) -> str:
+        return (
+            f"expired: the window ended more than {self.idempotency_horizon_s} s ago, past the ledger's "
+            "idempotency horizon, so it is not released again"
+        )
 
     def scope_of(self, metric: str) -> ScopeConfig:
         """The scope config a metric is charged to."""
@@ -249,12 +319,16 @@ class Ledger(ABC):
         # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
         ws = window_start if type(window_start) is int else int(window_start)
-        return price(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start)
+        quote = price(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start)
+        if self.past_horizon(we, self._clock()):
+            return replace(quote, cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
+        return quote
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing),
         or, when `req.quoted_version` is set and the period's spend moved since, answer STALE_QUOTE
-        (writing nothing at all)."""
+        (writing nothing at all), or, for a new release of a window past the idempotency horizon,
+        answer EXPIRED (writing nothing at all)."""
         cfg = self._configs.get(req.scope)
         if cfg is None:
             raise ConfigError(f"budget scope {req.scope!r} is not in the topology this ledger was opened with")
@@ -293,11 +367,15 @@ class Ledger(ABC):
         v = req.quoted_version
         if v is not None and (type(v) is not int or v < 0):
             raise InternalError(f"release quoted_version must be a whole number >= 0 or None, got {v!r}")
-        raw = await self._charge(req, units, delta_units, pstart, cfg.digest, int(self._clock() * 1000))
+        now = self._clock()
+        expired = self.past_horizon(int(we), now)
+        raw = await self._charge(
+            req, units, delta_units, pstart, cfg.digest, int(now * 1000), self._terms[req.scope], expired
+        )
         return ChargeResult.of(
             _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             raw.payload,
-            raw.reason,
+            self._expired_reason() if raw.outcome == "expired" else raw.reason,
             raw.spent_units / raw.cap_units,
             _STATES.get(raw.state) or State(raw.state),
             raw.cost_units,
@@ -349,9 +427,11 @@ class Ledger(ABC):
         accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
         projected = spent * (pstart + period_s - since) / max(1.0, now - since)
-        delta = float(stored["delta"])
         spent_f = units_to_float(spent)
-        eps = epsilon_from_rho(spent_f, delta) if accounting == "zcdp" and spent else spent_f
+        zcdp = accounting == "zcdp"
+        delta_cap = int(period.get("delta_cap", stored.get("delta_cap", 0)))
+        # at the δ the cap was converted at: the scope's δ less the selection share when a metric selects
+        equiv = epsilon_equivalent(zcdp, spent_f, conversion_delta(zcdp, float(stored["delta"]), delta_cap > 0))
         return ScopeStatus(
             scope=scope,
             accounting=accounting,
@@ -361,8 +441,8 @@ class Ledger(ABC):
             cap=units_to_float(cap),
             spent=spent_f,
             ratio=spent / cap,
-            epsilon_equiv=eps,
-            delta=delta,
+            epsilon_equiv=equiv.epsilon,
+            delta=equiv.delta,
             state=state_of(spent, warn, breaker is not None),
             granted=int(period.get("granted", 0)),
             refused=int(period.get("refused", 0)),
@@ -376,7 +456,7 @@ class Ledger(ABC):
             cap_units=cap,
             spent_units=spent,
             delta_spent=delta_units_to_float(int(period.get("delta_spent", 0))),
-            delta_cap=delta_units_to_float(int(period.get("delta_cap", stored.get("delta_cap", 0)))),
+            delta_cap=delta_units_to_float(delta_cap),
         )
 
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
@@ -533,6 +613,14 @@ class Ledger(ABC):
     async def _deployment_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
 
+    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
+        """Set `key` to `proposed` if absent; the stored value either way (None: this backend has no id)."""
+        return None
+
+    async def _read_ledger_id(self, key: str) -> str | None:
+        """The value of `key`, or None."""
+        return None
+
     async def _read_deployment_start(self, key: str) -> int | None:
         """The value of `key`, or None; a backend that does not answer it reads as None (the in-process
         ledger: its readers share the ledger object and read `schedule_start` instead)."""
@@ -565,8 +653,18 @@ class Ledger(ABC):
 
     @abstractmethod
     async def _charge(
-        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
-    ) -> RawCharge: ...
+        self,
+        req: ReleaseRequest,
+        cost_units: int,
+        delta_units: int,
+        period_start: int,
+        digest: str,
+        now_ms: int,
+        terms: ChargeTerms,
+        expired: bool,
+    ) -> RawCharge:
+        """charge.lua: `terms` are the caller's; `expired` (the window is past the idempotency horizon)
+        answers EXPIRED after the known release_id check, writing nothing."""
 
     @abstractmethod
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...

@@ -9,6 +9,7 @@ share one Redis, even with the same scope names: `dpstream:prod:{web-daily}:peri
 from __future__ import annotations
 
 __all__ = [
+    "LEDGER_ID_KEY",
     "PREFIX",
     "SCOPES_INDEX",
     "ScopeKeys",
@@ -26,6 +27,8 @@ from dpstream.topology.errors import ConfigError
 PREFIX = "dpstream"
 SCOPES_INDEX = f"{PREFIX}:scopes"
 """Set of registered scope names (outside any hash tag; read by the CLI, never by a script)."""
+LEDGER_ID_KEY = f"{PREFIX}:{{ledger}}:id"
+"""String: the ledger namespace's id (`ledger.identity`), written once by SET NX; its own hash tag."""
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 

@@ -27,7 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.base import Ledger, RawCharge, RawRegister, parked_from_json
+from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, RawRegister, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.durability import check_durability, replica_problem
 from dpstream.workers.ledger.errors import LedgerUnavailable
@@ -212,7 +212,8 @@ class RedisLedger(Ledger):
         args: list[str] = [fields["digest"], actor, str(now_ms), str(period_s)]
         for name, value in fields.items():
             args += [name, value]
-        out = await self._guard(self._scripts["register"](keys=[k.config, k.audit, k.period(pid)], args=args))
+        keys = [k.config, k.audit, k.period(pid), k.periods]
+        out = await self._guard(self._scripts["register"](keys=keys, args=args))
         code = int(out[0])
         if code == 2:
             return RawRegister(code, _s(out[1]), _s(out[2]), int(out[3]), int(out[4]))
@@ -227,12 +228,32 @@ class RedisLedger(Ledger):
         out = await self._guard(pipe.execute())
         return int(out[1])
 
+    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
+        key = in_namespace(key, self._namespace)
+        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first id wins, forever)
+        pipe.set(key, proposed, nx=True)
+        pipe.get(key)
+        out = await self._guard(pipe.execute())
+        return _s(out[1])
+
+    async def _read_ledger_id(self, key: str) -> str | None:
+        raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
+        return None if raw is None else _s(raw)
+
     async def _read_deployment_start(self, key: str) -> int | None:
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return int(raw) if raw is not None else None
 
     async def _charge(
-        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
+        self,
+        req: ReleaseRequest,
+        cost_units: int,
+        delta_units: int,
+        period_start: int,
+        digest: str,
+        now_ms: int,
+        terms: ChargeTerms,
+        expired: bool,
     ) -> RawCharge:
         k = self._keys(req.scope)
         keys = [
@@ -259,6 +280,10 @@ class RedisLedger(Ledger):
             req.actor,
             digest,
             str(delta_units),
+            terms.accounting,
+            str(terms.cap_units),
+            str(terms.period_s),
+            "1" if expired else "0",
         ]
         for pid, pstart in req.extra_periods:
             keys += [k.period(pid), k.ends(pid, req.metric)]
@@ -270,8 +295,9 @@ class RedisLedger(Ledger):
         if outcome == b"stale_quote":
             reason = f"stale quote: the period's spend version is now {rest.decode()}"
             return RawCharge("stale_quote", b"", reason, int(spent), int(cap), state.decode(), 0)
-        reason = rest.decode() if outcome == b"refused" else ""
-        payload = b"" if outcome == b"refused" else rest
+        refused = outcome == b"refused" or outcome == b"expired"
+        reason = rest.decode() if refused else ""
+        payload = b"" if refused else rest
         return RawCharge(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:

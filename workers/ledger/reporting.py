@@ -7,7 +7,9 @@ README quotes this shape):
      "period": {"id": "2026-11-30", "start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z",
                 "seconds_left": 38400},
      "cap": 0.024356, "spent": 0.0071, "ratio": 0.2915,                 # in the scope's currency (ρ or ε)
-     "epsilon_equiv": 0.49, "delta": 1e-06, "warn_at": 0.8,             # ε of the spend at δ (zCDP), or ε itself
+     "epsilon_equiv": 0.49, "delta": 9e-07, "warn_at": 0.8,             # ε of the spend at δ, the δ the cap was
+                                                                        # converted at (zCDP: 0.9 of the scope's δ
+                                                                        # when a metric selects keys), or ε itself
      "delta_spent": 0.0, "delta_cap": 1e-07,                            # partition-selection δ of the period
      "releases": {"granted": 812, "refused": 0},
      "reserve_left": 0.004871, "pool_left": 0.012414,

@@ -41,6 +41,9 @@ class Outcome(Enum):
     STALE_QUOTE = "stale_quote"
     """Not charged, nothing written: the request's `quoted_version` is no longer the period's spend
     version (another charge or grant landed since the quote); quote again and redraw."""
+    EXPIRED = "expired"
+    """Not charged, nothing written: a new release of a window older than the ledger's idempotency
+    horizon (its record may be gone), so a second noisy value can never be charged for it."""
 
 
 class State(Enum):
@@ -188,6 +191,9 @@ class Quote:
     version: int | None = None
     """The period block's spend version this quote was priced from (every charge and grant of the
     period bumps it); pass it as `ReleaseRequest.quoted_version` to make quote → charge exact."""
+    expired: bool = False
+    """True when the window is older than the ledger's idempotency horizon: do not draw noise or
+    charge; it is never released again (`refused_reason` says so)."""
 
     @classmethod
     def of(
@@ -203,6 +209,7 @@ class Quote:
         refused_reason: str | None,
         may_use_reserve: bool,
         version: int | None,
+        expired: bool = False,
     ) -> Quote:
         """`Quote(...)` with every field given, built without the frozen `__init__`'s per-field
         `object.__setattr__` (one is built per release; the same value, half the cost)."""
@@ -219,6 +226,7 @@ class Quote:
             refused_reason=refused_reason,
             may_use_reserve=may_use_reserve,
             version=version,
+            expired=expired,
         )
         return quote
 
@@ -305,6 +313,7 @@ class ScopeStatus:
     ratio: float
     epsilon_equiv: float
     delta: float
+    """The δ `epsilon_equiv` holds at: the one the scope's cap was converted at (zCDP), 0 (pure)."""
     state: State
     granted: int
     refused: int

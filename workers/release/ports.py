@@ -16,6 +16,11 @@ from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, R
 class ReleaseLedger(Protocol):
     """The ledger calls the release protocol makes (DESIGN §4)."""
 
+    @property
+    def ledger_id(self) -> str | None:
+        """The id of the ledger charges go to, named in every record (None: the in-process ledger)."""
+        ...
+
     async def quote(self, metric: str, window_start: int, window_end: int) -> Quote: ...
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult: ...

@@ -25,7 +25,7 @@ from functools import lru_cache
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # json's own C encoder
 from typing import Any
 
-from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Source
 from dpstream.workers.frozen import FrozenFields
 from dpstream.workers.ledger.types import RATIO_TOKEN
@@ -36,7 +36,7 @@ RATIO_PLACEHOLDER = RATIO_TOKEN
 contain for `budget.ratio_after` before the ledger's charge fills it."""
 
 _PROTECTED = frozenset(
-    {"release_id", "topology_version", "metric", "window", "privacy_unit", "event_level", "cost", "budget"}
+    {"release_id", "topology_version", "ledger", "metric", "window", "privacy_unit", "event_level", "cost", "budget"}
 )
 
 
@@ -93,11 +93,14 @@ def canonical_bytes(record: dict[str, Any]) -> bytes:
     return _encode(record).encode()
 
 
-def cost_fields(budget: Budget, cost: float) -> dict[str, float]:
-    """`cost` of the record: ρ (zCDP, with its ε at the scope's δ) or ε (pure)."""
-    if budget.accounting is Accounting.ZCDP:
-        return {"rho": cost, "epsilon_equiv": epsilon_from_rho(cost, budget.delta), "delta": budget.delta}
-    return {"epsilon": cost, "epsilon_equiv": cost, "delta": 0.0}
+def cost_fields(budget: Budget, cost: float, conversion_delta: float) -> dict[str, float]:
+    """`cost` of the record: ρ (zCDP, with its ε at `conversion_delta`, the δ the scope's cap was
+    converted at: `topology.selection.conversion_delta`) or ε (pure)."""
+    zcdp = budget.accounting is Accounting.ZCDP
+    equiv = epsilon_equivalent(zcdp, cost, conversion_delta)
+    if zcdp:
+        return {"rho": cost, "epsilon_equiv": equiv.epsilon, "delta": equiv.delta}
+    return {"epsilon": cost, "epsilon_equiv": equiv.epsilon, "delta": equiv.delta}
 
 
 def _zero(metric: Metric) -> Any:
@@ -150,10 +153,12 @@ def build_record(
     cost: float,
     noise_fields: dict[str, Any],
     built_at: float,
+    ledger: str | None,
+    conversion_delta: float,
 ) -> dict[str, Any]:
     """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…)."""
     record: dict[str, Any] = {
-        **_fixed_values(topology_version, metric, source, budget, cost),
+        **_fixed_values(topology_version, metric, source, budget, cost, ledger, conversion_delta),
         **_window_values(release_id, metric, budget, period_id, window_start, window_end, built_at),
     }
     for name, value in noise_fields.items():
@@ -162,15 +167,25 @@ def build_record(
     return record
 
 
-def _fixed_values(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> dict[str, Any]:
-    """The record fields that the topology, the metric and the cost fix."""
+def _fixed_values(
+    topology_version: str,
+    metric: Metric,
+    source: Source,
+    budget: Budget,
+    cost: float,
+    ledger: str | None,
+    conversion_delta: float,
+) -> dict[str, Any]:
+    """The record fields that the topology, the ledger, the metric and the cost fix. `ledger` is the
+    id of the ledger the release is charged to (None: the in-process one, charged to no ledger)."""
     fixed: dict[str, Any] = {
         "topology_version": topology_version,
+        "ledger": ledger,
         "metric": metric.name,
         "aggregate": metric.aggregate.value,
         "privacy_unit": source.privacy_unit,
         "event_level": source.event_level,
-        "cost": cost_fields(budget, cost),
+        "cost": cost_fields(budget, cost, conversion_delta),
         "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
         "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
         "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
@@ -274,14 +289,22 @@ class _Fixed:
     layouts: dict[tuple[str, ...], _Layout] = field(default_factory=dict)
 
 
-_FIXED: dict[tuple[str, int, int, int, type, float], _Fixed] = {}
-"""Per (topology version, metric, source, budget, cost type, cost)."""
+_FIXED: dict[tuple[str, str | None, float, int, int, int, type, float], _Fixed] = {}
+"""Per (topology version, ledger, conversion δ, metric, source, budget, cost type, cost)."""
 
 _WINDOW_FIELDS = ("release_id", "window", "budget", "published_at")
 
 
-def _new_fixed(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> _Fixed:
-    fixed = _fixed_values(topology_version, metric, source, budget, cost)
+def _new_fixed(
+    topology_version: str,
+    metric: Metric,
+    source: Source,
+    budget: Budget,
+    cost: float,
+    ledger: str | None,
+    conversion_delta: float,
+) -> _Fixed:
+    fixed = _fixed_values(topology_version, metric, source, budget, cost, ledger, conversion_delta)
     return _Fixed(
         metric,
         source,
@@ -292,14 +315,22 @@ def _new_fixed(topology_version: str, metric: Metric, source: Source, budget: Bu
     )
 
 
-def _fixed_for(topology_version: str, metric: Metric, source: Source, budget: Budget, cost: float) -> _Fixed:
+def _fixed_for(
+    topology_version: str,
+    metric: Metric,
+    source: Source,
+    budget: Budget,
+    cost: float,
+    ledger: str | None,
+    conversion_delta: float,
+) -> _Fixed:
     if not cost:  # 0.0 and -0.0 are equal keys with different text: not worth a cache entry
-        return _new_fixed(topology_version, metric, source, budget, cost)
-    key = (topology_version, id(metric), id(source), id(budget), type(cost), cost)
+        return _new_fixed(topology_version, metric, source, budget, cost, ledger, conversion_delta)
+    key = (topology_version, ledger, conversion_delta, id(metric), id(source), id(budget), type(cost), cost)
     hit = _FIXED.get(key)
     if hit is not None and hit.metric is metric and hit.source is source and hit.budget is budget:
         return hit
-    built = _new_fixed(topology_version, metric, source, budget, cost)
+    built = _new_fixed(topology_version, metric, source, budget, cost, ledger, conversion_delta)
     if len(_FIXED) >= 1024:
         _FIXED.clear()
     _FIXED[key] = built
@@ -357,6 +388,8 @@ def record_bytes(
     cost: float,
     noise_fields: dict[str, Any],
     built_at: float,
+    ledger: str | None,
+    conversion_delta: float,
 ) -> bytes:
     """`canonical_bytes(build_record(...))` with the same arguments, byte for byte, without
     re-encoding per release what the topology, the metric and the cost fix: a template per cost
@@ -365,7 +398,7 @@ def record_bytes(
     cannot print, a noise-field name that is not a str) goes the plain way, which raises exactly as
     `canonical_bytes(build_record(...))` does."""
     try:
-        fixed = _fixed_for(topology_version, metric, source, budget, cost)
+        fixed = _fixed_for(topology_version, metric, source, budget, cost, ledger, conversion_delta)
         names = tuple(noise_fields)
         layout = fixed.layouts.get(names)
         if layout is None:
@@ -409,6 +442,8 @@ def record_bytes(
             cost=cost,
             noise_fields=noise_fields,
             built_at=built_at,
+            ledger=ledger,
+            conversion_delta=conversion_delta,
         )
     )
 

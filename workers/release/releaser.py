@@ -27,7 +27,7 @@ from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Budget, Metric, Topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
-from dpstream.topology.selection import selection_delta_per_release
+from dpstream.topology.selection import conversion_delta, selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, ReleaseRequest
 from dpstream.workers.ledger.units import ledger_delta
@@ -78,6 +78,8 @@ class Releaser:
         self._locks: dict[str, asyncio.Lock] = {}
         self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
         self._selection_deltas: dict[str, float] = {}
+        self._conversion_deltas = {b.name: conversion_delta(b, self._metrics) for b in topology.budgets.values()}
+        """Per scope: the δ its cap was converted at, so a record's ε-equivalent is at that δ too."""
 
     def prepare(self, metric: Metric, cost: float | None = None) -> None:
         """Build (and cache) the mechanism of `metric` at `cost` (default: the planned cost), so the
@@ -240,6 +242,8 @@ class Releaser:
             window_end=end,
             cost=cost,
             noise_fields=noisy.to_record_fields(),
+            ledger=self.ledger.ledger_id,  # the ledger this release is charged to (None: the in-process one)
+            conversion_delta=self._conversion_deltas[budget.name],
             built_at=self._clock(),
         )
         request = ReleaseRequest.of(
