@@ -20,6 +20,7 @@ from dpstream.workers.ledger.allocation import Snapshot
 from dpstream.workers.ledger.base import (
     REGISTER_REFUSED,
     REGISTER_RETRY,
+    ChargeTerms,
     Ledger,
     RawCharge,
     RawRegister,
@@ -101,6 +102,10 @@ class _Period:
     spent: int
     grant: int
     dspent: int
+    opened: bool = False
+    """The block exists (its terms are its own, not the config's)."""
+    plen_s: str = ""
+    """The block's period length (the registered one when the block does not record its own)."""
     cap: int = field(init=False)
     reserve: int = field(init=False)
     warn: int = field(init=False)
@@ -121,6 +126,11 @@ class MemoryLedger(Ledger):
     """A ledger held in this process's memory."""
 
     backend = "memory"
+
+    @property
+    def idempotency_horizon_s(self) -> int | None:
+        """None: release records are never dropped here, so no window is past the horizon."""
+        return None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -171,6 +181,12 @@ class MemoryLedger(Ledger):
                         what = "period"
                     if what:
                         return RawRegister(REGISTER_REFUSED, what, acc, int(blk["cap"]), int(stored_period))
+                length = int(fields["period_s"])
+                if fields["period_s"] != stored_period and length > 0:  # register.lua: a block inside the new period
+                    start = now_ms // 1000 - now_ms // 1000 % length
+                    if any(start <= b < start + length for b in s.period_index.values()):
+                        acc = s.config.get("accounting", "")
+                        return RawRegister(REGISTER_REFUSED, "period", acc, int(s.config["cap"]), int(stored_period))
             s.config.update(fields)
             s.config["registered_at"] = str(now_ms)
             reason = f"config changed {old} -> {fields['digest']}" if old else f"config registered {fields['digest']}"
@@ -182,22 +198,30 @@ class MemoryLedger(Ledger):
             return self._deploy.setdefault(key, proposed)
 
     async def _charge(
-        self, req: ReleaseRequest, cost_units: int, delta_units: int, period_start: int, digest: str, now_ms: int
+        self,
+        req: ReleaseRequest,
+        cost_units: int,
+        delta_units: int,
+        period_start: int,
+        digest: str,
+        now_ms: int,
+        terms: ChargeTerms,
+        expired: bool,
     ) -> RawCharge:
         with self._lock:
-            if not req.extra_periods:
-                granted = self._grant_in_open_period(req, cost_units, delta_units, digest, now_ms)
+            if not req.extra_periods and not expired:
+                granted = self._grant_in_open_period(req, cost_units, delta_units, digest, now_ms, terms)
                 if granted is not None:
                     return granted
-            return self._charge_script(req, cost_units, delta_units, period_start, digest, now_ms)
+            return self._charge_script(req, cost_units, delta_units, period_start, digest, now_ms, terms, expired)
 
     def _grant_in_open_period(
-        self, req: ReleaseRequest, cost: int, delta: int, digest: str, now_ms: int
+        self, req: ReleaseRequest, cost: int, delta: int, digest: str, now_ms: int, terms: ChargeTerms
     ) -> RawCharge | None:
-        """The common charge, straight: a new release of one already opened period, no breaker
-        state at all, the quoted version current, the cost within cap, pool and selection δ. It
-        writes exactly what `_charge_script` writes then; in any other case it writes nothing and
-        answers None (the script's port decides)."""
+        """The common charge, straight: a new release of one already opened period whose terms are
+        the caller's, no breaker state at all, the quoted version current, the cost within cap, pool
+        and selection δ. It writes exactly what `_charge_script` writes then; in any other case it
+        writes nothing and answers None (the script's port decides)."""
         s = self._store.get(req.scope)
         if s is None:
             return None
@@ -219,6 +243,12 @@ class MemoryLedger(Ledger):
         if cap_s is None or reserve_s is None or warn_s is None or dcap_s is None:
             return None  # an opened block holds its terms; the port reads the config's otherwise
         cap = int(cap_s)
+        if (
+            block.get("accounting", cfg.get("accounting", "")) != terms.accounting
+            or cap > terms.cap_units
+            or block.get("period_s", cfg.get("period_s", "")) != str(terms.period_s)
+        ):
+            return None  # the port refuses: the block's terms are not the caller's
         spent = int(block.get("spent", 0)) + cost
         limit = cap - int(reserve_s) + int(block.get("grant", 0))
         if req.may_use_reserve or limit > cap:
@@ -288,16 +318,26 @@ class MemoryLedger(Ledger):
         return RawCharge("granted", payload, "", spent, cap, after, cost)
 
     def _charge_script(
-        self, req: ReleaseRequest, cost: int, delta: int, pstart: int, digest: str, now_ms: int
+        self,
+        req: ReleaseRequest,
+        cost: int,
+        delta: int,
+        pstart: int,
+        digest: str,
+        now_ms: int,
+        terms: ChargeTerms,
+        expired: bool,
     ) -> RawCharge:
-        """charge.lua, ported: every case (duplicates, stale quotes, breakers, refusals, period
-        blocks opened, windows straddling periods)."""
+        """charge.lua, ported: every case (duplicates, expired windows, stale quotes, period terms,
+        breakers, refusals, period blocks opened, windows straddling periods)."""
         s = self._scope(req.scope)
         pid, rid = req.period_id, req.release_id
         if not s.config:
             raise InternalError(f"reserve: scope not registered ({req.scope})")
         cfg = s.config
         cost_s, delta_s = str(cost), str(delta)
+
+        plen_s = str(terms.period_s)
 
         def load_period(p_id: str, p_start: int) -> _Period:
             f = s.periods.get(p_id, {})
@@ -312,6 +352,8 @@ class MemoryLedger(Ledger):
                 int(f.get("spent", 0)),
                 int(f.get("grant", 0)),
                 int(f.get("delta_spent", 0)),
+                "cap" in f,
+                f.get("period_s", cfg.get("period_s", "")),
             )
 
         P = [load_period(pid, pstart)] + [load_period(p_id, int(p_start)) for p_id, p_start in req.extra_periods]
@@ -334,6 +376,17 @@ class MemoryLedger(Ledger):
                 "duplicate",
                 _payload(known),
                 "",
+                main.spent,
+                main.cap,
+                state_of(main, main.spent, manual or auto_here),
+                0,
+            )
+
+        if expired:  # charge.lua's expired window: nothing written
+            return RawCharge(
+                "expired",
+                b"",
+                "expired",
                 main.spent,
                 main.cap,
                 state_of(main, main.spent, manual or auto_here),
@@ -374,6 +427,7 @@ class MemoryLedger(Ledger):
                     accounting=p.acc,
                     delta_cap=p.dcap_s,
                     start=str(p.pstart),
+                    period_s=plen_s,
                 )
                 audit(p, "period", reason="period block opened", actor="ledger", state=state_of(p, p.spent, manual))
             return block
@@ -421,6 +475,42 @@ class MemoryLedger(Ledger):
                 f"this worker {digest}): restart it with the current topology",
                 False,
             )
+
+        def conflict(p: _Period) -> tuple[_Period, str] | None:
+            """charge.lua's `conflict`: the block whose fixed terms are not the caller's."""
+            if p.opened:
+                if p.acc != terms.accounting:
+                    return p, f"accounting {p.acc}, this worker {terms.accounting}"
+                if p.cap > terms.cap_units:
+                    return p, f"cap {p.cap_s} units, this worker {terms.cap_units} (smaller)"
+                if p.plen_s != plen_s:
+                    return p, f"period {p.plen_s} s, this worker {plen_s} s"
+                return None
+            # not opened yet: it must not overlap a block of another length
+            end = p.pstart + terms.period_s
+            inside = sorted((start, b) for b, start in s.period_index.items() if p.pstart <= start < end)
+            found = inside[0] if inside else None
+            if found is None:
+                before = [(start, b) for b, start in s.period_index.items() if start < p.pstart]
+                if before:
+                    start, b = max(before)
+                    if start + int(s.periods.get(b, {}).get("period_s", cfg.get("period_s", "0"))) > p.pstart:
+                        found = (start, b)
+            if found is not None and found[1] != p.pid:
+                q = load_period(found[1], found[0])
+                return q, f"period {q.plen_s} s, this worker {plen_s} s, whose period {p.pid} overlaps it"
+            return None
+
+        for p in P:
+            clash = conflict(p)
+            if clash is not None:
+                q, what = clash
+                return refuse(
+                    q,
+                    f"period terms differ: block {q.pid} keeps {what}: a period keeps the terms it opened with; "
+                    "release its windows under those terms, or use a new scope name",
+                    False,
+                )
         if manual:
             return refuse(main, "breaker open (manual): " + br.get("manual_reason", ""), False)
         if auto_touched is not None:

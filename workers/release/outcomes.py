@@ -25,6 +25,9 @@ class ReleaseOutcome(Enum):
     """The ledger could not be reached (fail closed): nothing published; the window is retried."""
     FAILED = "failed"
     """Any other error (publish, a bug): nothing published unless charged; the window is retried."""
+    EXPIRED = "expired"
+    """Not published, never to be: the window is older than the ledger's idempotency horizon (its
+    release record may be gone), so it is neither noised nor charged again; not retried."""
 
     # Members are singletons compared by identity, so the identity hash agrees with `==`; Enum's own
     # `__hash__` (hash of the name) is a Python call, paid twice per counted release.

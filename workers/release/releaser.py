@@ -1,6 +1,7 @@
 """`Releaser`: the release protocol of DESIGN §4 for one merged window — exactly one noisy value.
 
-known release_id → republish its stored bytes (duplicate) | quote → (thinned or refused:
+known release_id → republish its stored bytes (duplicate) | quote → (expired: past the ledger's
+idempotency horizon, no noise drawn, nothing charged | thinned or refused:
 refused_budget / refused_breaker, recorded by the ledger, nothing published) → mechanism at the
 quoted cost → noise → record bytes → atomic `charge` (a known release_id returns its stored bytes)
 → publish the *stored* bytes with key = release_id → `commit`. A crash after the charge leaves the
@@ -221,6 +222,8 @@ class Releaser:
         """One quote → noise → charge round, charged only at the spend version it was quoted at;
         None when the quote went stale before the charge (nothing was written)."""
         quote = await self.ledger.quote(m.name, start, end)
+        if quote.expired:  # past the idempotency horizon: no fresh noise, no charge, not retried
+            return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, quote.refused_reason or "expired")
         if quote.thinned:
             return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
         cost = quote.cost
@@ -266,6 +269,8 @@ class Releaser:
         charge = await self.ledger.charge(request)
         if charge.outcome is Outcome.STALE_QUOTE:
             return None
+        if charge.outcome is Outcome.EXPIRED:  # the horizon passed between quote and charge
+            return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, charge.reason)
         if charge.outcome is Outcome.REFUSED:
             reason = charge.reason or quote.refused_reason or "refused"
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)

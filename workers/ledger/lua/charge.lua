@@ -12,13 +12,16 @@
 -- KEYS[7+2k], KEYS[8+2k]   period and ends keys of the k-th later period the window touches
 -- ARGV[1] header: newline-separated release_id, period_id, period_start_s, metric, window_start,
 --         window_end, cost_units (integer > 0), may_use_reserve 0|1, now_ms, retention_s, actor,
---         config digest of the caller, delta_units (integer >= 0), then period_id, period_start_s
---         of each later period
+--         config digest of the caller, delta_units (integer >= 0), the caller's terms: accounting,
+--         cap_units (integer > 0), period_s (integer > 0), then expired 0|1 (1: the window is past
+--         the ledger's idempotency horizon, as the caller reckons it), then period_id,
+--         period_start_s of each later period
 -- ARGV[2] payload bytes
 -- ARGV[3] (optional, '' = no check) the main period's spend version the cost was quoted at
 -- Returns one bulk string: outcome \n spent_after \n cap \n state \n cost_units \n rest
---   outcome: 'granted' | 'duplicate' | 'refused' | 'stale_quote'; rest: the stored final payload
---   (granted, duplicate), the reason (refused) or the period's current version (stale_quote).
+--   outcome: 'granted' | 'duplicate' | 'refused' | 'stale_quote' | 'expired'; rest: the stored final
+--   payload (granted, duplicate), the reason (refused, expired) or the period's current version
+--   (stale_quote).
 --   One string keeps the reply cheap to parse. spent, cap and state are the main period's (on a
 --   refusal: the refusing period's).
 -- Invariants: everything is validated before the first write; a refusal charges and stores
@@ -28,7 +31,17 @@
 -- A period's terms are copied from the config when its block opens (first charge or refusal)
 -- and every check in that period uses the block's terms, never the (re-registered) config's.
 -- A caller whose config digest differs from the registered one is refused (its topology
--- disagrees with the scope's registered terms).
+-- disagrees with the scope's registered terms). Whatever registered last, a caller is refused
+-- when a block it would charge keeps another accounting or period length, or a larger cap than
+-- the caller's (it would spend more per period than the caller's topology promises); and a block
+-- not opened yet must not overlap an existing block of another length (its start lies inside the
+-- new block, or the new block starts inside it). Such a refusal is counted and audited in the
+-- conflicting block; no block is opened. Block lengths are read from each block's `period_s`
+-- (the registered length for a block that does not record one); a neighbouring block's key is
+-- KEYS[3] with its period id in place of P (same hash tag, so the same slot: the neighbour is
+-- only known once the periods zset is read).
+-- An expired window (header flag) is answered 'expired' after the known release_id check and
+-- before anything else: nothing is charged, stored, counted or audited, no block is opened.
 -- The token "ratio_after":null in the payload is replaced by the ratio after this charge (%.6f).
 -- Spend version: every charge bumps the `version` field of each period block it charges, and an
 -- automatic breaker open bumps the refusing period's (grant.lua bumps it too). A caller that
@@ -39,16 +52,17 @@
 local MAX = 9007199254740991
 local h = {}
 for field in string.gmatch(ARGV[1], '[^\n]+') do h[#h + 1] = field end
-if #h < 13 or (#h - 13) % 2 ~= 0 then
-  return redis.error_reply('dpstream: charge: header needs 13 fields and 2 per later period, got ' .. #h)
+if #h < 17 or (#h - 17) % 2 ~= 0 then
+  return redis.error_reply('dpstream: charge: header needs 17 fields and 2 per later period, got ' .. #h)
 end
-local n_extra = (#h - 13) / 2
+local n_extra = (#h - 17) / 2
 if #KEYS ~= 8 + 2 * n_extra then
   return redis.error_reply('dpstream: charge: ' .. #KEYS .. ' keys for ' .. n_extra .. ' later periods')
 end
 local rid, pid, pstart, metric, wstart, wend = h[1], h[2], h[3], h[4], h[5], h[6]
 local cost_s, may_use, now, retention, actor = h[7], h[8], h[9], h[10], h[11]
 local digest, delta_s = h[12], h[13]
+local acc_in, cap_in_s, plen_s, expired = h[14], h[15], h[16], h[17]
 local cost = tonumber(cost_s)
 if not cost or cost <= 0 or cost ~= math.floor(cost) or cost > MAX then
   return redis.error_reply('dpstream: charge: bad cost_units ' .. tostring(cost_s))
@@ -64,31 +78,42 @@ end
 if not tonumber(pstart) or not tonumber(wend) or not tonumber(retention) then
   return redis.error_reply('dpstream: charge: bad period_start, window_end or retention')
 end
+local cap_in, plen = tonumber(cap_in_s), tonumber(plen_s)
+if not cap_in or cap_in <= 0 or cap_in ~= math.floor(cap_in) or not plen or plen <= 0 or plen ~= math.floor(plen) then
+  return redis.error_reply('dpstream: charge: bad caller cap_units or period_s ' .. cap_in_s .. ' ' .. plen_s)
+end
+if expired ~= '0' and expired ~= '1' then
+  return redis.error_reply('dpstream: charge: bad expired flag ' .. expired)
+end
+if string.sub(KEYS[3], -#pid - 1) ~= ':' .. pid then
+  return redis.error_reply('dpstream: charge: period key ' .. KEYS[3] .. ' does not name period ' .. pid)
+end
+local prefix = string.sub(KEYS[3], 1, #KEYS[3] - #pid)
 for k = 1, n_extra do
-  if not tonumber(h[13 + 2 * k]) then
-    return redis.error_reply('dpstream: charge: bad start of later period ' .. tostring(h[12 + 2 * k]))
+  if not tonumber(h[17 + 2 * k]) then
+    return redis.error_reply('dpstream: charge: bad start of later period ' .. tostring(h[16 + 2 * k]))
   end
 end
 
-local cfg = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap', 'digest')
+local cfg = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap', 'digest', 'period_s')
 if not cfg[1] then
   return redis.error_reply('dpstream: charge: scope not registered (' .. KEYS[1] .. ')')
 end
 
 -- every period the window touches: the main one first, then the later ones in time order
 local P = {}
-local function load_period(p_id, p_start, key, ends)
+local function read_period(p_id, p_start, key, ends)
   local f = redis.call('HMGET', key, 'spent', 'grant', 'delta_spent', 'cap', 'reserve', 'warn', 'accounting',
-                       'delta_cap', 'version')
-  local p = {pid = p_id, pstart = p_start, key = key, ends = ends, version = f[9] or '0',
+                       'delta_cap', 'version', 'period_s')
+  local p = {pid = p_id, pstart = p_start, key = key, ends = ends, version = f[9] or '0', opened = f[4] ~= false,
              cap_s = f[4] or cfg[1], reserve_s = f[5] or cfg[2], warn_s = f[6] or cfg[3],
-             acc = f[7] or cfg[4] or '', dcap_s = f[8] or cfg[5] or '0'}
+             acc = f[7] or cfg[4] or '', dcap_s = f[8] or cfg[5] or '0', plen_s = f[10] or cfg[7] or ''}
   p.spent, p.grant, p.dspent = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
   p.cap, p.reserve, p.warn, p.dcap = tonumber(p.cap_s), tonumber(p.reserve_s), tonumber(p.warn_s), tonumber(p.dcap_s)
-  P[#P + 1] = p
+  return p
 end
-load_period(pid, pstart, KEYS[3], KEYS[5])
-for k = 1, n_extra do load_period(h[12 + 2 * k], h[13 + 2 * k], KEYS[7 + 2 * k], KEYS[8 + 2 * k]) end
+P[1] = read_period(pid, pstart, KEYS[3], KEYS[5])
+for k = 1, n_extra do P[#P + 1] = read_period(h[16 + 2 * k], h[17 + 2 * k], KEYS[7 + 2 * k], KEYS[8 + 2 * k]) end
 local main = P[1]
 
 local br = redis.call('HMGET', KEYS[2], 'manual', 'manual_reason', 'auto_period', 'auto_start', 'auto_reason')
@@ -117,6 +142,11 @@ if known[1] then
   return reply('duplicate', main, main.spent, state_of(main, main.spent, manual or auto_here), 0, known[1])
 end
 
+-- 1a. past the idempotency horizon: never charged (nor noised) again, nothing written
+if expired == '1' then
+  return reply('expired', main, main.spent, state_of(main, main.spent, manual or auto_here), 0, 'expired')
+end
+
 -- 1b. a stale quote: the main period's spend moved since the caller priced this release; nothing
 -- is written (no refusal counted or audited: nothing was decided), the caller quotes again
 if quoted ~= '' and tonumber(main.version) ~= tonumber(quoted) then
@@ -143,7 +173,7 @@ local function touch_period(p)
   -- a new period block records the terms it keeps for its whole life
   if redis.call('ZADD', KEYS[8], 'NX', p.pstart, p.pid) == 1 then
     redis.call('HSET', p.key, 'cap', p.cap_s, 'reserve', p.reserve_s, 'warn', p.warn_s, 'accounting', p.acc,
-               'delta_cap', p.dcap_s, 'start', p.pstart)
+               'delta_cap', p.dcap_s, 'start', p.pstart, 'period_s', plen_s)
     audit(p, 'period', {'reason', 'period block opened', 'actor', 'ledger', 'state', state_of(p, p.spent, manual)})
   end
 end
@@ -177,6 +207,44 @@ end
 if digest ~= cfg[6] then
   return refuse(main, "topology disagrees with the scope's registered terms (digest " .. (cfg[6] or '?') ..
                 ', this worker ' .. digest .. '): restart it with the current topology', false)
+end
+-- a block's terms, fixed when it opened, against the caller's (whatever registered last)
+local function conflict(p)
+  if p.opened then
+    local what = nil
+    if p.acc ~= acc_in then
+      what = 'accounting ' .. p.acc .. ', this worker ' .. acc_in
+    elseif p.cap > cap_in then
+      what = 'cap ' .. p.cap_s .. ' units, this worker ' .. cap_in_s .. ' (smaller)'
+    elseif p.plen_s ~= plen_s then
+      what = 'period ' .. p.plen_s .. ' s, this worker ' .. plen_s .. ' s'
+    end
+    if what then return p, what end
+    return nil
+  end
+  -- not opened yet: it must not overlap a block of another length (one starting inside it, or
+  -- the one it would start inside); blocks never overlap, so the nearest ones tell
+  local start = tonumber(p.pstart)
+  local b = redis.call('ZRANGEBYSCORE', KEYS[8], start, '(' .. string.format('%d', start + plen), 'WITHSCORES', 'LIMIT', 0, 1)
+  if not b[1] then
+    b = redis.call('ZREVRANGEBYSCORE', KEYS[8], '(' .. string.format('%d', start), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if b[1] then
+      local len = redis.call('HGET', prefix .. b[1], 'period_s') or cfg[7]
+      if tonumber(b[2]) + tonumber(len) <= start then b = {} end
+    end
+  end
+  if b[1] and b[1] ~= p.pid then
+    local q = read_period(b[1], b[2], prefix .. b[1], nil)
+    return q, 'period ' .. q.plen_s .. ' s, this worker ' .. plen_s .. ' s, whose period ' .. p.pid .. ' overlaps it'
+  end
+  return nil
+end
+for _, p in ipairs(P) do
+  local q, what = conflict(p)
+  if q then
+    return refuse(q, 'period terms differ: block ' .. q.pid .. ' keeps ' .. what .. ': a period keeps the terms ' ..
+                  'it opened with; release its windows under those terms, or use a new scope name', false)
+  end
 end
 if manual then return refuse(main, 'breaker open (manual): ' .. (br[2] or ''), false) end
 if auto_touched then return refuse(auto_touched, 'breaker open (automatic): ' .. (br[5] or '') .. where(auto_touched), false) end

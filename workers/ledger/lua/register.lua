@@ -4,6 +4,7 @@
 -- KEYS[2] audit   stream  dpstream:{S}:audit
 -- KEYS[3] period  hash    dpstream:{S}:period:P  the current wall-clock period's block, P computed
 --                                                with the stored period length (ARGV[4])
+-- KEYS[4] periods zset    dpstream:{S}:periods   period ids (score: period start s)
 -- ARGV: [1] digest [2] actor [3] now_ms [4] period_s that named KEYS[3] [5..] field, value pairs
 --       (including 'digest', 'cap', 'accounting', 'period_s')
 -- Returns {1} when the config was new or changed (and audited), {0} when unchanged,
@@ -13,14 +14,17 @@
 -- Invariants: the newest registration wins for future periods; an open period block keeps the
 -- terms it opened with, so a change of accounting or period length, or a smaller cap, is
 -- refused while the current period's block exists (a larger cap, reserve or warn is stored
--- and applies from the next period).
+-- and applies from the next period); a change of period length is refused too while any block
+-- starts inside the current period of the new length (hourly -> daily at 10:00 would open a
+-- daily block over ten hourly ones). charge.lua refuses whatever slips past (a block that
+-- overlaps another of another length, terms that are not the caller's).
 
 local old = redis.call('HGET', KEYS[1], 'digest')
 if old == ARGV[1] then return {0} end
 local new = {}
 for i = 5, #ARGV, 2 do new[ARGV[i]] = ARGV[i + 1] end
 if old then
-  local stored = redis.call('HMGET', KEYS[1], 'period_s', 'accounting')
+  local stored = redis.call('HMGET', KEYS[1], 'period_s', 'accounting', 'cap')
   if stored[1] ~= ARGV[4] then return {-1} end
   local blk = redis.call('HMGET', KEYS[3], 'cap', 'accounting')
   if blk[1] then
@@ -28,6 +32,13 @@ if old then
     if new['accounting'] ~= acc then return {2, 'accounting', acc, blk[1], stored[1]} end
     if tonumber(new['cap']) < tonumber(blk[1]) then return {2, 'cap', acc, blk[1], stored[1]} end
     if new['period_s'] ~= stored[1] then return {2, 'period', acc, blk[1], stored[1]} end
+  end
+  local len = tonumber(new['period_s'])
+  if new['period_s'] ~= stored[1] and len and len > 0 then
+    local now_s = math.floor(tonumber(ARGV[3]) / 1000)
+    local start = now_s - now_s % len
+    local inside = redis.call('ZRANGEBYSCORE', KEYS[4], start, '(' .. string.format('%d', start + len), 'LIMIT', 0, 1)
+    if inside[1] then return {2, 'period', stored[2] or '', stored[3], stored[1]} end
   end
 end
 local fields = {}
