@@ -77,6 +77,8 @@ def _source(source: Source) -> dict[str, Any]:
         out["max_future"] = format_duration(source.max_future_s)
     if source.privacy_unit_hash is not None:
         out["privacy_unit_hash"] = source.privacy_unit_hash.value
+    if source.partitioner is not Source("", "", "").partitioner:
+        out["partitioner"] = source.partitioner.value
     return out
 
 

@@ -38,6 +38,7 @@ from dpstream.topology.model import (
     KafkaSettings,
     Mechanism,
     Metric,
+    Partitioner,
     PostProcess,
     RedisSettings,
     Sinks,
@@ -74,6 +75,7 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "keyed_by_unit",
         "max_future",
         "privacy_unit_hash",
+        "partitioner",
     ),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
     "metric": (
@@ -364,9 +366,12 @@ class _Loader:
         unit_hash = f.get("privacy_unit_hash", read_enum, UnitHash)
         if unit_hash is not None and unit == EVENT_LEVEL_UNIT:
             f.bad("privacy_unit_hash", f"has no unit id to hash with privacy_unit: {EVENT_LEVEL_UNIT}; remove it")
+        partitioner = f.get("partitioner", read_enum, Partitioner, default=Partitioner.MURMUR2)
+        if f.has("partitioner") and not keyed:
+            f.bad("partitioner", "is only read with keyed_by_unit: true (the repartition hop keys the rest); remove it")
         if not f.ok:
             return None
-        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future, unit_hash)
+        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future, unit_hash, partitioner=partitioner)
 
     def _budget(self, name: str, node: Node, line: int) -> Budget | None:
         f = _Fields(self, "budget", name, f"budget '{name}'", node, line)

@@ -13,6 +13,7 @@ __all__ = [
     "Mechanism",
     "WindowKind",
     "UnitHash",
+    "Partitioner",
     "EVENT_LEVEL_UNIT",
     "EVENT_LEVEL_LABEL",
     "Window",
@@ -110,6 +111,19 @@ class UnitHash(Enum):
     HMAC_SHA256 = "hmac-sha256"
     """HMAC-SHA-256 keyed by the secret in the environment variable DPSTREAM_UNIT_HMAC_KEY (the same on
     every worker): the repartition hop, internal topics and the bounding state see only the keyed hash."""
+
+
+class Partitioner(Enum):
+    """How the producers of a `keyed_by_unit` source pick a record's partition from its key: the
+    worker dead-letters a record that is not in its key's partition (`wrong_partition`), since one
+    unit on two partitions would be bounded once per partition."""
+
+    MURMUR2 = "murmur2"
+    """murmur2 of the key, made positive, mod the partition count: the default of the Java client,
+    Kafka Streams, aiokafka and kafka-python, and librdkafka's `partitioner=murmur2_random`."""
+    CRC32 = "crc32"
+    """CRC-32 of the key mod the partition count: librdkafka's default (`consistent_random`), so
+    confluent-kafka (Python, Go, .NET) and other librdkafka-based clients unless reconfigured."""
 
 
 class WindowKind(Enum):
@@ -224,6 +238,9 @@ class Source:
     one bogus far-future time would otherwise move the watermark past every real event to come."""
     privacy_unit_hash: UnitHash | None = None
     """Replace unit ids by a keyed hash at ingest (None: raw ids, as sent); bounding is unchanged."""
+    partitioner: Partitioner = Partitioner.MURMUR2
+    """How the producers of a `keyed_by_unit` source partition by key; a record outside its key's
+    partition is dead-lettered (`wrong_partition`). Unused by a repartitioned source."""
 
     @property
     def event_level(self) -> bool:
@@ -333,7 +350,7 @@ class Topology:
         """
         doc: dict[str, object] = {
             "version": self.version,
-            "sources": {k: asdict(v) for k, v in sorted(self.sources.items())},
+            "sources": {k: _source_doc(v) for k, v in sorted(self.sources.items())},
             "budgets": {k: asdict(v) for k, v in sorted(self.budgets.items())},
             "metrics": {k: asdict(v) for k, v in sorted(self.metrics.items())},
             "sinks": asdict(self.sinks),
@@ -342,6 +359,14 @@ class Topology:
             doc["start_s"] = self.start_s
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _source_doc(source: Source) -> dict[str, object]:
+    """A source as hashed: fields added later only when not at their defaults, so existing versions stay."""
+    doc = asdict(source)
+    if source.partitioner is Partitioner.MURMUR2:
+        del doc["partitioner"]
+    return doc
 
 
 def _enum_value(obj: object) -> object:

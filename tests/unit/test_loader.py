@@ -333,3 +333,35 @@ def test_random_starts_round_trip(topology: Topology, start_s: int) -> None:
     loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})
     assert loaded == topology and loaded.start_s == start_s
     assert loaded.topology_version == topology.topology_version
+
+
+def _source_with(fields: str) -> str:
+    return BASE.replace(
+        "{topic: web.clicks, privacy_unit: user_id}", "{topic: web.clicks, privacy_unit: user_id, " + fields + "}"
+    )
+
+
+def test_partitioner_of_a_keyed_source_is_read_and_defaults_to_murmur2() -> None:
+    """keyed_by_unit sources name how producers partition by key: murmur2 (default) or crc32."""
+    from dpstream.topology.model import Partitioner
+
+    assert load_topology_text(_source_with("keyed_by_unit: true")).sources["clicks"].partitioner is Partitioner.MURMUR2
+    crc = load_topology_text(_source_with("keyed_by_unit: true, partitioner: crc32")).sources["clicks"]
+    assert crc.partitioner is Partitioner.CRC32
+    assert "partitioner: crc32" in dump_topology(
+        load_topology_text(_source_with("keyed_by_unit: true, partitioner: crc32"))
+    )
+
+
+def test_a_bad_partitioner_is_one_line_naming_the_field_with_a_did_you_mean() -> None:
+    """An unknown value gets a did-you-mean and the valid list; on a repartitioned source the field is refused."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^<string>:3: source 'clicks': partitioner 'murmur': unknown partitioner; "
+        r"did you mean 'murmur2'\? \(valid: murmur2, crc32\)$",
+    ):
+        load_topology_text(_source_with("keyed_by_unit: true, partitioner: murmur"))
+    with pytest.raises(
+        ConfigError, match=r"source 'clicks': partitioner 'crc32': is only read with keyed_by_unit: true"
+    ):
+        load_topology_text(_source_with("partitioner: crc32"))

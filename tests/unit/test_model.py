@@ -12,6 +12,7 @@ from dpstream.topology.model import (
     KafkaSettings,
     Mechanism,
     Metric,
+    Partitioner,
     Sinks,
     Source,
     Topology,
@@ -67,11 +68,21 @@ def test_topology_version_ignores_connections_but_not_privacy_fields():
     assert len(base.topology_version) == 16
 
 
+def _source_before_new_fields(source: Source) -> dict:
+    """A source as hashed before fields that are left out of the hash at their defaults existed."""
+    doc = dataclasses.asdict(source)
+    default = dataclasses.asdict(Source("", "", ""))
+    for key in ("partitioner", "arrival"):
+        if key in doc:
+            assert doc.pop(key) == default[key]
+    return doc
+
+
 def _version_without_start(topology: Topology) -> str:
     """topology_version as computed before `start:` existed: the doc has no start_s key at all."""
     doc = {
         "version": topology.version,
-        "sources": {k: dataclasses.asdict(v) for k, v in sorted(topology.sources.items())},
+        "sources": {k: _source_before_new_fields(v) for k, v in sorted(topology.sources.items())},
         "budgets": {k: dataclasses.asdict(v) for k, v in sorted(topology.budgets.items())},
         "metrics": {k: dataclasses.asdict(v) for k, v in sorted(topology.metrics.items())},
         "sinks": dataclasses.asdict(topology.sinks),
@@ -96,3 +107,13 @@ def test_topology_version_includes_start_when_set():
     later = dataclasses.replace(base, start_s=1_796_083_201)
     assert len({base.topology_version, at.topology_version, later.topology_version}) == 3
     assert at.topology_version == dataclasses.replace(at, path="/elsewhere.yaml").topology_version
+
+
+def test_a_source_partitioner_other_than_the_default_changes_the_version():
+    """crc32 decides which records count (others are wrong_partition): a new version; murmur2 is the old one."""
+    base = _topology()
+    keyed = dataclasses.replace(base.sources["clicks"], keyed_by_unit=True)
+    murmur = dataclasses.replace(base, sources={"clicks": keyed})
+    crc = dataclasses.replace(base, sources={"clicks": dataclasses.replace(keyed, partitioner=Partitioner.CRC32)})
+    assert murmur.topology_version == _version_without_start(murmur)
+    assert crc.topology_version != murmur.topology_version

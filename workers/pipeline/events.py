@@ -40,6 +40,7 @@ REASONS = (
     "future_timestamp",
     "key_mismatch",
     "out_of_range",
+    "wrong_partition",
 )
 """Every reason an event can be dead-lettered for."""
 

@@ -30,6 +30,7 @@ from typing import Protocol
 from dpstream.topology.errors import EventError
 from dpstream.topology.model import Metric, Topology
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.colocation import home_partition
 from dpstream.workers.pipeline.copies import SeenCopies, source_position_of
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
@@ -89,7 +90,9 @@ class PartitionPipeline:
         has (every partial says so, the merger checks it); `resume`: metric → next window start to
         emit, from the last commit's metadata; `start_offset`: where consumption (re)starts;
         `until`: replay's end of schedule; `check_keys`: dead-letter records whose Kafka key is
-        not their unit (`key_mismatch`); `event_range`: replay's [from, to) for event times."""
+        not their unit (`key_mismatch`) and, for a `keyed_by_unit` source, records not in the
+        partition their key hashes to under the source's partitioner over `partitions`
+        (`wrong_partition`); `event_range`: replay's [from, to) for event times."""
         self.source = topology.sources[source]
         self.topic = topic or self.source.topic
         self.partition = partition
@@ -115,6 +118,10 @@ class PartitionPipeline:
         self._lateness = float(self.source.allowed_lateness_s)
         self._max_future = float(self.source.max_future_s)
         self._check_keys = check_keys and not self.source.event_level
+        # a keyed_by_unit source read as is: each unit's records must all be in its key's partition,
+        # else the unit is bounded once per partition it is on (the merger would add the partials)
+        keyed_here = self._check_keys and self.source.keyed_by_unit and self.topic == self.source.topic
+        self._home = home_partition(self.source.partitioner, partitions) if keyed_here else None
         # unit ids are keyed-hashed here, before bounding, unless the repartition hop already did (its topic)
         self._hash_unit = unit_hasher(self.source) if self.topic == self.source.topic else None
         self._event_range = event_range
@@ -134,6 +141,7 @@ class PartitionPipeline:
         lateness = self._lateness
         max_future = self._max_future
         check_keys = self._check_keys
+        home, partition = self._home, self.partition
         hash_unit = self._hash_unit
         lo, hi = self._event_range if self._event_range is not None else (-math.inf, math.inf)
         start = self.schedule_start
@@ -156,6 +164,9 @@ class PartitionPipeline:
                 continue
             if check_keys and rec.key != unit.encode():  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
                 self._dead_letter(dead, "key_mismatch", offset, rec.value)
+                continue
+            if home is not None and home(rec.key) != partition:  # type: ignore[attr-defined]  # as above: a Kafka record
+                self._dead_letter(dead, "wrong_partition", offset, rec.value)
                 continue
             if hash_unit is not None:
                 unit = hash_unit(unit)

@@ -49,6 +49,14 @@ from dpstream.workers.telemetry.worker import fold_event_counts
 
 _log = logging.getLogger(__name__)
 
+_COUNT_KEY = "#partitions"
+"""Commit-metadata key of the partition count a pipeline checked keys against (never a metric name)."""
+
+
+class _Refused(Exception):
+    """A partition whose topic's partition count is not the one its pipeline was (or would be) made for."""
+
+
 GC_YOUNG_THRESHOLD = 100_000
 """Container allocations between young-generation collections in an ingest process (default 700)."""
 
@@ -106,7 +114,10 @@ class IngestService(Service):
         self._committed: dict[TopicPartition, tuple[int, str]] = {}
         """Last (offset, metadata) committed per owned partition (an unchanged pair is not re-sent)."""
         self._counts: dict[str, int] = {}
-        """Partitions of each ingest topic when this worker started (every partial carries it)."""
+        """Partitions of each ingest topic when this worker started, read from its metadata (every partial
+        carries it; a keyed source's keys are checked against it)."""
+        self._refused: set[TopicPartition] = set()
+        """Partitions left unread because their topic's partition count changed (logged once each)."""
         self._warned: set[str] = set()
         self.schedule_start: int | None = None
         self._lock = asyncio.Lock()
@@ -221,7 +232,7 @@ class IngestService(Service):
                 continue
             try:
                 core = await self._core(tp)
-            except IllegalStateError:  # unassigned meanwhile: a rebalance; its owner reads it
+            except (IllegalStateError, _Refused):  # unassigned meanwhile (its owner reads it), or refused
                 continue
             if self._made.get(tp) != made_before.get(tp):
                 self.stale_batches += 1
@@ -303,9 +314,13 @@ class IngestService(Service):
 
     async def _close_due(self) -> None:
         assert self._consumer is not None
-        owned = [tp for tp in self._consumer.assignment() if tp.topic in self._by_topic]
-        for tp in owned:
-            await self._core(tp)  # a partition that never saw an event still has windows to close
+        owned = []
+        for tp in [tp for tp in self._consumer.assignment() if tp.topic in self._by_topic]:
+            try:
+                await self._core(tp)  # a partition that never saw an event still has windows to close
+            except _Refused:
+                continue
+            owned.append(tp)
         self._check_partition_counts()
         read_at = time.time() - self.settings.close_grace_s
         due = []
@@ -361,8 +376,12 @@ class IngestService(Service):
         meta = committed.get(tp)
         resume: dict[str, int] | None = None
         if meta is not None and meta.offset >= 0:
-            offset = meta.offset
             resume = _parse_progress(meta.metadata)
+        count = self._counts.get(tp.topic) or len(self._consumer.partitions_for_topic(tp.topic) or ())
+        self._counts[tp.topic] = count
+        self._refuse_changed_count(tp, count, (resume or {}).pop(_COUNT_KEY, None))
+        if meta is not None and meta.offset >= 0:
+            offset = meta.offset
         else:
             offset = (await self._consumer.beginning_offsets([tp]))[tp]
         # consumption restarts exactly where the pipeline does, whatever the consumer's position was
@@ -375,7 +394,7 @@ class IngestService(Service):
             tp.partition,
             schedule_start=self.schedule_start,
             topic=tp.topic,
-            partitions=self._counts.get(tp.topic) or 1,
+            partitions=count,
             resume=resume,
             start_offset=offset,
             check_keys=True,
@@ -384,6 +403,30 @@ class IngestService(Service):
         self._made_seq += 1
         self._made[tp] = self._made_seq
         return core
+
+    def _refuse_changed_count(self, tp: TopicPartition, count: int, committed: int | None) -> None:
+        """Raise `_Refused` (and leave the partition paused, unread and uncommitted) when the topic's
+        partition count is not the one this worker started with, or not the one the partition's last
+        commit was made with: a unit's records would then sit on two partitions and be bounded once
+        on each. The release side refuses such partials too; this keeps the records for a new
+        topology version instead of dead-lettering them as `wrong_partition`."""
+        assert self._consumer is not None
+        if count > 0 and tp.partition < count and committed in (None, count):
+            return
+        self._consumer.pause(tp)
+        if tp not in self._refused:
+            self._refused.add(tp)
+            was = f"its last commit was made with {committed}" if committed not in (None, count) else "it was added"
+            _log.error(
+                "ingest: topic %s partition %d refused: the topic had %d partitions when this worker started "
+                "and %s; changing a source's partition count mid-deployment would bound a unit once per "
+                "partition: restore the count, or deploy a new topology version on a new topic",
+                tp.topic,
+                tp.partition,
+                count,
+                was,
+            )
+        raise _Refused(tp)
 
     async def _flush(self, outputs: list[tuple[TopicPartition, ProcessorOutput]]) -> None:
         """Send dead letters and partials, wait for every ack, then commit each partition's safe offset
@@ -406,7 +449,7 @@ class IngestService(Service):
             if core is None:
                 continue
             safe = core.safe_offset()
-            meta = json.dumps(core.progress(), sort_keys=True, separators=(",", ":"))
+            meta = json.dumps({**core.progress(), _COUNT_KEY: core.partitions}, sort_keys=True, separators=(",", ":"))
             if safe is not None and (safe, meta) != self._committed.get(tp):
                 offsets[tp] = OffsetAndMetadata(safe, meta)
         if offsets:  # offset and progress move only when a window closes: most batches commit nothing
