@@ -14,6 +14,7 @@ import yaml
 
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import (
+    DEFAULT_PUBLISH_DELAY_S,
     Accounting,
     Budget,
     Contribution,
@@ -33,6 +34,8 @@ def topology_document(topology: Topology) -> dict[str, Any]:
     doc: dict[str, Any] = {"version": topology.version}
     if topology.start_s is not None:
         doc["start"] = format_start(topology.start_s)
+    if topology.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
+        doc["publish_delay"] = format_duration(topology.publish_delay_s)
     if topology.kafka != KafkaSettings():
         kafka = topology.kafka
         doc["kafka"] = {"bootstrap": kafka.bootstrap}
@@ -79,6 +82,8 @@ def _source(source: Source) -> dict[str, Any]:
         out["privacy_unit_hash"] = source.privacy_unit_hash.value
     if source.partitioner is not Source("", "", "").partitioner:
         out["partitioner"] = source.partitioner.value
+    if source.create_time_arrival:
+        out["arrival"] = source.arrival.value
     return out
 
 

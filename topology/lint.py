@@ -33,6 +33,13 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
                 f"source '{source.name}': privacy_unit 'event': event-level DP protects single events, not "
                 "people (weaker); name the field that identifies a person if there is one",
             )
+        if source.create_time_arrival:
+            warn(
+                ("source", source.name, "arrival"),
+                f"source '{source.name}': arrival 'create_time': an event stamped by its producer at or before a "
+                "window's close but appended after it counts only if it lands before the worker reads the end "
+                "offset, which depends on the worker's load (weaker); use a LogAppendTime topic and remove arrival",
+            )
         if not any(m.source == source.name for m in topology.metrics.values()):
             warn(("source", source.name), f"source '{source.name}': no metric reads it; remove it or add a metric")
 

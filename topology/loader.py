@@ -27,10 +27,12 @@ from typing import Any
 from dpstream.topology.errors import ConfigError, ConfigWarning
 from dpstream.topology.lint import lint_topology
 from dpstream.topology.model import (
+    DEFAULT_PUBLISH_DELAY_S,
     EVENT_LEVEL_UNIT,
     KAFKA_SASL_MECHANISMS,
     Accounting,
     Aggregate,
+    Arrival,
     Bounds,
     Budget,
     Contribution,
@@ -65,7 +67,7 @@ from dpstream.topology.validation import Problem, SourceMap, TopologyError, chec
 from dpstream.topology.yaml_positions import LocatedError, Map, Node, Scalar, Seq, compose_located
 
 ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
-    "topology": ("version", "start", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
+    "topology": ("version", "start", "publish_delay", "kafka", "redis", "sources", "budgets", "metrics", "sinks"),
     "source": (
         "topic",
         "privacy_unit",
@@ -75,6 +77,7 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "keyed_by_unit",
         "max_future",
         "privacy_unit_hash",
+        "arrival",
         "partitioner",
     ),
     "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
@@ -304,6 +307,7 @@ class _Loader:
         top = _Fields(self, "topology", "", "topology", root, 1)
         version = top.get("version", _read_version, default=1)
         start = top.get("start", _read_start)
+        publish_delay = top.get("publish_delay", read_duration, True, default=DEFAULT_PUBLISH_DELAY_S)
         sources = self._section(top, "sources", self._source)
         budgets = self._section(top, "budgets", self._budget)
         metrics = self._section(top, "metrics", self._metric)
@@ -316,7 +320,9 @@ class _Loader:
         if self.problems:
             raise TopologyError(self.path, self.problems)
         assert sinks is not None
-        topology = Topology(version, sources, budgets, metrics, sinks, kafka, redis, self.path, start)
+        topology = Topology(
+            version, sources, budgets, metrics, sinks, kafka, redis, self.path, start, publish_delay_s=publish_delay
+        )
         return topology, source_map
 
     # --- sections -------------------------------------------------------------------------
@@ -366,12 +372,15 @@ class _Loader:
         unit_hash = f.get("privacy_unit_hash", read_enum, UnitHash)
         if unit_hash is not None and unit == EVENT_LEVEL_UNIT:
             f.bad("privacy_unit_hash", f"has no unit id to hash with privacy_unit: {EVENT_LEVEL_UNIT}; remove it")
+        arrival = f.get("arrival", read_enum, Arrival, default=Arrival.APPEND_TIME)
         partitioner = f.get("partitioner", read_enum, Partitioner, default=Partitioner.MURMUR2)
         if f.has("partitioner") and not keyed:
             f.bad("partitioner", "is only read with keyed_by_unit: true (the repartition hop keys the rest); remove it")
         if not f.ok:
             return None
-        return Source(name, topic, unit, timestamp, lateness, idle, keyed, future, unit_hash, partitioner=partitioner)
+        return Source(
+            name, topic, unit, timestamp, lateness, idle, keyed, future, unit_hash, arrival, partitioner=partitioner
+        )
 
     def _budget(self, name: str, node: Node, line: int) -> Budget | None:
         f = _Fields(self, "budget", name, f"budget '{name}'", node, line)

@@ -14,8 +14,13 @@ __all__ = [
     "WindowKind",
     "UnitHash",
     "Partitioner",
+    "Arrival",
     "EVENT_LEVEL_UNIT",
     "EVENT_LEVEL_LABEL",
+    "UNIT_LEVEL_LABEL",
+    "guarantee_label",
+    "event_level_note",
+    "DEFAULT_PUBLISH_DELAY_S",
     "Window",
     "WarningPolicy",
     "Budget",
@@ -39,8 +44,26 @@ from enum import Enum
 EVENT_LEVEL_UNIT = "event"
 """`privacy_unit: event` means event-level DP: weaker, chosen explicitly, labelled everywhere."""
 
+DEFAULT_PUBLISH_DELAY_S = 5
+"""`publish_delay` when the topology omits it: a worker checks for closed windows every second,
+half a second after C(w), and the merge, charge and publish take tens of milliseconds on a healthy
+worker (p99 close -> publish under 0.1 s measured): 5 s leaves it a wide margin."""
+
 EVENT_LEVEL_LABEL = "event-level (weaker)"
 """The label of a source, metric or scope with `privacy_unit: event` wherever a figure of it shows."""
+
+UNIT_LEVEL_LABEL = "unit-level"
+"""The label of the others: every event of one privacy unit is protected together."""
+
+
+def guarantee_label(event_level: bool) -> str:
+    """`EVENT_LEVEL_LABEL` for an event-level source, metric or scope, else `UNIT_LEVEL_LABEL`."""
+    return EVENT_LEVEL_LABEL if event_level else UNIT_LEVEL_LABEL
+
+
+def event_level_note(metrics: list[str]) -> str:
+    """The line that names event-level metrics where a scope's figures show (status, report, verify)."""
+    return f"{EVENT_LEVEL_LABEL}: {', '.join(metrics)} protect single events, not people (privacy_unit: event)"
 
 
 class Accounting(Enum):
@@ -111,6 +134,18 @@ class UnitHash(Enum):
     HMAC_SHA256 = "hmac-sha256"
     """HMAC-SHA-256 keyed by the secret in the environment variable DPSTREAM_UNIT_HMAC_KEY (the same on
     every worker): the repartition hop, internal topics and the bounding state see only the keyed hash."""
+
+
+class Arrival(Enum):
+    """Which record time of a source topic counts as an event's arrival (its inclusion time)."""
+
+    APPEND_TIME = "append_time"
+    """The broker's append time (topic `message.timestamp.type=LogAppendTime`): inclusion depends on the
+    event alone, whatever the worker's load or the other units' traffic (the default)."""
+    CREATE_TIME = "create_time"
+    """The producer's time (a CreateTime topic), chosen explicitly and labelled weaker: a record stamped
+    at or before a window's close but appended after it counts only if it lands before the worker reads
+    the end offset, which depends on the worker's load, i.e. on other units' traffic."""
 
 
 class Partitioner(Enum):
@@ -238,9 +273,16 @@ class Source:
     one bogus far-future time would otherwise move the watermark past every real event to come."""
     privacy_unit_hash: UnitHash | None = None
     """Replace unit ids by a keyed hash at ingest (None: raw ids, as sent); bounding is unchanged."""
+    arrival: Arrival = Arrival.APPEND_TIME
+    """Which record time is an event's arrival: the broker's append time, or (weaker) the producer's."""
     partitioner: Partitioner = Partitioner.MURMUR2
     """How the producers of a `keyed_by_unit` source partition by key; a record outside its key's
     partition is dead-lettered (`wrong_partition`). Unused by a repartitioned source."""
+
+    @property
+    def create_time_arrival(self) -> bool:
+        """Arrival by the producer's record time (weaker): inclusion may depend on the worker's load."""
+        return self.arrival is Arrival.CREATE_TIME
 
     @property
     def event_level(self) -> bool:
@@ -335,6 +377,17 @@ class Topology:
     start_s: int | None = None
     """The deployment's public start S (UTC epoch seconds, `start:` in the file): the public release
     schedule starts at S. Omitted: the first start of this topology version, recorded once in the ledger."""
+    publish_delay_s: int = DEFAULT_PUBLISH_DELAY_S
+    """Seconds after a window's close time C(w) = end + allowed_lateness at which its release is
+    published (`publish_delay`): the public time P(w) = C(w) + publish_delay. A release is never
+    published before P(w) and is stamped with it; one that misses it is late (release lag). Processing
+    time grows with the data, so the default is a margin a healthy worker meets."""
+
+    def publish_time(self, metric: Metric, window_end: int) -> int:
+        """P(w) in epoch seconds: the public time the release of `metric`'s window ending at
+        `window_end` is published at (its close time C(w) plus `publish_delay`). It depends on the
+        topology and the window only, never on the data or on how long processing took."""
+        return int(window_end) + self.sources[metric.source].allowed_lateness_s + self.publish_delay_s
 
     def metrics_of(self, budget: str) -> list[Metric]:
         """The metrics charged to one budget scope, in file order."""
@@ -346,7 +399,8 @@ class Topology:
 
         Connection settings (kafka, redis) and the file path are left out, so moving a
         deployment does not re-release (and re-charge) windows. `start_s` is in only when
-        set, so a topology without `start:` keeps the version it had before the field existed.
+        set, so a topology without `start:` keeps the version it had before the field existed;
+        `publish_delay_s` likewise only when it is not the default.
         """
         doc: dict[str, object] = {
             "version": self.version,
@@ -357,14 +411,18 @@ class Topology:
         }
         if self.start_s is not None:
             doc["start_s"] = self.start_s
+        if self.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
+            doc["publish_delay_s"] = self.publish_delay_s
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _source_doc(source: Source) -> dict[str, object]:
-    """A source as hashed: fields added later only when not at their defaults, so existing versions stay."""
+    """A source as hashed: `arrival` only when not the default, so existing versions stay as they were."""
     doc = asdict(source)
-    if source.partitioner is Partitioner.MURMUR2:
+    if source.arrival is Arrival.APPEND_TIME:
+        del doc["arrival"]
+    if source.partitioner is Partitioner.MURMUR2:  # the default: versions from before the field stay
         del doc["partitioner"]
     return doc
 

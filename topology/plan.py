@@ -12,6 +12,7 @@ unrounded; `null` marks a value that does not apply.
       "plan_version": 1,
       "topology": str,                   # path of the topology file ("" if built in memory)
       "topology_version": str,           # hash of the normalised topology (release ids use it)
+      "publish_delay_s": int,            # each release is published at P(w) = C(w) + this, stamped with P(w)
       "scopes": [                        # one per budget, in file order
         {
           "name": str,
@@ -48,6 +49,7 @@ unrounded; `null` marks a value that does not apply.
               "mechanism": "laplace" | "gaussian" | "exponential",
               "privacy_unit": str,
               "event_level": bool,           # privacy_unit 'event': event-level DP (weaker)
+              "create_time_arrival": bool,   # arrival 'create_time': producer record times (weaker)
               "window": {"kind": "tumbling" | "hopping", "size_s": int, "every_s": int,
                          "overlap": int},    # overlap: windows one event falls into
               "straddling_windows": int,     # overlap − 1 windows per period boundary, charged to both periods
@@ -108,7 +110,7 @@ from dpstream.topology import accounting as acc
 from dpstream.topology.allocation import MetricDemand, static_release_cost
 from dpstream.topology.calibration import NoiseComponent, calibrate
 from dpstream.topology.durations import format_duration
-from dpstream.topology.model import Accounting, Budget, Mechanism, Metric, Topology, WindowKind
+from dpstream.topology.model import DEFAULT_PUBLISH_DELAY_S, Accounting, Budget, Mechanism, Metric, Topology, WindowKind
 from dpstream.topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
 
 PLAN_JSON_VERSION = 1
@@ -164,6 +166,8 @@ class MetricPlan:
     selection_delta: float
     k: int | None
     components: tuple[NoiseComponentPlan, ...]
+    create_time_arrival: bool = False
+    """The source's arrival is the producer's record time (`arrival: create_time`): weaker."""
 
     @property
     def per_period_cost(self) -> float:
@@ -243,6 +247,8 @@ class Plan:
     topology_path: str
     topology_version: str
     scopes: tuple[ScopePlan, ...]
+    publish_delay_s: int = DEFAULT_PUBLISH_DELAY_S
+    """Seconds from a window's close time C(w) to its public release time P(w)."""
 
     def scope(self, name: str) -> ScopePlan:
         """The plan of one scope by name (KeyError if absent)."""
@@ -333,6 +339,7 @@ def _metric_plan(
         selection_delta=selection_delta_per_release(metric, budget, list(topology.metrics.values())),
         k=metric.k,
         components=tuple(_component_plan(p) for p in calibrate(metric, budget.accounting, cost)),
+        create_time_arrival=source.create_time_arrival if source is not None else False,
     )
 
 
@@ -402,6 +409,7 @@ def build_plan(topology: Topology) -> Plan:
         topology_path=topology.path,
         topology_version=topology.topology_version,
         scopes=tuple(scope_plan(topology, b) for b in topology.budgets.values()),
+        publish_delay_s=topology.publish_delay_s,
     )
 
 
@@ -426,6 +434,7 @@ def _metric_json(m: MetricPlan) -> dict[str, Any]:
         "mechanism": m.mechanism.value,
         "privacy_unit": m.privacy_unit,
         "event_level": m.event_level,
+        "create_time_arrival": m.create_time_arrival,
         "window": {
             "kind": m.window_kind.value,
             "size_s": m.window_size_s,
@@ -492,5 +501,6 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "plan_version": PLAN_JSON_VERSION,
         "topology": plan.topology_path,
         "topology_version": plan.topology_version,
+        "publish_delay_s": plan.publish_delay_s,
         "scopes": [_scope_json(s) for s in plan.scopes],
     }

@@ -59,6 +59,11 @@ def _scope_lines(s: ScopePlan) -> list[str]:
         )
     if s.event_level:
         lines.append("  EVENT-LEVEL: some metrics protect single events, not people (weaker guarantee)")
+    if any(m.create_time_arrival for m in s.metrics):
+        lines.append(
+            "  CREATE-TIME ARRIVAL: some metrics count events by their producer's time; a late-appended event's "
+            "inclusion may depend on the worker's load (weaker guarantee)"
+        )
     header = [
         "metric",
         "aggregate",
@@ -79,6 +84,7 @@ def _scope_lines(s: ScopePlan) -> list[str]:
     rows: list[list[str]] = []
     for m in s.metrics:
         label = m.name + (" [event-level]" if m.event_level else "")
+        label += " [create-time arrival]" if m.create_time_arrival else ""
         aggregate = m.aggregate + (f" k={m.k}" if m.k else "") + (" [partition sel.]" if m.partition_selection else "")
         for i, c in enumerate(m.components):
             lead = (
@@ -116,7 +122,12 @@ def _scope_lines(s: ScopePlan) -> list[str]:
 
 def render_plan(plan: Plan) -> str:
     """The plan as a text report: one block per scope, one row per noisy part of a release."""
-    lines = [f"plan of {plan.topology_path or '<topology>'} (version {plan.topology_version})", ""]
+    lines = [
+        f"plan of {plan.topology_path or '<topology>'} (version {plan.topology_version})",
+        f"releases: published at P(w) = close time + publish_delay {format_duration(plan.publish_delay_s)}, "
+        "stamped with P(w) (a release that misses it is late, never earlier)",
+        "",
+    ]
     for s in plan.scopes:
         lines += _scope_lines(s) + [""]
     lines.append("scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.")

@@ -61,6 +61,7 @@ _YAML_NAMES = {
     (Source, "max_future_s"): "max_future",
     (Budget, "period_s"): "period",
     (Topology, "start_s"): "start",
+    (Topology, "publish_delay_s"): "publish_delay",
 }
 """Model field -> YAML key where they differ (durations are written as `30s`, `1d`)."""
 
@@ -69,6 +70,7 @@ _DURATIONS = {
     (Source, "idle_timeout_s"),
     (Source, "max_future_s"),
     (Budget, "period_s"),
+    (Topology, "publish_delay_s"),
 }
 _SKIPPED = {"name", "path"}
 """`name` is the mapping key of the entity; `path` is where the file was read from."""
@@ -218,6 +220,8 @@ def _default(cls: type, f: dataclasses.Field[Any]) -> Any:
         return None
     if (cls, f.name) in _DURATIONS:
         return format_duration(f.default) if f.default else 0
+    if isinstance(f.default, Enum):  # the YAML spells an enum by its value
+        return f.default.value
     return f.default
 
 

@@ -18,6 +18,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import EVENT_LEVEL_LABEL
 from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.runtime.clock_skew import ClockSkewGate
 from dpstream.workers.telemetry.budget import ScopeFigures
 from dpstream.workers.telemetry.classes import METRIC_CLASSES, MetricClass, metric_class
 from dpstream.workers.telemetry.exporter import exporter_telemetry
@@ -175,6 +176,7 @@ class _Releases:
 class _Ingest:
     revoked_counts: dict[str, EventCounts] = {}
     hop_counts: dict[str, EventCounts] = {}
+    clock_skew = ClockSkewGate(0.5, 30.0)
 
     def pipelines(self) -> list:
         return []
@@ -307,3 +309,14 @@ def test_alerts_and_runbooks_on_curator_only_series_say_they_need_the_flag() -> 
         text = path.read_text()
         if _metric_names(text) & _CURATOR:
             assert "--curator-metrics" in text, path.name
+
+
+def test_the_budget_dashboard_and_grafana_alerts_read_data_independent_series_only() -> None:
+    """The budget dashboard and Grafana's managed alerts work on a shared Prometheus (no curator-only
+    series); each of the releases, ingest and ledger dashboards reads some (they need the flag)."""
+    dashboards = DEPLOY / "grafana" / "dashboards"
+    assert not _metric_names((dashboards / "dpstream-budget.json").read_text()) & _CURATOR
+    for name in ("releases", "ingest", "ledger"):
+        assert _metric_names((dashboards / f"dpstream-{name}.json").read_text()) & _CURATOR, name
+    for path in (DEPLOY / "grafana" / "provisioning" / "alerting").glob("*.yaml"):
+        assert not _metric_names(path.read_text()) & _CURATOR, path.name

@@ -192,7 +192,7 @@ def test_plan_json_shape_is_stable_and_serialisable():
     doc = plan_to_json(build_plan(load_topology(EXAMPLES / "web-analytics.yaml")))
     json.loads(json.dumps(doc))
     assert doc["plan_version"] == PLAN_JSON_VERSION
-    assert set(doc) == {"plan_version", "topology", "topology_version", "scopes"}
+    assert set(doc) == {"plan_version", "topology", "topology_version", "publish_delay_s", "scopes"}
     (scope,) = doc["scopes"]
     assert set(scope) == {
         "name",
@@ -235,6 +235,7 @@ def test_plan_json_shape_is_stable_and_serialisable():
         "mechanism",
         "privacy_unit",
         "event_level",
+        "create_time_arrival",
         "window",
         "straddling_windows",
         "weight",

@@ -22,6 +22,7 @@ from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, 
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import REASONS
 from dpstream.workers.release.outcomes import ReleaseOutcome
+from dpstream.workers.runtime.clock_skew import ClockSkewGate
 from dpstream.workers.telemetry.budget import (
     BudgetCollector,
     BudgetReader,
@@ -370,6 +371,7 @@ class _Stats:
     retries: Counter = field(default_factory=Counter)
     last_payload: dict = field(default_factory=dict)
     parked: Counter = field(default_factory=Counter)
+    publish_misses: Counter = field(default_factory=Counter)
 
 
 class _ReleaseSide:
@@ -389,6 +391,7 @@ class _Ingest:
         self.revoked_counts: dict[str, EventCounts] = {}
         self.hop_counts: dict[str, EventCounts] = {}
         self.live: list = []
+        self.clock_skew = ClockSkewGate(0.5, 30.0)
 
     def pipelines(self) -> list:
         return self.live

@@ -14,7 +14,9 @@ __all__ = [
     "client_options",
     "create_topics",
     "create_topics_async",
+    "describe_topic_config_async",
     "replication_for",
+    "run_sync",
     "start_admin",
 ]
 
@@ -32,6 +34,8 @@ _T = TypeVar("_T")
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
 _TOPIC_AUTHORIZATION_FAILED = 29
+_CONFIG_SET_ON_TOPIC = 1
+"""DescribeConfigs `config_source` of a value set on the topic itself (DYNAMIC_TOPIC_CONFIG)."""
 
 
 class TopicAdminError(DpstreamError):
@@ -101,7 +105,7 @@ async def start_admin(bootstrap: str, timeout_ms: int, security: KafkaSecurity |
     return admin
 
 
-def _run(coro: Coroutine[Any, Any, _T]) -> _T:
+def run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
     """Run a coroutine to completion from sync code, also when this thread already runs an event loop."""
     try:
         asyncio.get_running_loop()
@@ -129,7 +133,7 @@ async def _broker_ready_async(bootstrap: str, timeout_ms: int, security: KafkaSe
 
 def broker_ready(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> bool:
     """True when the broker answers a metadata request and knows its controller."""
-    return _run(_broker_ready_async(bootstrap, timeout_ms, security))
+    return run_sync(_broker_ready_async(bootstrap, timeout_ms, security))
 
 
 async def broker_count_async(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> int:
@@ -150,7 +154,7 @@ async def broker_count_async(bootstrap: str, timeout_ms: int = 3000, security: K
 
 def broker_count(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity | None = None) -> int:
     """Sync form of `broker_count_async`."""
-    return _run(broker_count_async(bootstrap, timeout_ms, security))
+    return run_sync(broker_count_async(bootstrap, timeout_ms, security))
 
 
 def replication_for(brokers: int) -> tuple[int, dict[str, str]]:
@@ -223,6 +227,41 @@ async def create_topics_async(
         await admin.close()
 
 
+async def describe_topic_config_async(
+    bootstrap: str, names: Sequence[str], key: str, security: KafkaSecurity | None = None, timeout_s: float = 30.0
+) -> dict[str, tuple[str, bool]]:
+    """Each existing topic's effective value of config `key` (the broker's default where the topic sets
+    none), and whether the topic sets it itself. A topic this Kafka user may not describe the configs of
+    is one line naming the ACL to grant (ConfigError); a topic that does not exist is left out."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.errors import KafkaError
+
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return {}
+    admin = await start_admin(bootstrap, int(timeout_s * 1000), security)
+    try:
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in wanted])
+    except KafkaError as exc:
+        raise TopicAdminError(f"Kafka at {bootstrap}: describing topic configs failed: {exc!r}") from exc
+    finally:
+        await admin.close()
+    out: dict[str, tuple[str, bool]] = {}
+    for response in responses:
+        for error_code, _message, _type, topic, entries in (r[:5] for r in response.resources):
+            if error_code == _TOPIC_AUTHORIZATION_FAILED:
+                raise ConfigError(
+                    f"topic {topic!r}: this Kafka user may not read its configs; grant the worker's principal "
+                    "DescribeConfigs on it (the topic ACLs listed in the README, deploy: Kafka ACLs)"
+                )
+            if error_code != 0:
+                continue  # no such topic: nothing to check
+            for entry in entries:
+                if entry[0] == key and entry[1] is not None:
+                    out[topic] = (entry[1], entry[3] == _CONFIG_SET_ON_TOPIC)
+    return out
+
+
 async def _wait_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
     """Poll metadata until every partition of every topic has a leader (new topics take a moment)."""
     loop = asyncio.get_running_loop()
@@ -250,4 +289,4 @@ def create_topics(
     security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Sync form of `create_topics_async` (idempotent): create missing topics, return those created now."""
-    return _run(create_topics_async(bootstrap, names, partitions, timeout_s, configs, security))
+    return run_sync(create_topics_async(bootstrap, names, partitions, timeout_s, configs, security))

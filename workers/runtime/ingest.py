@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,14 +38,16 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.partition import PartitionPipeline
+from dpstream.workers.runtime.clock_skew import ClockSkewGate, probe_skew
 from dpstream.workers.runtime.core import ProcessorOutput, to_output
 from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
 from dpstream.workers.runtime.schedule import resolve_schedule_start
 from dpstream.workers.runtime.settings import RuntimeSettings
-from dpstream.workers.runtime.topics import ingest_topic, partition_count
+from dpstream.workers.runtime.topics import clock_probe_topic, ingest_topic, partition_count, timestamp_rules
 from dpstream.workers.telemetry.worker import fold_event_counts
 
 _log = logging.getLogger(__name__)
@@ -56,6 +59,16 @@ _COUNT_KEY = "#partitions"
 class _Refused(Exception):
     """A partition whose topic's partition count is not the one its pipeline was (or would be) made for."""
 
+
+CLOCK_READING_MAX_AGE = 3
+"""A clock-skew reading older than this many probe intervals no longer lets windows close."""
+
+CLOCK_PROBE_TIMEOUT_S = 5.0
+"""A probe not acknowledged within this is given up (the reading ages out and then holds closes)."""
+
+CLOCK_PROBES_PER_ROUND = 3
+"""Probes per measurement at most: the one with the shortest round trip is kept (a slow ack widens the
+reading's uncertainty, not the skew)."""
 
 GC_YOUNG_THRESHOLD = 100_000
 """Container allocations between young-generation collections in an ingest process (default 700)."""
@@ -98,8 +111,10 @@ class IngestService(Service):
         settings: RuntimeSettings,
         *,
         offload: bool = True,
+        clock: Callable[[], float] = time.time,
         **kwargs: Any,
     ) -> None:
+        """`clock`: the worker's wall clock, that windows close on (injectable for tests)."""
         self.topology = topology
         self.settings = settings
         self.stats = IngestStats()
@@ -119,6 +134,14 @@ class IngestService(Service):
         self._refused: set[TopicPartition] = set()
         """Partitions left unread because their topic's partition count changed (logged once each)."""
         self._warned: set[str] = set()
+        self._timestamp_rules = timestamp_rules(topology)
+        self._clock = clock
+        self.clock_skew = ClockSkewGate(
+            settings.max_clock_skew_s, CLOCK_READING_MAX_AGE * settings.clock_probe_interval_s
+        )
+        """Holds window closes while the worker-broker clock skew is unknown or past its bound."""
+        self._holding = False
+        self._probe_topic = clock_probe_topic(topology)
         self.schedule_start: int | None = None
         self._lock = asyncio.Lock()
         self._made: dict[TopicPartition, int] = {}
@@ -162,6 +185,7 @@ class IngestService(Service):
             **self.settings.kafka_options(),
         )
         await self._producer.start()
+        await self.measure_clock_skew()
         if self._hop_of:
             self._admin = AIOKafkaAdminClient(
                 bootstrap_servers=self.settings.bootstrap, **self.settings.kafka_options()
@@ -188,6 +212,7 @@ class IngestService(Service):
         await self._consumer.start()
         self.add_future(self._consume_forever())
         self.add_future(self._close_forever())
+        self.add_future(self._probe_forever())
 
     async def on_stop(self) -> None:
         async with self._lock:
@@ -289,17 +314,47 @@ class IngestService(Service):
         return outputs
 
     def _check_timestamp_type(self, topic: str, record: object) -> None:
-        """Warn once per topic whose record times are not broker append times (inclusion by arrival
-        is then by the producer's clock, and a restart may count a slow producer's event differently)."""
+        """Log once per source topic whose records break its timestamp rule (`timestamp_rules`): the start
+        refused such a topic, so its type was changed while the worker runs; restart to be refused."""
         if topic in self._warned or topic in self._hop_of:
             return
         self._warned.add(topic)
-        if getattr(record, "timestamp_type", 1) != 1:
-            _log.warning(
-                "ingest: topic %s uses CreateTime; set message.timestamp.type=LogAppendTime on it so that "
-                "an event's inclusion follows its broker append time (DESIGN §3)",
-                topic,
+        rule = self._timestamp_rules.get(topic)
+        problem = rule.record_problem(getattr(record, "timestamp_type", 1)) if rule is not None else None
+        if problem is not None:
+            _log.error("ingest: %s", problem)
+
+    async def measure_clock_skew(self) -> None:
+        """Read the worker-broker clock skew (the best of a few probes) into `clock_skew`; a failed probe
+        leaves the last reading, which ages out and then holds closes."""
+        assert self._producer is not None
+        best = None
+        for _ in range(CLOCK_PROBES_PER_ROUND):
+            try:
+                reading = await asyncio.wait_for(
+                    probe_skew(self._producer, self._probe_topic, self._clock), CLOCK_PROBE_TIMEOUT_S
+                )
+            except (KafkaError, TimeoutError) as exc:
+                _log.warning("ingest: clock-skew probe failed (%s); retrying", type(exc).__name__)
+                return
+            except ConfigError as exc:  # the start's topic check refuses this; changed since: closes hold
+                _log.error("ingest: %s", exc)
+                return
+            if best is None or reading.uncertainty_s < best.uncertainty_s:
+                best = reading
+            if best.worst_s <= self.clock_skew.bound_s:
+                break
+        if best is not None:
+            self.clock_skew.record(best)
+
+    async def _probe_forever(self) -> None:
+        """Measure the skew every `clock_probe_interval_s`; every second while closes are held."""
+        while not self.should_stop:
+            held = self.clock_skew.holding(self._clock())
+            await self.sleep(
+                min(1.0, self.settings.clock_probe_interval_s) if held else self.settings.clock_probe_interval_s
             )
+            await self.measure_clock_skew()
 
     async def _close_forever(self) -> None:
         """Once a window's close time passed, read end offsets; windows close when consumption reaches them."""
@@ -322,7 +377,18 @@ class IngestService(Service):
                 continue
             owned.append(tp)
         self._check_partition_counts()
-        read_at = time.time() - self.settings.close_grace_s
+        now = self._clock()
+        held = self.clock_skew.problem(now)
+        if held is not None:  # a close on an untrusted clock could miss records appended up to C(w)
+            self.clock_skew.holds += 1
+            if not self._holding:
+                _log.error("ingest: window closes held: %s; see the DPClockSkew runbook", held)
+            self._holding = True
+            return
+        if self._holding:
+            _log.warning("ingest: window closes resume: clock skew within %g s", self.clock_skew.bound_s)
+            self._holding = False
+        read_at = now - self.settings.close_grace_s
         due = []
         for tp in owned:
             t = self._cores[tp].next_close_time()

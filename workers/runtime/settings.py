@@ -34,6 +34,11 @@ class RuntimeSettings:
     """How often partitions check for windows whose close time passed (and read end offsets)."""
     close_grace_s: float = 0.5
     """Windows close on end offsets read at least this long after C(w): room for broker/worker clock skew."""
+    max_clock_skew_s: float = 0.5
+    """Window closes are held while the measured worker-broker clock skew (± its uncertainty) may exceed
+    this; at most `close_grace_s`, the room the close leaves for skew."""
+    clock_probe_interval_s: float = 10.0
+    """How often the ingest measures the clock skew (a probe record's broker append time)."""
     sweep_interval_s: float = 2.0
     """How often reserved-but-unpublished releases are republished."""
     sweep_age_s: float = 5.0
@@ -56,6 +61,13 @@ class RuntimeSettings:
             raise ConfigError("--bootstrap: empty; give host:port of a Kafka broker")
         if self.partitions < 1:
             raise ConfigError(f"--partitions {self.partitions}: need at least 1")
+        if not 0 < self.max_clock_skew_s <= self.close_grace_s:
+            raise ConfigError(
+                f"max_clock_skew {self.max_clock_skew_s} s: must be positive and at most the close grace "
+                f"({self.close_grace_s} s), the room a window's close leaves for clock skew"
+            )
+        if not self.clock_probe_interval_s > 0:
+            raise ConfigError(f"clock_probe_interval {self.clock_probe_interval_s} s: must be positive")
         if self.park_after_attempts < 1:
             raise ConfigError(f"park_after_attempts {self.park_after_attempts}: need at least 1")
         if not 0 < 3 * self.heartbeat_interval_s <= self.session_timeout_s:

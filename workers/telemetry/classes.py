@@ -68,6 +68,7 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_releases_total": _C,
         "dpstream_release_retries_total": _C,
         "dpstream_release_parks_total": _C,
+        "dpstream_release_publish_misses_total": _C,
         "dpstream_releases_parked": _C,
         "dpstream_releases_swept_total": _C,
         "dpstream_release_latency_seconds": _C,
@@ -78,6 +79,11 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         # the ingest side
         "dpstream_events_total": _C,
         "dpstream_dead_letters_total": _C,
+        # the ingest's worker-broker clock skew (window closes are held past its bound)
+        "dpstream_clock_skew_seconds": _C,
+        "dpstream_clock_skew_uncertainty_seconds": _C,
+        "dpstream_clock_skew_bound_seconds": _C,
+        "dpstream_clock_skew_closes_held": _C,
     }
 )
 """Every metric name a dpstream process serves, with its class (one entry per name)."""

@@ -9,6 +9,8 @@ Release side (roles `all` and `release`), per `metric` of the topology:
                                                   failures (parked now, from the ledger, per scope:
                                                   dpstream_releases_parked)
     dpstream_release_latency_seconds{metric}      histogram: close (last partial appended) → published
+    dpstream_release_publish_misses_total{metric} releases ready only after their public time P(w) =
+                                                  C(w) + publish_delay (published at once, stamped P(w))
     dpstream_release_noise_stddev{metric}         noise σ of the last release published here, in value
                                                   units (a mean: its sum component's σ; absent for top-k
                                                   and before the first release)
@@ -25,6 +27,12 @@ Ingest side (roles `all` and `ingest`), per `source`:
     dpstream_events_total{source,outcome}         accepted|invalid|late|capped|clamped (`late` events are
                                                   also `accepted`: valid, but too late for a window)
     dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
+    dpstream_clock_skew_seconds                   broker clock − worker clock, from the last probe record's
+                                                  append time (absent before the first reading)
+    dpstream_clock_skew_uncertainty_seconds       ± of that reading (half the probe's round trip)
+    dpstream_clock_skew_bound_seconds             the bound past which window closes are held
+    dpstream_clock_skew_closes_held               1 while window closes are held (skew past the bound, or
+                                                  no fresh reading), else 0
 
 `dpstream_build_info` and `dpstream_metric_privacy_info` come from workers.telemetry.info. Which of
 these a scrape serves is workers.telemetry.classes's call: every family here but the noise σ is
@@ -163,6 +171,17 @@ class WorkerCollector(Collector):
             parked.add_metric([m], float(parks.get(m, 0)))
         yield parked
 
+        misses = CounterMetricFamily(
+            "dpstream_release_publish_misses",
+            "Releases ready only after their public time P(w) = close time + publish_delay (published at "
+            "once, stamped P(w)): their timing may show how long the data took to process.",
+            labels=["metric"],
+        )
+        missed = _copy(stats.publish_misses)
+        for m in metrics:
+            misses.add_metric([m], float(missed.get(m, 0)))
+        yield misses
+
         yield side.latency.family(
             "dpstream_release_latency_seconds",
             "Window close (its last partial appended) to release published, seconds.",
@@ -258,6 +277,32 @@ class WorkerCollector(Collector):
                 dead.add_metric([source, reason], float(invalid.get(reason, 0)))
         yield events
         yield dead
+        yield from self._clock_families()
+
+    def _clock_families(self) -> Iterator[Metric]:
+        gate = self.ingest.clock_skew
+        reading = gate.last
+        if reading is not None:
+            yield GaugeMetricFamily(
+                "dpstream_clock_skew_seconds",
+                "Broker clock minus this worker's clock, seconds, from the last clock probe's append time.",
+                value=reading.skew_s,
+            )
+            yield GaugeMetricFamily(
+                "dpstream_clock_skew_uncertainty_seconds",
+                "Half the last clock probe's round trip: the true skew lies within ± this of the reading.",
+                value=reading.uncertainty_s,
+            )
+        yield GaugeMetricFamily(
+            "dpstream_clock_skew_bound_seconds",
+            "Clock skew (± its uncertainty) past which this worker holds window closes.",
+            value=gate.bound_s,
+        )
+        yield GaugeMetricFamily(
+            "dpstream_clock_skew_closes_held",
+            "1 while window closes are held for clock skew (past the bound, or no fresh reading), else 0.",
+            value=1.0 if gate.holding(self._clock()) else 0.0,
+        )
 
     def event_totals(self) -> dict[str, EventCounts]:
         """Per source: the partitions revoked from this worker (their totals at revoke) plus the
