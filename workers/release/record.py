@@ -2,8 +2,12 @@
 
 The record is built once, before `reserve`; the ledger stores it (filling `budget.ratio_after`)
 and every publication of the release — first, duplicate or sweeper — sends those stored bytes.
-So `published_at` is the time the record was built, and a redrawn payload for a known
-release_id is never seen by anyone.
+So a redrawn payload for a known release_id is never seen by anyone.
+
+`published_at` is the release's public time P(w) = C(w) + publish_delay (`Topology.publish_time`),
+not the time the record was built: processing time depends on the data and must not show in the
+record. The release agent reads it back from the stored bytes (`publish_time_of`) to hold the
+record until P(w) and to stamp the Kafka record's timestamp with it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ __all__ = [
     "canonical_bytes",
     "cost_fields",
     "iso_utc",
+    "publish_time_of",
     "record_bytes",
     "true_values_for",
 ]
@@ -67,6 +72,26 @@ def iso_utc(ts: float) -> str:
         minute, second = divmod(t, 60)
         return _iso_minute(minute) + _ISO_SECONDS[second]
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_PUBLISHED_AT = b'"published_at":"'
+
+
+def publish_time_of(payload: bytes) -> int | None:
+    """P(w) in epoch seconds from a record's canonical bytes (its `published_at`), or None when the
+    bytes hold no such field in the canonical form (not a release record of this module)."""
+    i = payload.rfind(_PUBLISHED_AT)
+    if i < 0:
+        return None
+    i += len(_PUBLISHED_AT)
+    text = payload[i : i + 20]
+    if len(text) != 20 or not text.endswith(b"Z"):
+        return None
+    try:
+        moment = datetime.strptime(text.decode(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return int(moment.timestamp())
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
@@ -156,7 +181,9 @@ def build_record(
     ledger: str | None,
     conversion_delta: float,
 ) -> dict[str, Any]:
-    """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…)."""
+    """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…).
+
+    `built_at` is stamped as `published_at`: the releaser passes the release's public time P(w)."""
     record: dict[str, Any] = {
         **_fixed_values(topology_version, metric, source, budget, cost, ledger, conversion_delta),
         **_window_values(release_id, metric, budget, period_id, window_start, window_end, built_at),

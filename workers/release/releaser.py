@@ -20,7 +20,6 @@ from __future__ import annotations
 __all__ = ["MAX_STALE_QUOTES", "Publish", "MechanismFactory", "Releaser", "sweep"]
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,7 +61,6 @@ class Releaser:
         ledger: ReleaseLedger,
         *,
         mechanism_factory: MechanismFactory | None = None,
-        clock: Callable[[], float] = time.time,
         actor: str = "worker",
     ) -> None:
         """`actor`: who charges, in each charge's audit entry (the worker id, or `replay:<user>`)."""
@@ -74,7 +72,6 @@ class Releaser:
         self.version = topology.topology_version
         self.ledger = ledger
         self._factory = mechanism_factory or _default_factory()
-        self._clock = clock
         self.counts = ReleaseCounts()
         self._locks: dict[str, asyncio.Lock] = {}
         self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
@@ -247,7 +244,7 @@ class Releaser:
             noise_fields=noisy.to_record_fields(),
             ledger=self.ledger.ledger_id,  # the ledger this release is charged to (None: the in-process one)
             conversion_delta=self._conversion_deltas[budget.name],
-            built_at=self._clock(),
+            built_at=self.topology.publish_time(m, end),  # published_at = P(w): public, never processing time
         )
         request = ReleaseRequest.of(
             release_id=rid,

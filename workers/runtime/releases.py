@@ -15,11 +15,18 @@ Poison windows: a window whose release fails `park_after_attempts` times in a ro
 error is parked in the ledger (audited, `dpstream_releases_parked`) and held in its `releasing`
 state; the sweeper timer re-reads the ledger's parked list and dispatches a window again once an
 operator ran `dpstream budget retry` (its stored bytes if it was charged).
+
+Release time is public: every publication of a release's stored bytes (first, retry, sweeper) is
+held until its P(w) = C(w) + publish_delay on this worker's clock and sent with the Kafka record
+timestamp P(w) (the record's `published_at` says the same), so how long the data took to process
+does not show in when or how a release appears. The charge may happen earlier; a release that is
+ready only after its P(w) goes out at once, still stamped P(w), and is counted as a miss
+(`dpstream_release_publish_misses_total`, curator-only).
 """
 
 from __future__ import annotations
 
-__all__ = ["ReleaseSide", "ReleaseStats", "FAULT_ENV"]
+__all__ = ["ReleaseSide", "ReleaseStats", "FAULT_ENV", "PublicTimePublisher"]
 
 import asyncio
 import logging
@@ -27,6 +34,7 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +49,7 @@ from dpstream.workers.release import Releaser, ReleaseResult, sweep
 from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
 from dpstream.workers.release.outcomes import ReleaseOutcome
 from dpstream.workers.release.parking import Parking, is_transient
+from dpstream.workers.release.record import publish_time_of
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.telemetry.histogram import LATENCY_BUCKETS, LabelledHistogram
 from dpstream.workers.telemetry.ledger_proxy import LedgerTimings, TimedLedger
@@ -79,6 +88,50 @@ class ReleaseStats:
     """metric → the last record published here (its `noise` σ is exported; the record is public)."""
     parked: Counter[str] = field(default_factory=Counter)
     """metric → windows this process parked after repeated internal failures."""
+    publish_misses: Counter[str] = field(default_factory=Counter)
+    """metric → releases ready only after their public time P(w) (published late, stamped P(w))."""
+
+
+Send = Callable[[bytes, bytes, int | None], Awaitable[Any]]
+"""send(value, key, timestamp_ms): produce one record to the releases topic."""
+
+
+class PublicTimePublisher:
+    """Publishes stored release records no earlier than their public time P(w), stamped with it.
+
+    P(w) is read from the record's own bytes (`published_at`, written by the releaser from
+    `Topology.publish_time`), so the first publication, a retry and the sweeper's all hold the same
+    bytes until the same time and give the Kafka record the same timestamp. `clock` and `sleep`
+    are the worker's (tests pass a manual pair)."""
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        self._send = send
+        self._clock = clock
+        self._sleep = sleep
+
+    def missed(self, value: bytes) -> bool:
+        """True when the record's P(w) has passed already: it is ready late (a release lag)."""
+        at = publish_time_of(value)
+        return at is not None and self._clock() > at
+
+    async def publish(self, value: bytes, key: bytes) -> None:
+        """Wait until P(w), then send with timestamp P(w) in ms (at once, still stamped P(w), when
+        P(w) has passed). A record without `published_at` (not a release record) is sent at once
+        with the producer's timestamp."""
+        at = publish_time_of(value)
+        if at is None:
+            await self._send(value, key, None)
+            return
+        wait = at - self._clock()
+        if wait > 0:
+            await self._sleep(wait)
+        await self._send(value, key, at * 1000)
 
 
 class ReleaseSide:
@@ -108,6 +161,9 @@ class ReleaseSide:
         self._states: dict[str, tuple[Any, MetricReleaseState]] = {}
         """metric → (the Table value it was loaded from or last written as, the live state)."""
         self._parking: Parking | None = None
+        self._public = PublicTimePublisher(self._send)
+        self._missed: set[bytes] = set()
+        """release_ids counted in `publish_misses` (each release once; bounded like `_closed_at`)."""
         self._dispatcher = ReleaseDispatcher(
             self._release,
             self._finished,
@@ -248,7 +304,11 @@ class ReleaseSide:
 
     async def _release_now(self, merged: MergedWindow) -> ReleaseResult:
         assert self._releaser is not None
-        return await self._releaser.release_merged(merged, self._publish_release)
+
+        async def publish(value: bytes, key: bytes) -> None:
+            await self._publish_release(value, key, merged.metric)
+
+        return await self._releaser.release_merged(merged, publish)
 
     async def _park(self, merged: MergedWindow, attempts: int, error: BaseException) -> None:
         """Park a window that failed `attempts` times in a row on an internal error (audited in the ledger)."""
@@ -333,14 +393,23 @@ class ReleaseSide:
             return True
         return self._parking is not None and self._parking.held(window)
 
-    async def _publish_release(self, value: bytes, key: bytes) -> None:
+    async def _publish_release(self, value: bytes, key: bytes, metric: str) -> None:
         if os.environ.get(FAULT_ENV) == "kill_before_publish":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._public.missed(value) and key not in self._missed:
+            self.stats.publish_misses[metric] += 1
+            self._missed.add(key)
+            if len(self._missed) > KEEP_CLOSE_TIMES:
+                self._missed.clear()  # a window is retried within minutes: an old id comes back rarely
         await self._publish(value, key)
 
     async def _publish(self, value: bytes, key: bytes) -> None:
+        """Every publication of stored bytes (first, retry, sweeper): held until P(w), stamped P(w)."""
+        await self._public.publish(value, key)
+
+    async def _send(self, value: bytes, key: bytes, timestamp_ms: int | None) -> None:
         assert self._producer is not None
-        await self._producer.send_and_wait(self.topology.sinks.releases, value, key=key)
+        await self._producer.send_and_wait(self.topology.sinks.releases, value, key=key, timestamp_ms=timestamp_ms)
 
     async def _sweep(self) -> None:
         """Republish reserved-but-unpublished releases with their stored bytes."""
