@@ -140,7 +140,8 @@ def test_refused_releases_publish_nothing(topo):
 
 
 def test_cli_writes_json_lines_and_a_summary_without_raw_values(topo, tmp_path, capsys):
-    """`dpstream replay` writes one record per line to --out and counts dead letters by reason on stderr."""
+    """`dpstream replay` writes one record per line to --out and counts dead letters by reason on stderr;
+    its in-process ledger's records say `"ledger": null` and stderr says they were charged to no ledger."""
     topo_file = tmp_path / "t.yaml"
     topo_file.write_text(_YAML)
     events = tmp_path / "events.jsonl"
@@ -150,7 +151,9 @@ def test_cli_writes_json_lines_and_a_summary_without_raw_values(topo, tmp_path, 
     assert main(["replay", str(topo_file), str(events), "--out", str(out), "--partitions", "2", *span]) == 0
     lines = out.read_bytes().splitlines()
     assert lines and all(json.loads(line)["release_id"] for line in lines)
+    assert all(json.loads(line)["ledger"] is None for line in lines)
     err = capsys.readouterr().err
+    assert 'records carry "ledger": null: charged to no ledger' in err
     assert "invalid:bad_timestamp=1" in err and "invalid:not_json=1" in err
     assert "secret-42" not in err and "soon" not in err
 

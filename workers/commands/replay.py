@@ -23,6 +23,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.commands.budget import default_actor
 from dpstream.workers.ledger import open_ledger
+from dpstream.workers.ledger.identity import NO_LEDGER_NOTE
 from dpstream.workers.pipeline.unit_ids import check_unit_hashing
 from dpstream.workers.release.record import iso_utc
 from dpstream.workers.runtime.replay import replay_lines
@@ -95,6 +96,8 @@ async def _run(args: argparse.Namespace) -> int:
             out.flush()
     for line in summary.lines():
         print(f"dpstream replay: {line}", file=sys.stderr)
+    if ledger.ledger_id is None:
+        print(f"dpstream replay: {NO_LEDGER_NOTE}", file=sys.stderr)
     return 0
 
 

@@ -91,10 +91,11 @@ def _run(args: argparse.Namespace) -> int:
     # Faust would report these inside its own start, as a traceback: check them first, before Kafka too.
     if args.web_port is not None:
         _check_listen(args.web_bind, args.web_port)
-    _check_ledger(redis_url, topology if role is not Role.INGEST else None, worker_id)
+    bootstrap = args.bootstrap or topology.kafka.bootstrap
+    _check_ledger(redis_url, topology if role is not Role.INGEST else None, worker_id, bootstrap)
     with _datadir(args.datadir, worker_id) as datadir:
         settings = RuntimeSettings(
-            bootstrap=args.bootstrap or topology.kafka.bootstrap,
+            bootstrap=bootstrap,
             redis_url=redis_url,
             worker_id=worker_id,
             web_port=args.web_port,
@@ -142,19 +143,36 @@ def _check_listen(host: str, port: int) -> None:
             sock.close()
 
 
-def _check_ledger(url: str, topology: Topology | None, actor: str) -> None:
+def _check_ledger(url: str, topology: Topology | None, actor: str, bootstrap: str) -> None:
     """Open and close the ledger as this worker's start will (URL, durability, the topology's scopes), so
-    its ConfigError is one line before Faust starts; an unreachable ledger is left to the start, which waits."""
+    its ConfigError is one line before Faust starts; an unreachable ledger is left to the start, which waits.
+    A publishing worker (`topology` given) also checks that its releases topic holds no record of its
+    topology version from another ledger (`verify.binding`)."""
     import asyncio
 
     from dpstream.workers.ledger import MEMORY, LedgerUnavailable, open_ledger
+    from dpstream.workers.ledger.connection import redact
+    from dpstream.workers.runtime.kafka_security import KafkaSecurity
+    from dpstream.workers.verify.binding import check_releases_ledger
 
     if url == MEMORY:
         return
 
     async def open_and_close() -> None:
         ledger = await open_ledger(url, topology, actor=actor)
-        await ledger.close()
+        try:
+            if topology is not None:
+                security = KafkaSecurity.from_env(kafka=topology.kafka)
+                await check_releases_ledger(
+                    bootstrap,
+                    topology.sinks.releases,
+                    topology.topology_version,
+                    ledger.ledger_id,
+                    redact(url),
+                    security,
+                )
+        finally:
+            await ledger.close()
 
     try:
         asyncio.run(open_and_close())

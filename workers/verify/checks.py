@@ -17,6 +17,8 @@ __all__ = [
     "check_dead_letters",
     "check_compare",
     "check_outages",
+    "foreign_ledger_records",
+    "check_ledger_binding",
 ]
 
 import json
@@ -527,4 +529,49 @@ def check_outages(
             break
     counts["outages"] = len(spans)
     counts["published_in_outages"] = inside
+    return violations
+
+
+def foreign_ledger_records(
+    records: Iterable[TopicRecord], topology_version: str, ledger_id: str | None
+) -> list[tuple[TopicRecord, str | None]]:
+    """The records of `topology_version` whose `ledger` names another ledger than `ledger_id`, each
+    with the id it names (None: `"ledger": null`, charged to no ledger). One releases topic is fed by
+    one ledger: a record from another was charged against another budget, so its release_id may
+    carry a second noisy value. A record without the field (written before records named their
+    ledger) or not a release record is not counted here (`index_releases` names malformed ones)."""
+    out: list[tuple[TopicRecord, str | None]] = []
+    for rec in records:
+        try:
+            doc = json.loads(rec.value) if rec.value is not None else None
+        except ValueError:
+            continue
+        if not isinstance(doc, dict) or doc.get("topology_version") != topology_version or "ledger" not in doc:
+            continue
+        named = doc["ledger"]
+        if named != ledger_id or ledger_id is None:
+            out.append((rec, named if isinstance(named, str) else None))
+    return out
+
+
+def check_ledger_binding(
+    records: Iterable[TopicRecord], topology_version: str, ledger_id: str | None, counts: dict[str, Any]
+) -> list[Violation]:
+    """Every release of this topology version on the releases topic that another ledger charged
+    (`foreign_ledger_records`), one violation per record; `ledger_id` None (this ledger has no id
+    yet) makes every record that names a ledger foreign."""
+    violations: list[Violation] = []
+    for rec, named in foreign_ledger_records(records, topology_version, ledger_id):
+        rid = json.loads(rec.value or b"{}").get("release_id", "?")
+        other = f"ledger {named}" if named is not None else "no ledger (null: an in-process ledger)"
+        mine = f"this ledger's id {ledger_id}" if ledger_id is not None else "this ledger, which has no id yet"
+        violations.append(
+            Violation(
+                "other_ledger",
+                f"release_id {rid} at {rec.where}: charged to {other}, not {mine}; its release_id may carry "
+                "a second noisy value (consumers keep the first record per release_id)",
+                {"release_id": rid, "ledger": named, "partition": rec.partition, "offset": rec.offset},
+            )
+        )
+    counts["releases_other_ledger"] = len(violations)
     return violations

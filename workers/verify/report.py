@@ -45,6 +45,8 @@ KINDS = {
     "ledger_not_durable": "the ledger's Redis is not AOF with appendfsync always",
     "published_during_outage": "a release was published while the ledger was unreachable (--outage) and "
     "was not charged before the outage began",
+    "other_ledger": "a release of this topology version on the releases topic was charged to another ledger "
+    "(another ledger id, or null: charged to no ledger)",
 }
 """Every violation kind, with what it means."""
 

@@ -155,6 +155,7 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
                 if entry.kind is AuditKind.REFUSAL and entry.fields.get("release_id"):
                     refusals[entry.fields["release_id"]] = entry.fields.get("reason", "") or "refused"
 
+        report.add(checks.check_ledger_binding(release_records, version, await ledger.recorded_ledger_id(), counts))
         found = await _charges(client, published, sorted(registered | set(scopes)))
         report.add(checks.check_charges(published, found, counts))
         if options.outages:
