@@ -379,3 +379,192 @@ def test_both_backends_give_identical_answers(fresh_redis: Any) -> None:
         return out
 
     assert run(script("memory")) == run(script(fresh_redis.url))
+
+
+# ---- a period's terms against the caller's, whatever registered last ------------------------------
+
+HOUR = 3600
+P1 = P0 + DAY
+
+
+def _at(rid: str, cost: float, start: int, period_s: int, size: int | None = None) -> ReleaseRequest:
+    """A release of the window [start, start + size) charged to its `period_s` period."""
+    end = start + (size or period_s)
+    return ReleaseRequest(rid, "s", period_id(period_s, start), "m", start, end, cost, RECORD % (rid.encode(), 1))
+
+
+async def _second(where: str, first: Ledger, clock: ManualClock, **topo: Any) -> Ledger:
+    """A second worker with its own topology on the first one's store (registered now)."""
+    if where != "memory":
+        return await open_ledger(where, one_scope_topology(**topo), clock=clock)
+    from dpstream.workers.ledger.config import scope_configs
+    from dpstream.workers.ledger.memory import MemoryLedger
+
+    other = MemoryLedger(scope_configs(one_scope_topology(**topo)), clock=clock)
+    other._store = first._store  # type: ignore[attr-defined]  # one store, two topologies (two workers, one Redis)
+    other._lock = first._lock  # type: ignore[attr-defined]  # the same store's lock
+    await other.register("worker-2")
+    return other
+
+
+async def _unchanged_but_one_refusal(ledger: Ledger, before: list[Any], rid: str, block: str) -> None:
+    """Nothing but one refusal audit entry (in `block`) since `before`; nothing stored for `rid`."""
+    new = (await ledger.audit("s"))[len(before) :]
+    assert [(e.kind, e.fields["period"], e.fields["release_id"]) for e in new] == [(AuditKind.REFUSAL, block, rid)]
+    assert await ledger.stored_payload("s", rid) is None
+    assert (await ledger.reconcile("s")).ok
+
+
+def test_a_charge_into_a_block_of_another_currency_is_refused(where: str) -> None:
+    """A zCDP worker registered on day 2 (accepted: day 2 has no block yet) that releases a day-1 window
+    is refused by day 1's pure block, one line, counted and audited there: no ρ drawn from an ε pool."""
+
+    async def body() -> None:
+        clock = ManualClock(T0)
+        pure = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
+        assert (await pure.charge(_at("day1-a", 0.1, P0, DAY))).outcome is Outcome.GRANTED
+        clock.advance(DAY)
+        zcdp = await _second(where, pure, clock, accounting=Accounting.ZCDP, delta=1e-6)
+        before = await zcdp.audit("s")
+        [block_before] = await zcdp.history("s")
+        r = await zcdp.charge(_at("day1-b", 0.05, P0, DAY))  # a new release id under the new version
+        assert r.outcome is Outcome.REFUSED and "\n" not in r.reason
+        assert r.reason.startswith(
+            f"period terms differ: block {period_id(DAY, P0)} keeps accounting pure, this worker zcdp"
+        )
+        assert r.reason.endswith("or use a new scope name") and r.cost_units == 0
+        [block] = await zcdp.history("s")
+        assert (block.spent_units, block.granted, block.refused) == (block_before.spent_units, 1, 1)
+        await _unchanged_but_one_refusal(zcdp, before, "day1-b", period_id(DAY, P0))
+        assert (await zcdp.charge(_at("day2-a", 0.001, P1, DAY))).outcome is Outcome.GRANTED  # its own period
+        await zcdp.close()
+        await pure.close()
+
+    run(body())
+
+
+def test_a_caller_whose_cap_is_below_the_block_cap_is_refused(where: str) -> None:
+    """A block whose cap is larger than the caller's refuses it (the period could spend more than the
+    caller's topology promises); a caller with a larger cap charges under the block's own terms."""
+
+    async def body() -> None:
+        clock = ManualClock(T0)
+        first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
+        assert (await first.charge(_at("a", 0.1, P0, DAY))).outcome is Outcome.GRANTED
+        clock.advance(DAY)
+        smaller = await _second(where, first, clock, epsilon=0.5)
+        before = await smaller.audit("s")
+        r = await smaller.charge(_at("b", 0.05, P0, DAY))
+        assert r.outcome is Outcome.REFUSED
+        assert (
+            f"block {period_id(DAY, P0)} keeps cap 1000000000000 units, this worker 500000000000 (smaller)" in r.reason
+        )
+        await _unchanged_but_one_refusal(smaller, before, "b", period_id(DAY, P0))
+        larger = await _second(where, first, clock, epsilon=2.0)
+        granted = await larger.charge(_at("c", 0.05, P0, DAY))
+        assert granted.outcome is Outcome.GRANTED and granted.ratio_after == pytest.approx(0.15)  # of the block's 1.0
+        for ledger in (larger, smaller, first):
+            await ledger.close()
+
+    run(body())
+
+
+_HOURLY = dict(period_s=HOUR, metrics=(("m", 1.0, HOUR, HOUR, False),))
+
+
+def test_a_period_length_change_mid_period_is_refused_at_registration(where: str) -> None:
+    """Hourly -> daily at 10:00 (before hour 10's block opens) would open a daily block over the day's
+    hourly ones: registration is refused with one line while any block lies in the new period, and the
+    daily length is accepted on a day with no block yet."""
+
+    async def body() -> None:
+        clock = ManualClock(P0 + 10 * HOUR + 30)
+        hourly = await open_ledger(where, one_scope_topology(**_HOURLY), clock=clock)
+        for h in (8, 9):
+            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.GRANTED
+        with pytest.raises(ConfigError) as err:
+            await _second(where, hourly, clock)
+        msg = str(err.value)
+        assert "\n" not in msg and "'s'" in msg and "period 3600 s -> 86400 s" in msg
+        assert f"until {period_id(DAY, P1)}T00:00:00Z" in msg and "use a new scope name" in msg
+        assert len([e for e in await hourly.audit("s") if e.kind is AuditKind.CONFIG]) == 1
+        assert (await hourly.charge(_at("h10", 0.5, P0 + 10 * HOUR, HOUR))).outcome is Outcome.GRANTED
+        clock.now = P1 + 30  # day 2, before any of its blocks opened
+        daily = await _second(where, hourly, clock)
+        assert (await daily.status("s")).period_end == P1 + DAY
+        await daily.close()
+        await hourly.close()
+
+    run(body())
+
+
+def test_a_block_over_blocks_of_another_length_is_refused(where: str) -> None:
+    """A daily worker registered on day 2 that releases a day-1 window would open a daily block over day
+    1's hourly blocks (their pools plus a daily one): refused, counted and audited in the first hourly
+    block it overlaps; no daily block is opened and the day's spend stays what the hourly blocks hold."""
+
+    async def body() -> None:
+        clock = ManualClock(P0 + 10 * HOUR + 30)
+        hourly = await open_ledger(where, one_scope_topology(**_HOURLY), clock=clock)
+        for h in (8, 9):
+            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.GRANTED
+        clock.now = P1 + 30
+        daily = await _second(where, hourly, clock)
+        before = await daily.audit("s")
+        r = await daily.charge(_at("d1", 0.5, P0, DAY))
+        first_hour = period_id(HOUR, P0 + 8 * HOUR)
+        assert r.outcome is Outcome.REFUSED and r.reason.startswith(
+            f"period terms differ: block {first_hour} keeps period 3600 s, this worker 86400 s, "
+            f"whose period {period_id(DAY, P0)} overlaps it"
+        )
+        await _unchanged_but_one_refusal(daily, before, "d1", first_hour)
+        assert {h.period_id: (h.spent_units, h.refused) for h in await daily.history("s")} == {
+            first_hour: (500_000_000_000, 1),
+            period_id(HOUR, P0 + 9 * HOUR): (500_000_000_000, 0),
+        }
+        await daily.close()
+        await hourly.close()
+
+    run(body())
+
+
+def test_a_shorter_block_inside_a_longer_one_is_refused(where: str) -> None:
+    """An hourly worker registered on day 2 that releases a window of day 1's hour 10 would open an hourly
+    block inside day 1's daily block: refused, counted and audited in the daily block, nothing opened."""
+
+    async def body() -> None:
+        clock = ManualClock(T0)
+        daily = await open_ledger(where, one_scope_topology(), clock=clock)
+        assert (await daily.charge(_at("d1", 0.5, P0, DAY))).outcome is Outcome.GRANTED
+        clock.now = P1 + 30
+        hourly = await _second(where, daily, clock, **_HOURLY)
+        before = await hourly.audit("s")
+        r = await hourly.charge(_at("h10", 0.5, P0 + 10 * HOUR, HOUR))
+        assert r.outcome is Outcome.REFUSED and r.reason.startswith(
+            f"period terms differ: block {period_id(DAY, P0)} keeps period 86400 s, this worker 3600 s, "
+            f"whose period {period_id(HOUR, P0 + 10 * HOUR)} overlaps it"
+        )
+        await _unchanged_but_one_refusal(hourly, before, "h10", period_id(DAY, P0))
+        assert [(h.period_id, h.refused) for h in await hourly.history("s")] == [(period_id(DAY, P0), 1)]
+        assert (await hourly.charge(_at("h0", 0.5, P1, HOUR))).outcome is Outcome.GRANTED  # day 2 is free
+        await hourly.close()
+        await daily.close()
+
+    run(body())
+
+
+def test_a_known_release_id_is_answered_before_any_terms_check(where: str) -> None:
+    """A release id already charged returns its stored bytes even to a caller the block would refuse."""
+
+    async def body() -> None:
+        clock = ManualClock(T0)
+        pure = await open_ledger(where, one_scope_topology(), clock=clock)
+        first = await pure.charge(_at("a", 0.1, P0, DAY))
+        clock.advance(DAY)
+        zcdp = await _second(where, pure, clock, accounting=Accounting.ZCDP, delta=1e-6)
+        again = await zcdp.charge(_at("a", 0.05, P0, DAY))
+        assert (again.outcome, again.payload) == (Outcome.DUPLICATE, first.payload)
+        await zcdp.close()
+        await pure.close()
+
+    run(body())
