@@ -36,8 +36,6 @@ def topology_document(topology: Topology) -> dict[str, Any]:
         doc["start"] = format_start(topology.start_s)
     if topology.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
         doc["publish_delay"] = format_duration(topology.publish_delay_s)
-    if topology.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
-        doc["publish_delay"] = format_duration(topology.publish_delay_s)
     if topology.kafka != KafkaSettings():
         kafka = topology.kafka
         doc["kafka"] = {"bootstrap": kafka.bootstrap}

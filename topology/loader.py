@@ -28,7 +28,6 @@ from dpstream.topology.errors import ConfigError, ConfigWarning
 from dpstream.topology.lint import lint_topology
 from dpstream.topology.model import (
     DEFAULT_PUBLISH_DELAY_S,
-    DEFAULT_PUBLISH_DELAY_S,
     EVENT_LEVEL_UNIT,
     KAFKA_SASL_MECHANISMS,
     Accounting,
@@ -308,7 +307,6 @@ class _Loader:
         top = _Fields(self, "topology", "", "topology", root, 1)
         version = top.get("version", _read_version, default=1)
         start = top.get("start", _read_start)
-        publish_delay = top.get("publish_delay", read_duration, True, default=DEFAULT_PUBLISH_DELAY_S)
         publish_delay = top.get("publish_delay", read_duration, True, default=DEFAULT_PUBLISH_DELAY_S)
         sources = self._section(top, "sources", self._source)
         budgets = self._section(top, "budgets", self._budget)

@@ -17,7 +17,6 @@ __all__ = [
     "Arrival",
     "EVENT_LEVEL_UNIT",
     "EVENT_LEVEL_LABEL",
-    "DEFAULT_PUBLISH_DELAY_S",
     "UNIT_LEVEL_LABEL",
     "guarantee_label",
     "event_level_note",
@@ -44,11 +43,6 @@ from enum import Enum
 
 EVENT_LEVEL_UNIT = "event"
 """`privacy_unit: event` means event-level DP: weaker, chosen explicitly, labelled everywhere."""
-
-DEFAULT_PUBLISH_DELAY_S = 5
-"""`publish_delay` when the topology omits it: a worker checks for closed windows every second,
-half a second after C(w), and the merge, charge and publish take tens of milliseconds on a healthy
-worker (p99 close -> publish under 0.1 s measured): 5 s leaves it a wide margin."""
 
 DEFAULT_PUBLISH_DELAY_S = 5
 """`publish_delay` when the topology omits it: a worker checks for closed windows every second,
@@ -388,17 +382,6 @@ class Topology:
     published (`publish_delay`): the public time P(w) = C(w) + publish_delay. A release is never
     published before P(w) and is stamped with it; one that misses it is late (release lag). Processing
     time grows with the data, so the default is a margin a healthy worker meets."""
-    publish_delay_s: int = DEFAULT_PUBLISH_DELAY_S
-    """Seconds after a window's close time C(w) = end + allowed_lateness at which its release is
-    published (`publish_delay`): the public time P(w) = C(w) + publish_delay. A release is never
-    published before P(w) and is stamped with it; one that misses it is late (release lag). Processing
-    time grows with the data, so the default is a margin a healthy worker meets."""
-
-    def publish_time(self, metric: Metric, window_end: int) -> int:
-        """P(w) in epoch seconds: the public time the release of `metric`'s window ending at
-        `window_end` is published at (its close time C(w) plus `publish_delay`). It depends on the
-        topology and the window only, never on the data or on how long processing took."""
-        return int(window_end) + self.sources[metric.source].allowed_lateness_s + self.publish_delay_s
 
     def publish_time(self, metric: Metric, window_end: int) -> int:
         """P(w) in epoch seconds: the public time the release of `metric`'s window ending at

@@ -13,7 +13,6 @@ unrounded; `null` marks a value that does not apply.
       "topology": str,                   # path of the topology file ("" if built in memory)
       "topology_version": str,           # hash of the normalised topology (release ids use it)
       "publish_delay_s": int,            # each release is published at P(w) = C(w) + this, stamped with P(w)
-      "publish_delay_s": int,            # each release is published at P(w) = C(w) + this, stamped with P(w)
       "scopes": [                        # one per budget, in file order
         {
           "name": str,

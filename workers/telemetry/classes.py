@@ -69,7 +69,6 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_release_retries_total": _C,
         "dpstream_release_parks_total": _C,
         "dpstream_release_publish_misses_total": _C,
-        "dpstream_release_publish_misses_total": _C,
         "dpstream_releases_parked": _C,
         "dpstream_releases_swept_total": _C,
         "dpstream_release_latency_seconds": _C,

@@ -11,8 +11,6 @@ Release side (roles `all` and `release`), per `metric` of the topology:
     dpstream_release_latency_seconds{metric}      histogram: close (last partial appended) → published
     dpstream_release_publish_misses_total{metric} releases ready only after their public time P(w) =
                                                   C(w) + publish_delay (published at once, stamped P(w))
-    dpstream_release_publish_misses_total{metric} releases ready only after their public time P(w) =
-                                                  C(w) + publish_delay (published at once, stamped P(w))
     dpstream_release_noise_stddev{metric}         noise σ of the last release published here, in value
                                                   units (a mean: its sum component's σ; absent for top-k
                                                   and before the first release)
@@ -172,17 +170,6 @@ class WorkerCollector(Collector):
         for m in metrics:
             parked.add_metric([m], float(parks.get(m, 0)))
         yield parked
-
-        misses = CounterMetricFamily(
-            "dpstream_release_publish_misses",
-            "Releases ready only after their public time P(w) = close time + publish_delay (published at "
-            "once, stamped P(w)): their timing may show how long the data took to process.",
-            labels=["metric"],
-        )
-        missed = _copy(stats.publish_misses)
-        for m in metrics:
-            misses.add_metric([m], float(missed.get(m, 0)))
-        yield misses
 
         misses = CounterMetricFamily(
             "dpstream_release_publish_misses",
