@@ -25,6 +25,7 @@ from dpstream.topology.loader import load_topology
 from dpstream.workers.localstack import free_port
 from dpstream.workers.pipeline.events import REASONS
 from dpstream.workers.release.outcomes import ReleaseOutcome
+from dpstream.workers.telemetry.classes import METRIC_CLASSES, MetricClass
 from tests.e2e.harness import poll, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -264,7 +265,7 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
     """A canary unit and a canary key go through a real worker (with 2,468 other users on the canary key, so the
     key's true count is 2,469, and 500 on another page): neither string, nor the key's true count, nor the true
     basket sum appears in the worker's or the exporter's /metrics or in either log (INFO)."""
-    worker = stack.start("w-all", ["worker", "--role", "all"])
+    worker = stack.start("w-all", ["worker", "--role", "all", "--curator-metrics"])
     exporter = stack.start("exporter", ["exporter"])
     status, body = _get(worker, "/health")
     assert status == 200 and json.loads(body) == {"status": "ok", "role": "all"}
@@ -348,7 +349,9 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
     # what the worker serves (role all: budget, releases and events)
     families = _families(worker_text)
     assert BUDGET_FAMILIES | RELEASE_FAMILIES | EVENT_FAMILIES | {"dpstream_build_info"} <= families, families
-    assert BUDGET_FAMILIES | {"dpstream_build_info"} <= _families(exporter_text)
+    assert BUDGET_FAMILIES | {"dpstream_build_info", "dpstream_metric_privacy_info"} <= _families(exporter_text)
+    curator_only = {n for n, c in METRIC_CLASSES.items() if c is MetricClass.CURATOR_ONLY}
+    assert not _families(exporter_text) & curator_only  # the exporter never serves curator-only series
     assert got[("dpstream_ledger_up", ())] == 1.0
     assert got[("dpstream_budget_spent_ratio", (("scope", "b"),))] > 0
     for metric in stack.topology.metrics:
@@ -378,6 +381,8 @@ def test_worker_metrics_promtool_health_and_no_canary_anywhere(stack: Stack) -> 
         "le",
         "version",
         "topology_version",
+        "privacy_unit",  # dpstream_metric_privacy_info: the topology's field name (or `event`)
+        "guarantee",  # and its fixed vocabulary: unit-level | event-level (weaker)
     }
     assert {name for key in got for name, _ in key[1]} <= allowed
 
@@ -392,7 +397,7 @@ def test_split_roles_each_serve_their_own_metrics_and_release_lag(stack: Stack) 
 
     from dpstream.workers.pipeline.partials import WindowPartial
 
-    release = stack.start("w-release", ["worker", "--role", "release"])
+    release = stack.start("w-release", ["worker", "--role", "release", "--curator-metrics"])
     assert json.loads(_get(release, "/health")[1]) == {"status": "ok", "role": "release"}
     first = stack.topology.start_s
     source = stack.topology.sources["clicks"]
@@ -414,7 +419,7 @@ def test_split_roles_each_serve_their_own_metrics_and_release_lag(stack: Stack) 
     assert abs(got[lag] - (time.time() - (first + WINDOW + 2))) < 5
     assert got[("dpstream_windows_pending", (("metric", "basket"),))] == 0
 
-    ingest = stack.start("w-ingest", ["worker", "--role", "ingest"])
+    ingest = stack.start("w-ingest", ["worker", "--role", "ingest", "--curator-metrics"])
     assert json.loads(_get(ingest, "/health")[1]) == {"status": "ok", "role": "ingest"}
     start = _next_window()
     send(

@@ -276,6 +276,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, kafka_broker, redis_server) -
                 "mon-w1",
                 "--web-port",
                 str(worker_port),
+                "--curator-metrics",  # the operator's own Prometheus: DPReleaseLag and 3 dashboards need them
             ],
         )
         procs.start(

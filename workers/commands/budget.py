@@ -4,7 +4,10 @@
 dropped); `retry` (audited, with actor and reason) makes the worker release them again.
 
 `budget status --json` prints one object, `{"scopes": [...]}`, each scope in the shape that
-`dpstream.workers.ledger.reporting.status_json` documents (the README quotes it).
+`dpstream.workers.ledger.reporting.status_json` documents (the README quotes it), plus `parked`,
+`guarantee` (`unit-level`, or `event-level (weaker)` when a metric of the scope has
+`privacy_unit: event`; null without `--topology`, since the ledger does not know the privacy unit)
+and `event_level_metrics`. The text form says the event-level label on its own line.
 
 The ledger is found by `--redis URL`, else `$DPSTREAM_REDIS` (what the runbooks use: the operator's
 environment names the deployment's ledger), else the topology's `redis.url` (`--topology FILE`),
@@ -26,6 +29,7 @@ from typing import Any
 
 from dpstream.topology.durations import parse_duration
 from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import event_level_note, guarantee_label
 from dpstream.workers.ledger import Ledger, ScopeStatus, open_ledger
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.reporting import iso, parked_json, status_json
@@ -137,19 +141,49 @@ def _status_text(s: ScopeStatus) -> str:
     return "\n".join(lines)
 
 
+def _event_level_metrics(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """Per scope of `--topology`, its event-level metrics (the plan's rule); None without a topology
+    (the ledger does not know the privacy unit)."""
+    if not getattr(args, "topology", None):
+        return None
+    from dpstream.topology.loader import load_topology
+    from dpstream.topology.plan import build_plan
+
+    plan = build_plan(load_topology(args.topology))
+    return {s.name: [m.name for m in s.metrics if m.event_level] for s in plan.scopes}
+
+
+def _guarantee_line(scope: str, event_level: dict[str, list[str]] | None) -> str:
+    names = (event_level or {}).get(scope)
+    if not names:
+        return ""
+    return f"\n  {event_level_note(names)}"
+
+
 def _status(args: argparse.Namespace) -> int:
+    event_level = _event_level_metrics(args)
+
+    def guarantee(scope: str) -> dict[str, Any]:
+        """`guarantee` (null without --topology) and the scope's event-level metrics."""
+        if event_level is None:
+            return {"guarantee": None, "event_level_metrics": None}
+        names = event_level.get(scope, [])
+        return {"guarantee": guarantee_label(bool(names)), "event_level_metrics": names}
+
     async def body(ledger: Ledger, topo_scopes: list[str]) -> int:
         scopes = await _scopes(ledger, args, topo_scopes)
         rows = [await ledger.status(scope) for scope in scopes]
         parked = [len(await ledger.parked(scope)) for scope in scopes]
+        pairs = list(zip(rows, parked, strict=True))
         if args.json:
+            doc = {"scopes": [{**status_json(s), "parked": n, **guarantee(s.scope)} for s, n in pairs]}
+            print(json.dumps(doc, indent=2))
+        else:
             print(
-                json.dumps(
-                    {"scopes": [{**status_json(s), "parked": n} for s, n in zip(rows, parked, strict=True)]}, indent=2
+                "\n".join(
+                    _status_text(s) + _guarantee_line(s.scope, event_level) + _parked_line(s.scope, n) for s, n in pairs
                 )
             )
-        else:
-            print("\n".join(_status_text(s) + _parked_line(s.scope, n) for s, n in zip(rows, parked, strict=True)))
         return 0
 
     return _run(args, body)

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from dpstream.topology.errors import ConfigError
+from dpstream.topology.model import event_level_note
 
 
 async def make_report(ledger: Any, topology: Any, scope: str, period: str | None) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def render_text(rep: dict[str, Any]) -> str:
     lines = [
         f"report card: {rep['scope']} period {rep['period']['id']} "
         f"({rep['period']['start']} .. {rep['period']['end']})",
+        *([f"  {event_level_note(names)}"] if (names := rep.get("event_level_metrics")) else []),
         f"  charged: {cur} {ch['total']:.6g} of cap {ch['cap']:.6g} (ratio {ch['ratio']:.4f}); "
         f"ε {ch['epsilon']:.6g} at δ {ch['delta']:.3g}; audit reconciles: {'yes' if ch['reconciles'] else 'NO'}",
         f"  per-record cost check: {rc['ok']} of {rc['checked']} ok"

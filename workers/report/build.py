@@ -6,7 +6,7 @@ __all__ = ["REPORT_VERSION", "build_report"]
 
 from typing import Any
 
-from dpstream.topology.model import Accounting
+from dpstream.topology.model import Accounting, guarantee_label
 from dpstream.topology.plan import build_plan
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
 from dpstream.workers.release.record import iso_utc
@@ -78,6 +78,9 @@ def build_report(data: PeriodData) -> dict[str, Any]:
             "schedule_start_epoch": data.first_release_start,
         },
         "topology": {"path": data.topology.path, "version": data.topology.topology_version},
+        # `event-level (weaker)` when a metric of the scope protects single events (privacy_unit: event)
+        "guarantee": guarantee_label(scope_plan.event_level),
+        "event_level_metrics": [m.name for m in scope_plan.metrics if m.event_level],
         "terms": {
             "accounting": data.accounting,
             "epsilon": data.epsilon,

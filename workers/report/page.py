@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dpstream.topology.model import event_level_note
+
 PLOTS = ("spend", "burn_rate", "error_vs_epsilon", "share_vs_weight")
 """The figures every page has (`data-plot` names)."""
 
@@ -204,6 +206,11 @@ def render_page(rep: dict[str, Any]) -> str:
         *(
             [f"<p>First period of the deployment: its schedule starts at {esc(first)} (nothing before it).</p>"]
             if (first := rep["period"].get("schedule_start"))
+            else []
+        ),
+        *(
+            [f"<p class='flag'>{esc(event_level_note(names))}.</p>"]
+            if (names := rep.get("event_level_metrics"))
             else []
         ),
         "<h2>Accounting</h2>",

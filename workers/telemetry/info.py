@@ -3,24 +3,21 @@
     dpstream_build_info{version,topology_version}                       1
     dpstream_metric_privacy_info{metric,scope,source,privacy_unit,guarantee}  1 per metric of the topology
 
-`guarantee` is `topology.model.EVENT_LEVEL_LABEL` for a metric whose source has `privacy_unit: event`
-(event-level DP protects single events, not people) and `unit-level` otherwise, so a dashboard or a
-rule can label or join event-level figures (`* on (metric) group_left(guarantee) …`).
+`guarantee` is `topology.model.guarantee_label`: `event-level (weaker)` for a metric whose source has
+`privacy_unit: event` (event-level DP protects single events, not people), `unit-level` otherwise, so
+a dashboard or a rule can label or join event-level figures (`* on (metric) group_left(guarantee) …`).
 """
 
 from __future__ import annotations
 
-__all__ = ["TopologyInfo", "UNIT_LEVEL", "build_version", "guarantee_of"]
+__all__ = ["TopologyInfo", "build_version"]
 
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dpstream.topology.model import EVENT_LEVEL_LABEL, Source, Topology
-
-UNIT_LEVEL = "unit-level"
-"""The `guarantee` of a metric that protects every event of one privacy unit (the default model)."""
+from dpstream.topology.model import EVENT_LEVEL_LABEL, UNIT_LEVEL_LABEL, Topology, guarantee_label
 
 
 def build_version() -> str:
@@ -33,11 +30,6 @@ def build_version() -> str:
         return "unknown"
 
 
-def guarantee_of(source: Source) -> str:
-    """The `guarantee` label of a source's metrics: the event-level label, or `unit-level`."""
-    return EVENT_LEVEL_LABEL if source.event_level else UNIT_LEVEL
-
-
 class TopologyInfo(Collector):
     """`dpstream_build_info` and `dpstream_metric_privacy_info` of one topology (fixed at start)."""
 
@@ -46,7 +38,7 @@ class TopologyInfo(Collector):
         self._metrics = []
         for name, m in sorted(topology.metrics.items()):
             source = topology.sources[m.source]
-            self._metrics.append([name, m.budget, m.source, source.privacy_unit, guarantee_of(source)])
+            self._metrics.append([name, m.budget, m.source, source.privacy_unit, guarantee_label(source.event_level)])
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -59,7 +51,7 @@ class TopologyInfo(Collector):
         privacy = GaugeMetricFamily(
             "dpstream_metric_privacy_info",
             "Each metric's budget scope, source, privacy unit and guarantee "
-            f"('{EVENT_LEVEL_LABEL}' for privacy_unit: event, else '{UNIT_LEVEL}'); always 1.",
+            f"('{EVENT_LEVEL_LABEL}' for privacy_unit: event, else '{UNIT_LEVEL_LABEL}'); always 1.",
             labels=["metric", "scope", "source", "privacy_unit", "guarantee"],
         )
         for labels in self._metrics:

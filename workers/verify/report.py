@@ -1,9 +1,11 @@
 """What `dpstream verify` found: violations (one line each), counts, and the text and JSON forms.
 
-Text (stdout): one `VIOLATION <kind>: <what>` line per violation, then one summary line
-`verify: ok|N violation(s): <counts>`. JSON (`--json`, `verify_version: 1`): one object
+Text (stdout): one `VIOLATION <kind>: <what>` line per violation, then (when the topology has
+event-level metrics) the line `event-level (weaker): <metrics> protect single events, …`, then one
+summary line `verify: ok|N violation(s): <counts>`. JSON (`--json`, `verify_version: 1`): one object
 
     {"verify_version": 1, "ok": false, "topology_version": "…",
+     "guarantee": "unit-level|event-level (weaker)", "event_level_metrics": ["…"],
      "schedule": {"start": S, "start_iso": "…", "source": "topology|ledger|none", "checked_until": T, "grace_s": 60},
      "counts": {"releases": 7, "release_ids": 5, "duplicates_identical": 2, "windows_checked": 12,
                 "windows_released": 10, "windows_refused": 2, "dead_letters": 3, "dead_letter_reasons": {…}, …},
@@ -21,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from dpstream.topology.model import event_level_note, guarantee_label
 
 VERIFY_VERSION = 1
 
@@ -78,6 +82,8 @@ class VerifyReport:
     violations: list[Violation] = field(default_factory=list)
     counts: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
+    event_level_metrics: list[str] = field(default_factory=list)
+    """Metrics of the topology whose source has `privacy_unit: event` (labelled weaker in both forms)."""
 
     @property
     def ok(self) -> bool:
@@ -113,6 +119,8 @@ def _summary(report: VerifyReport) -> str:
 def render_text(report: VerifyReport) -> str:
     """One line per violation, then the summary line."""
     lines = [v.line() for v in report.violations]
+    if report.event_level_metrics:
+        lines.append(event_level_note(report.event_level_metrics))
     lines.append(_summary(report))
     return "\n".join(lines)
 
@@ -123,6 +131,8 @@ def render_json(report: VerifyReport) -> str:
         "verify_version": VERIFY_VERSION,
         "ok": report.ok,
         "topology_version": report.topology_version,
+        "guarantee": guarantee_label(bool(report.event_level_metrics)),
+        "event_level_metrics": report.event_level_metrics,
         "schedule": report.schedule,
         "counts": report.counts,
         "violations": [{"kind": v.kind, "message": v.message, **v.details} for v in report.violations],

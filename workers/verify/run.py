@@ -102,6 +102,9 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
     now = time.time() if options.now is None else float(options.now)
     version = topology.topology_version
     report = VerifyReport(version)
+    report.event_level_metrics = sorted(
+        name for name, m in topology.metrics.items() if topology.sources[m.source].event_level
+    )
     counts = report.counts
 
     kafka = KafkaSecurity.from_env(kafka=topology.kafka)  # as `dpstream worker` resolves it
