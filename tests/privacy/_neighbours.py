@@ -272,6 +272,31 @@ def run_replay_cli(topology_file: str, lines: Sequence[bytes], flags: Sequence[s
     return code, {r["release_id"]: r for r in records}
 
 
+def run_replay_raw(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, bytes]:
+    """`run_replay`, keeping each record's bytes exactly as published: release_id → bytes."""
+
+    async def go() -> dict[str, bytes]:
+        ledger = await open_ledger("memory", topo)
+        published: dict[str, bytes] = {}
+
+        async def publish(value: bytes, key: bytes) -> None:
+            assert key.decode() not in published, "a release_id was published twice"
+            published[key.decode()] = value
+
+        await replay_lines(topo, lines, ledger, publish, start=start, end=end, partitions=partitions)
+        return published
+
+    return asyncio.run(go())
+
+
+def public_fields(raw: bytes) -> dict[str, Any]:
+    """Everything a release record publishes except its noisy `values`: what must not differ at all
+    between D and D′ (the schedule, costs, ratio_after, noise scales, `published_at`)."""
+    record = json.loads(raw)
+    record.pop("values")
+    return record
+
+
 # -- comparing ------------------------------------------------------------------------------------
 def compare(
     topo: Topology,

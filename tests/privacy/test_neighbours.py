@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpstream.workers.release.record import iso_utc, publish_time_of
 from tests.privacy import _neighbours as nb
 
 START = nb.T0
@@ -238,6 +239,42 @@ def test_an_event_in_the_first_minute_changes_no_release_id(partitions: int) -> 
     base = _dense_base(START + 1_800, START + 2 * nb.HOUR, partitions)
     problems = nb.compare(nb.topology(), base, neighbour, _K, unit_times=[t_adv])
     assert not problems, "\n".join(problems[:20])
+
+
+def _heavy_unit(events: int, t0: float) -> list[dict]:
+    """One adversarial unit with `events` events in one minute (capped to its bound in every window,
+    but each event still has to be read, parsed and bounded: processing grows with them)."""
+    return [
+        {
+            "user_id": "heavy",
+            "ts": t0 + (i % 6000) / 100,
+            "page": nb.DECLARED_PAGES[i % 4],
+            "ref": f"r{i % 7}",
+            "amount": 20,
+        }
+        for i in range(events)
+    ]
+
+
+def test_one_heavy_unit_changes_no_public_byte_but_the_noisy_values() -> None:
+    """D′ = D + one unit with 20,000 events: every record field but the noisy values is identical
+    (costs, ratio_after, published_at), published_at is P(w) = end + allowed_lateness +
+    publish_delay, and so is the Kafka record timestamp the release agent gives it."""
+    topo = nb.topology()
+    d_events = nb.ordinary_stream(D_SEEDS[0], START, END)
+    heavy = _heavy_unit(20_000, START + 600.0)
+    base = nb.run_replay_raw(topo, nb.to_lines(d_events), START, END, 1)
+    neighbour = nb.run_replay_raw(
+        topo, nb.to_lines(nb.interleave(d_events, [(len(d_events) // 2, e) for e in heavy])), START, END, 1
+    )
+    assert set(base) == set(neighbour) and len(base) == _RELEASES
+    for rid, raw in base.items():
+        a, b = nb.public_fields(raw), nb.public_fields(neighbour[rid])
+        assert a == b, f"{a['metric']} window {a['window']['start']}: public fields differ"
+        metric = topo.metrics[a["metric"]]
+        p_w = topo.publish_time(metric, a["window"]["end_epoch"])
+        assert a["published_at"] == iso_utc(p_w), (a["metric"], a["window"]["start"])
+        assert publish_time_of(raw) == publish_time_of(neighbour[rid]) == p_w  # the Kafka timestamp, ÷ 1000
 
 
 # -- the harness itself -----------------------------------------------------------------------------
