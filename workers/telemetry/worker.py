@@ -3,7 +3,7 @@
 Release side (roles `all` and `release`), per `metric` of the topology:
 
     dpstream_releases_total{metric,outcome}       published|duplicate|refused_budget|refused_breaker|
-                                                  ledger_unavailable|failed, every one present
+                                                  ledger_unavailable|failed|expired, every one present
     dpstream_release_retries_total{metric}        failed release attempts the dispatcher retries later
     dpstream_release_parks_total{metric}          windows this process parked after repeated internal
                                                   failures (parked now, from the ledger, per scope:
@@ -142,7 +142,7 @@ class WorkerCollector(Collector):
         total = CounterMetricFamily(
             "dpstream_releases_total",
             "Release attempts by outcome (published, "
-            "duplicate, refused_budget, refused_breaker, ledger_unavailable, failed).",
+            "duplicate, refused_budget, refused_breaker, ledger_unavailable, failed, expired).",
             labels=["metric", "outcome"],
         )
         for m in metrics:
