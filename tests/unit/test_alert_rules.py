@@ -40,6 +40,7 @@ DESIGN_ALERTS = (
     "DPReleasesRefused",
     "DPReleaseLag",
     "DPReleasesParked",  # issue 11 item 5 (poison windows); DESIGN §7 lists the others
+    "DPClockSkew",  # window closes held for worker-broker clock skew
     "DPWorkerDown",
     "DPExporterDown",
 )
