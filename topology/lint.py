@@ -6,6 +6,7 @@ __all__ = ["DEFAULT_DELTA_CEILING", "lint_topology"]
 
 from fractions import Fraction
 
+from dpstream.topology.composition import unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigWarning
 from dpstream.topology.model import Accounting, Mechanism, Topology, WindowKind
@@ -84,6 +85,17 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
                 )
         if not topology.metrics_of(budget.name):
             warn(("budget", budget.name), f"{subject}: no metric draws on it; remove it or add a metric")
+
+    for unit in unit_guarantees(topology):
+        if unit.composes:
+            scopes = ", ".join(f"'{s.scope}' ({format_duration(s.period_s)})" for s in unit.scopes)
+            warn(
+                ("budget", unit.scopes[1].scope),
+                f"privacy unit '{unit.privacy_unit}': budgets {scopes} over source(s) "
+                f"{', '.join(repr(s) for s in unit.sources)} compose for one person: together {unit.summary()}, "
+                "more than any one of them promises; size them knowing they add up, or charge the metrics "
+                "to one budget",
+            )
 
     for metric in topology.metrics.values():
         window = metric.window

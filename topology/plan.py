@@ -83,6 +83,16 @@ unrounded; `null` marks a value that does not apply.
             }
           ]
         }
+      ],
+      "privacy_units": [                 # per privacy unit (event-level sources left out): topology.composition
+        {
+          "privacy_unit": str,
+          "sources": [str], "scopes": [str],
+          "composes": bool,              # two or more scopes protect this unit: their guarantees add up
+          "rho_per_day": float | null,   # Σ caps in ρ (pure ε as ε²/2) × periods per UTC day; null: pure only
+          "epsilon_per_day": float,      # ε at the smallest zCDP conversion δ (pure only: Σ ε per day)
+          "delta_per_day": float         # that δ + every scope's partition-selection δ in the day
+        }
       ]
     }
 """
@@ -109,6 +119,7 @@ from typing import Any
 from dpstream.topology import accounting as acc
 from dpstream.topology.allocation import MetricDemand, static_release_cost
 from dpstream.topology.calibration import NoiseComponent, calibrate
+from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import DEFAULT_PUBLISH_DELAY_S, Accounting, Budget, Mechanism, Metric, Topology, WindowKind
 from dpstream.topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
@@ -249,6 +260,8 @@ class Plan:
     scopes: tuple[ScopePlan, ...]
     publish_delay_s: int = DEFAULT_PUBLISH_DELAY_S
     """Seconds from a window's close time C(w) to its public release time P(w)."""
+    privacy_units: tuple[UnitGuarantee, ...] = ()
+    """What the scopes promise together per privacy unit and UTC day (`topology.composition`)."""
 
     def scope(self, name: str) -> ScopePlan:
         """The plan of one scope by name (KeyError if absent)."""
@@ -410,6 +423,7 @@ def build_plan(topology: Topology) -> Plan:
         topology_version=topology.topology_version,
         scopes=tuple(scope_plan(topology, b) for b in topology.budgets.values()),
         publish_delay_s=topology.publish_delay_s,
+        privacy_units=tuple(unit_guarantees(topology)),
     )
 
 
@@ -503,4 +517,17 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "topology_version": plan.topology_version,
         "publish_delay_s": plan.publish_delay_s,
         "scopes": [_scope_json(s) for s in plan.scopes],
+        "privacy_units": [_unit_json(u) for u in plan.privacy_units],
+    }
+
+
+def _unit_json(u: UnitGuarantee) -> dict[str, Any]:
+    return {
+        "privacy_unit": u.privacy_unit,
+        "sources": list(u.sources),
+        "scopes": [s.scope for s in u.scopes],
+        "composes": u.composes,
+        "rho_per_day": u.rho_per_day,
+        "epsilon_per_day": u.epsilon,
+        "delta_per_day": u.delta,
     }

@@ -130,5 +130,15 @@ def render_plan(plan: Plan) -> str:
     ]
     for s in plan.scopes:
         lines += _scope_lines(s) + [""]
+    for unit in plan.privacy_units:
+        if unit.composes:
+            scopes = ", ".join(s.scope for s in unit.scopes)
+            lines += [
+                f"privacy unit {unit.privacy_unit}: budgets {scopes} compose for one person "
+                f"(sources {', '.join(unit.sources)}): {unit.summary()}",
+                "  WARNING: no budget counts the others' spend; each promise above holds alone, "
+                "together they give only this (pure ε counts as ε²/2 in ρ)",
+                "",
+            ]
     lines.append("scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.")
     return "\n".join(lines)

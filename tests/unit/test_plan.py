@@ -192,7 +192,17 @@ def test_plan_json_shape_is_stable_and_serialisable():
     doc = plan_to_json(build_plan(load_topology(EXAMPLES / "web-analytics.yaml")))
     json.loads(json.dumps(doc))
     assert doc["plan_version"] == PLAN_JSON_VERSION
-    assert set(doc) == {"plan_version", "topology", "topology_version", "publish_delay_s", "scopes"}
+    assert set(doc) == {"plan_version", "topology", "topology_version", "publish_delay_s", "scopes", "privacy_units"}
+    (unit,) = doc["privacy_units"]
+    assert set(unit) == {
+        "privacy_unit",
+        "sources",
+        "scopes",
+        "composes",
+        "rho_per_day",
+        "epsilon_per_day",
+        "delta_per_day",
+    }
     (scope,) = doc["scopes"]
     assert set(scope) == {
         "name",
