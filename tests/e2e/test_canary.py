@@ -272,6 +272,7 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
                     "w",
                     "--web-port",
                     str(worker_port),
+                    "--curator-metrics",  # every series a worker can serve is checked for the canary
                 ],
                 worker_log,
                 worker_port,

@@ -249,6 +249,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     log_path = workdir / "worker.log"
     argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(path), "--bootstrap", bootstrap]
     argv += ["--redis", redis_url, "--worker-id", "soak", "--web-port", str(port), "--loglevel", "INFO"]
+    argv += ["--curator-metrics"]  # the ledger call durations it reads are curator-only
     proc = subprocess.Popen(argv, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     series = _Series()
     sent, released = [0], [0]
