@@ -11,10 +11,11 @@ in units is the integer floor(L_units × k_m / Σ_j k_j·n_j): the same number, 
 
 from __future__ import annotations
 
-__all__ = ["Snapshot", "state_of", "price"]
+__all__ = ["Snapshot", "state_of", "price", "price_in_order"]
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
@@ -281,3 +282,41 @@ def price(
         plan.may_use_reserve,
         version,
     )
+
+
+def price_in_order(
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    metric: str,
+    period_id: str,
+    period_start: int,
+    window_start: int,
+    window_end: int,
+    schedule_start: int | None = None,
+    before: Sequence[tuple[str, int]] = (),
+    charged: Mapping[str, int] | None = None,
+) -> Quote:
+    """`price` with the releases of one close time in their canonical (P(w), metric) order, so
+    what a release costs never depends on which of them happened to be charged first.
+
+    `charged` (metric → units) are the releases of this close (same scope, period and window end)
+    already charged, in whatever order they ran: they are taken out of the snapshot. `before`
+    ((metric, window start), in canonical order) are the releases of this close that come before
+    this one: each is priced from the snapshot so far and, if it would be granted, counted in it at
+    its own grant. Then this release is priced. The quote's `ratio_after` is the period's spend
+    after it over the cap, in that order (the record's `budget.ratio_after`). The spend version is
+    the snapshot's, so a charge that landed since still answers STALE_QUOTE."""
+    if charged:
+        counts = dict(snap.charged_after)
+        for name in charged:
+            counts[name] = max(0, counts.get(name, 0) - 1)
+        snap = snap._replace(spent_units=max(0, snap.spent_units - sum(charged.values())), charged_after=counts)
+    for name, start in before:
+        earlier = price(cfg, snap, name, period_id, period_start, start, window_end, schedule_start)
+        if earlier.ok:
+            counts = dict(snap.charged_after)
+            counts[name] = counts.get(name, 0) + 1
+            snap = snap._replace(spent_units=snap.spent_units + earlier.cost_units, charged_after=counts)
+    quote = price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start)
+    ratio = (snap.spent_units + quote.cost_units) / snap.cap_units if snap.cap_units > 0 else None
+    return replace(quote, ratio_after=ratio)

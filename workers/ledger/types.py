@@ -18,6 +18,7 @@ __all__ = [
     "PeriodReconcile",
     "ReconcileReport",
     "RATIO_TOKEN",
+    "fill_ratio",
 ]
 
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ from enum import Enum
 
 RATIO_TOKEN = b'"ratio_after":null'
 """The placeholder in a release record that `reserve` replaces with the ratio after the charge."""
+
+
+def fill_ratio(payload: bytes, ratio: float) -> bytes:
+    """`payload` with its `RATIO_TOKEN` replaced by `ratio` as the ledger writes it (%.6f); a
+    payload without the token is returned as it is."""
+    return payload.replace(RATIO_TOKEN, b'"ratio_after":' + f"{ratio:.6f}".encode(), 1)
 
 _new = object.__new__
 
@@ -194,6 +201,10 @@ class Quote:
     expired: bool = False
     """True when the window is older than the ledger's idempotency horizon: do not draw noise or
     charge; it is never released again (`refused_reason` says so)."""
+    ratio_after: float | None = None
+    """spent / cap of the period after a charge at this quote, with the releases of the same close
+    counted in their canonical (P(w), metric) order (None when not priced from a snapshot): what the
+    record's `budget.ratio_after` says, whichever order the charges ran in."""
 
     @classmethod
     def of(
@@ -210,6 +221,7 @@ class Quote:
         may_use_reserve: bool,
         version: int | None,
         expired: bool = False,
+        ratio_after: float | None = None,
     ) -> Quote:
         """`Quote(...)` with every field given, built without the frozen `__init__`'s per-field
         `object.__setattr__` (one is built per release; the same value, half the cost)."""
@@ -227,6 +239,7 @@ class Quote:
             may_use_reserve=may_use_reserve,
             version=version,
             expired=expired,
+            ratio_after=ratio_after,
         )
         return quote
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["ReleaseLedger", "ReleaseMechanism", "MechanismFactory"]
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dpstream.topology.model import Accounting, Metric
@@ -21,7 +21,15 @@ class ReleaseLedger(Protocol):
         """The id of the ledger charges go to, named in every record (None: the in-process ledger)."""
         ...
 
-    async def quote(self, metric: str, window_start: int, window_end: int) -> Quote: ...
+    async def quote(
+        self,
+        metric: str,
+        window_start: int,
+        window_end: int,
+        *,
+        before: Sequence[tuple[str, int]] = (),
+        charged: Mapping[str, int] | None = None,
+    ) -> Quote: ...
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult: ...
 

@@ -19,6 +19,7 @@ __all__ = [
     "cost_fields",
     "iso_utc",
     "publish_time_of",
+    "charged_cost_of",
     "record_bytes",
     "true_values_for",
 ]
@@ -92,6 +93,12 @@ def publish_time_of(payload: bytes) -> int | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return int(moment.timestamp())
+
+
+def charged_cost_of(payload: bytes) -> float:
+    """The cost (ρ or ε) a stored release record was charged at, from its `cost` field."""
+    cost = json.loads(payload)["cost"]
+    return float(cost["rho"] if "rho" in cost else cost["epsilon"])
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

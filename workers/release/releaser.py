@@ -29,14 +29,14 @@ from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.selection import conversion_delta, selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
-from dpstream.workers.ledger.types import ChargeResult, Outcome, ReleaseRequest
-from dpstream.workers.ledger.units import ledger_delta
+from dpstream.workers.ledger.types import ChargeResult, Outcome, Quote, ReleaseRequest, fill_ratio
+from dpstream.workers.ledger.units import cost_to_units, ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release import faults
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
-from dpstream.workers.release.record import record_bytes, true_values_for
+from dpstream.workers.release.record import charged_cost_of, record_bytes, true_values_for
 
 MAX_STALE_QUOTES = 100
 """Quote → charge rounds one release tries before giving up (each stale one means another process
@@ -76,6 +76,9 @@ class Releaser:
         self._locks: dict[str, asyncio.Lock] = {}
         self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
         self._selection_deltas: dict[str, float] = {}
+        self._scope_metrics = {b: topology.metrics_of(b) for b in topology.budgets}
+        self._closes: dict[tuple[str, int, int], tuple[list[tuple[str, int]], list[tuple[str, int]]]] = {}
+        """(metric, start, end) → `_same_close`'s answer (it depends on the topology and S only)."""
         self._conversion_deltas = {b.name: conversion_delta(b, self._metrics) for b in topology.budgets.values()}
         """Per scope: the δ its cap was converted at, so a record's ε-equivalent is at that δ too."""
 
@@ -207,6 +210,67 @@ class Releaser:
             "(other processes kept charging this scope); retried later"
         )
 
+    def _same_close(
+        self, m: Metric, budget: Budget, start: int, end: int
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """The other releases of this close time that are priced together with [start, end) of `m`:
+        (those before it in the canonical (P(w), metric) order, all of them), as (metric, window
+        start). They are the scope's windows in the public schedule that end at `end` and start in
+        the same period (windows of one period share its snapshot of what is charged after `end`)."""
+        key = (m.name, start, end)
+        cached = self._closes.get(key)
+        if cached is not None:
+            return cached
+        period_s = budget.period_s
+        schedule_start = getattr(self.ledger, "schedule_start", None)
+        mine = (self.topology.publish_time(m, end), m.name)
+        before: list[tuple[tuple[int, str], str, int]] = []
+        others: list[tuple[str, int]] = []
+        for other in self._scope_metrics[budget.name]:
+            if other.name == m.name:
+                continue
+            s = end - other.window.size_s
+            if s % other.window.every_s or s // period_s != start // period_s:
+                continue
+            if schedule_start is not None and s < schedule_start:
+                continue  # not in the public schedule: never released
+            others.append((other.name, s))
+            order = (self.topology.publish_time(other, end), other.name)
+            if order < mine:
+                before.append((order, other.name, s))
+        found = ([(name, s) for _, name, s in sorted(before)], others)
+        if len(self._closes) >= 4096:
+            self._closes.clear()
+        self._closes[key] = found
+        return found
+
+    async def _charged_of(self, scope: str, end: int, others: list[tuple[str, int]]) -> dict[str, int]:
+        """Units already charged to the releases of `others` (ending at `end`), by metric."""
+        charged: dict[str, int] = {}
+        for name, s in others:
+            stored = await self.ledger.stored_payload(scope, self.release_id(name, s, end))
+            if stored is not None:
+                charged[name] = cost_to_units(charged_cost_of(stored))
+        return charged
+
+    async def _quote(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:
+        """The ledger's quote for [start, end) of `m`, priced in the canonical (P(w), metric) order of
+        its close time: as if the releases that come before it were charged first and the ones after
+        it not yet, whichever of them did run first (so a charge that differs from its quote, as
+        under `stretch`, moves no other release's cost). Which of them are charged is read before
+        and after the quote; a change in between prices again."""
+        before, others = self._same_close(m, budget, start, end)
+        if not others:
+            return await self.ledger.quote(m.name, start, end)
+        for _ in range(MAX_STALE_QUOTES):
+            charged = await self._charged_of(budget.name, end, others)
+            quote = await self.ledger.quote(m.name, start, end, before=before, charged=charged)
+            if await self._charged_of(budget.name, end, others) == charged:
+                return quote
+        raise InternalError(
+            f"release of {m.name} [{start}, {end}): the releases of its close kept changing; retried later"
+        )
+
     async def _quote_draw_charge(
         self,
         m: Metric,
@@ -218,7 +282,7 @@ class Releaser:
     ) -> ReleaseResult | ChargeResult | None:
         """One quote → noise → charge round, charged only at the spend version it was quoted at;
         None when the quote went stale before the charge (nothing was written)."""
-        quote = await self.ledger.quote(m.name, start, end)
+        quote = await self._quote(m, budget, start, end)
         if quote.expired:  # past the idempotency horizon: no fresh noise, no charge, not retried
             return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, quote.refused_reason or "expired")
         if quote.thinned:
@@ -254,7 +318,7 @@ class Releaser:
             window_start=start,
             window_end=end,
             cost=cost,
-            payload=payload,
+            payload=payload if quote.ratio_after is None else fill_ratio(payload, quote.ratio_after),
             may_use_reserve=m.may_use_reserve,
             actor=self._actor,
             delta=selection_delta,
