@@ -88,6 +88,7 @@ def test_record_has_the_design_fields(topo):
     for name in (
         "release_id",
         "topology_version",
+        "ledger",
         "metric",
         "window",
         "privacy_unit",
@@ -103,6 +104,7 @@ def test_record_has_the_design_fields(topo):
         "postprocess",
     ):
         assert name in rec
+    assert rec["ledger"] == "0f" * 16  # the id of the ledger it is charged to
     assert rec["metric"] == "hist"
     assert rec["window"] == {
         "start": "2026-11-30T13:20:00Z",
