@@ -141,12 +141,13 @@ def _grant_worker(broker: SecureBroker, dep: Deployment) -> None:
     and the reader's: the releases topic only."""
     sinks, source = dep.topology.sinks, dep.source_topic
     rwdc = ("READ", "WRITE", "DESCRIBE", "CREATE")
-    broker.grant("worker", ("READ", "DESCRIBE", "CREATE"), "TOPIC", source)
-    for topic in (sinks.partials_topic, f"{source}.by-unit"):
-        broker.grant("worker", rwdc, "TOPIC", topic)
-    for topic in (sinks.releases, sinks.dead_letter):
-        broker.grant("worker", ("WRITE", "DESCRIBE", "CREATE"), "TOPIC", topic)
-    broker.grant("worker", rwdc, "TOPIC", "dpstream-", prefixed=True)
+    configs = ("DESCRIBE_CONFIGS",)  # the start checks the timestamp type of these topics
+    broker.grant("worker", ("READ", "DESCRIBE", "CREATE", *configs), "TOPIC", source)
+    broker.grant("worker", rwdc, "TOPIC", sinks.partials_topic)
+    broker.grant("worker", (*rwdc, *configs), "TOPIC", f"{source}.by-unit")
+    broker.grant("worker", ("WRITE", "DESCRIBE", "CREATE", *configs), "TOPIC", sinks.releases)
+    broker.grant("worker", ("WRITE", "DESCRIBE", "CREATE"), "TOPIC", sinks.dead_letter)
+    broker.grant("worker", (*rwdc, *configs), "TOPIC", "dpstream-", prefixed=True)
     broker.grant("worker", ("READ", "DESCRIBE"), "GROUP", "dpstream-", prefixed=True)
     broker.grant("reader", ("READ", "DESCRIBE"), "TOPIC", sinks.releases)
     broker.grant("reader", ("READ", "DESCRIBE"), "GROUP", "reader-", prefixed=True)
