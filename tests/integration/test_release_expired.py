@@ -105,3 +105,19 @@ def test_the_in_process_ledger_keeps_every_record_so_nothing_expires() -> None:
         await ledger.close()
 
     asyncio.run(body())
+
+
+def test_a_short_retention_keeps_most_of_its_horizon(fresh_redis: Any) -> None:
+    """The clock-skew margin is at most a tenth of the retention, so a short retention still releases
+    a window that just closed (the horizon never shrinks to nothing)."""
+
+    async def body() -> None:
+        clock = ManualClock(T0 + 100)
+        ledger = await open_ledger(fresh_redis.url, TOPOLOGY, clock=clock, retention_s=600)
+        assert ledger.idempotency_horizon_s == 540
+        assert not (await ledger.quote("m", T0 - HOUR, T0)).expired
+        clock.now = T0 + 540
+        assert (await ledger.quote("m", T0 - HOUR, T0)).expired
+        await ledger.close()
+
+    asyncio.run(body())

@@ -42,7 +42,7 @@ from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
-from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
+from dpstream.workers.ledger.allocation import Snapshot, price, state_of
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
@@ -96,8 +96,9 @@ DEFAULT_RETENTION_S = 35 * 86_400
 """How long a release record (and so its idempotency) is kept: longer than any replay reaches back."""
 
 HORIZON_MARGIN_S = 3600
-"""How much sooner than its record could expire a window is past the idempotency horizon: a worker
-whose clock lags the charging one's by up to this still refuses it instead of charging afresh."""
+"""How much sooner than its record could expire a window is past the idempotency horizon (at most a
+tenth of the retention): a worker whose clock lags the charging one's by up to this still refuses
+it instead of charging afresh."""
 
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
 
@@ -281,7 +282,7 @@ class Ledger(ABC):
         """How long after a window's end the ledger still surely knows its release (s): its records
         are kept `retention_s` from the charge, which comes after the window's end; less a margin
         for clock skew. None when records are never dropped."""
-        return max(0, self._retention_s - HORIZON_MARGIN_S)
+        return self._retention_s - min(HORIZON_MARGIN_S, self._retention_s // 10)
 
     def past_horizon(self, window_end: int, now_s: float) -> bool:
         """True when a window ending at `window_end` is older than the idempotency horizon at `now_s`:
@@ -303,19 +304,8 @@ class Ledger(ABC):
         except KeyError:
             raise ConfigError(f"metric {metric!r} is not in the topology this ledger was opened with") from None
 
-    async def quote(
-        self,
-        metric: str,
-        window_start: int,
-        window_end: int,
-        *,
-        before: Sequence[tuple[str, int]] = (),
-        charged: Mapping[str, int] | None = None,
-    ) -> Quote:
-        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied.
-
-        `before` and `charged` put the releases of the same close time in their canonical order
-        (`allocation.price_in_order`): the ones that come first, and those already charged."""
+    async def quote(self, metric: str, window_start: int, window_end: int) -> Quote:
+        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied."""
         cfg = self._metric_scope.get(metric) or self.scope_of(metric)
         period_s = cfg.period_s
         if type(window_start) is int and type(period_s) is int and period_s > 0:
@@ -330,7 +320,7 @@ class Ledger(ABC):
         # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
         ws = window_start if type(window_start) is int else int(window_start)
-        quote = price_in_order(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start, before, charged)
+        quote = price(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start)
         if self.past_horizon(we, self._clock()):
             return replace(quote, cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
         return quote
