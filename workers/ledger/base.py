@@ -42,7 +42,7 @@ from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
-from dpstream.workers.ledger.allocation import Snapshot, price, state_of
+from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
@@ -304,8 +304,19 @@ class Ledger(ABC):
         except KeyError:
             raise ConfigError(f"metric {metric!r} is not in the topology this ledger was opened with") from None
 
-    async def quote(self, metric: str, window_start: int, window_end: int) -> Quote:
-        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied."""
+    async def quote(
+        self,
+        metric: str,
+        window_start: int,
+        window_end: int,
+        *,
+        before: Sequence[tuple[str, int]] = (),
+        charged: Mapping[str, int] | None = None,
+    ) -> Quote:
+        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied.
+
+        `before` and `charged` put the releases of the same close time in their canonical order
+        (`allocation.price_in_order`): the ones that come first, and those already charged."""
         cfg = self._metric_scope.get(metric) or self.scope_of(metric)
         period_s = cfg.period_s
         if type(window_start) is int and type(period_s) is int and period_s > 0:
@@ -320,7 +331,7 @@ class Ledger(ABC):
         # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
         ws = window_start if type(window_start) is int else int(window_start)
-        quote = price(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start)
+        quote = price_in_order(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start, before, charged)
         if self.past_horizon(we, self._clock()):
             return replace(quote, cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
         return quote

@@ -33,6 +33,7 @@ def fill_ratio(payload: bytes, ratio: float) -> bytes:
     payload without the token is returned as it is."""
     return payload.replace(RATIO_TOKEN, b'"ratio_after":' + f"{ratio:.6f}".encode(), 1)
 
+
 _new = object.__new__
 
 

@@ -1,0 +1,112 @@
+"""Releases of one close time are priced in the canonical (P(w), metric) order, whatever order ran."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from dpstream.topology.loader import load_topology_text
+from dpstream.workers.ledger import open_ledger
+from dpstream.workers.ledger.testing import ManualClock
+from dpstream.workers.release import ReleaseOutcome, Releaser
+
+# warn_at is low so the scope is in `warning` from the first charge on: `stretch` then charges
+# each release a fraction of its share, so what one release leaves to the next depends on order
+_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b:
+    epsilon: 1.0
+    delta: 1.0e-6
+    period: 1d
+    reserve: 0.2
+    warn_at: 0.01
+    on_warning: {stretch: 1.5}
+metrics:
+  alpha:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1h}
+    aggregate: count
+    mechanism: gaussian
+  beta:
+    source: s
+    budget: b
+    weight: 3
+    window: {tumbling: 1h}
+    aggregate: count
+    mechanism: gaussian
+  gamma:
+    source: s
+    budget: b
+    weight: 2
+    window: {tumbling: 30m}
+    aggregate: count
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+
+_T0 = 1_796_000_400 - 1_796_000_400 % 86_400  # a day boundary
+_HOUR = 3600
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_topology_text(_YAML)
+
+
+def _run(topo, order: list[str]) -> dict[str, dict]:
+    """A fresh ledger: the first hour released (the scope enters `warning`), then the windows that
+    end at 02:00 released in `order`; metric → its 02:00 record."""
+
+    async def go() -> dict[str, dict]:
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 2 * _HOUR + 1))
+        ledger.use_schedule_start(_T0)
+        releaser = Releaser(topo, ledger)
+        out: dict[str, dict] = {}
+
+        async def publish(value: bytes, key: bytes) -> None:
+            out[key.decode()] = json.loads(value)
+
+        for name in ("alpha", "beta"):
+            await releaser.release(name, (_T0, _T0 + _HOUR), {"": 1}, publish)
+        for start in (_T0, _T0 + 1800, _T0 + _HOUR):
+            await releaser.release("gamma", (start, start + 1800), {"": 1}, publish)
+        records: dict[str, dict] = {}
+        for name in order:
+            size = topo.metrics[name].window.size_s
+            window = (_T0 + 2 * _HOUR - size, _T0 + 2 * _HOUR)
+            result = await releaser.release(name, window, {"": 2}, publish)
+            assert result.outcome is ReleaseOutcome.PUBLISHED
+            records[name] = json.loads(result.payload)
+        return records
+
+    return asyncio.run(go())
+
+
+def _priced(records: dict[str, dict]) -> dict[str, tuple[float, float, float]]:
+    return {
+        m: (r["cost"]["rho"], r["budget"]["ratio_after"], r["noise"]["scale"]) for m, r in sorted(records.items())
+    }
+
+
+def test_two_metrics_closing_together_cost_the_same_charged_in_either_order(topo):
+    """Two metrics whose windows close at the same time, charged in either order under `stretch`:
+    identical costs, noise scales and ratio_after (in the canonical order alpha, beta)."""
+    ab, ba = _run(topo, ["alpha", "beta"]), _run(topo, ["beta", "alpha"])
+    assert _priced(ab) == _priced(ba)
+    assert ab["alpha"]["budget"]["ratio_after"] < ab["beta"]["budget"]["ratio_after"]
+
+
+def test_three_releases_of_one_close_in_every_order_cost_the_same(topo):
+    """Every order of three releases closing together (two window sizes) gives the same prices."""
+    orders = (["alpha", "beta", "gamma"], ["gamma", "beta", "alpha"], ["beta", "gamma", "alpha"])
+    prices = [_priced(_run(topo, list(order))) for order in orders]
+    assert prices[0] == prices[1] == prices[2]
+    ratios = [prices[0][m][1] for m in ("alpha", "beta", "gamma")]
+    assert ratios == sorted(ratios)  # ratio_after grows along the canonical order
