@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
+from dpstream.workers.pipeline.accumulator import key_priority
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
 _YAML = """
@@ -102,11 +103,17 @@ def test_heavy_unit_moves_count_by_at_most_l0_times_linf():
     assert counts.capped >= 10_000 - 6
 
 
-def test_l0_keeps_the_first_keys_in_offset_order():
-    """The keys kept for a unit are the first ones it touched, in partition order."""
-    events = [{"user_id": "x", "ts": 1, "page": p} for p in ["c", "a", "d", "a", "b", "c"]]
-    values, _ = _partials(events)
-    assert values["views"] == {"c": 2, "a": 2}
+def test_l0_keeps_the_keys_of_smallest_priority_whatever_their_order():
+    """The keys kept for a unit are its max_keys keys of smallest `key_priority` (a public hash of
+    metric, unit, window and key), not the first ones it touched; the dropped keys' events are capped."""
+    pages = ["c", "a", "d", "a", "b", "c"]
+    ranked = sorted("abcd", key=lambda k: key_priority("views", "x", 0, k))
+    want = {k: pages.count(k) for k in ranked[:2]}
+    for order in (pages, list(reversed(pages)), sorted(pages), sorted(pages, reverse=True)):
+        values, counts = _partials([{"user_id": "x", "ts": 1, "page": p} for p in order])
+        assert values["views"] == want, order
+        # views drops 6 − kept events; total (max_per_key 4) and the others drop none
+        assert counts.capped == 6 - sum(want.values()) + 2, order
 
 
 def test_values_are_clamped_and_counted():

@@ -3,11 +3,23 @@
 Windows follow a public schedule: every window of the metric's grid from the deployment start S
 onwards (the first window starting at or after S), closed in order and emitted whether or not any
 event fell in it. An event counts in window w iff its own event time lies in w and its own
-arrival (append) time is at or before w's close time C(w) = end(w) + allowed_lateness (DESIGN §1,
-§3). Nothing another event did moves that decision.
+arrival (append) time is at or before w's close time C(w) = end(w) + allowed_lateness. Nothing
+another event did moves that decision.
 
-Per (unit, window): at most `max_keys` distinct keys (L0) and `max_per_key` events per key (L∞),
-the *first* ones in partition (offset) order, so replaying a partition rebuilds the same partial.
+Bounding is order-independent: which of a unit's contributions survive is a function of that
+unit's own records, never of the order a repartition hop, a batch cut or a restart delivered them
+in. Per (unit, window):
+
+- L0: at most `max_keys` keys, those with the smallest `key_priority(metric, unit, window, key)`,
+  a fixed public hash (a unit that steers which of its own keys count stays inside its own bound);
+- L∞: at most `max_per_key` contributions per key, those with the smallest order key (the caller's
+  (source append time, source partition, source offset) of each record). Counts and
+  `count_units` keep only how many there were (every contribution weighs 1); sums and means keep
+  the retained (order, value) pairs, so a smaller-ordered one arriving later replaces the largest.
+
+The window's aggregate follows that state (a replaced or evicted contribution is taken out
+again). Replaying a partition from the first event of an open window feeds it the same records,
+so it rebuilds the same partial.
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
 
@@ -17,9 +29,11 @@ denominator → integer grid units; mean without denominator → [grid units, co
 
 from __future__ import annotations
 
-__all__ = ["MetricAccumulator", "PartialValues"]
+__all__ = ["MetricAccumulator", "PartialValues", "key_priority"]
 
+import hashlib
 import math
+from bisect import insort
 from typing import Any
 
 from dpstream.topology.model import Aggregate, Metric, Source
@@ -30,17 +44,43 @@ PartialValues = dict[str, Any]
 
 _COUNT, _UNITS, _SUM, _MEAN = 0, 1, 2, 3
 
+_REJECTED_KEPT = 65_536
+"""Refused (unit, key) pairs remembered per window (past that, a repeat is hashed again: same answer)."""
+
+
+def key_priority(metric: str, unit: str, window_start: int, key: str) -> bytes:
+    """L0 rank of `key` among a unit's keys in one window of `metric`: the smaller, the sooner kept.
+
+    A fixed public hash (BLAKE2b, 8 bytes) of (metric, unit, window start, key): the same on every
+    worker, after every restart and for every replay. It need not be secret: a unit that steers
+    which of its own keys count stays inside its own bound. Ties (a collision) fall to the key.
+    """
+    return hashlib.blake2b(f"{metric}\0{unit}\0{window_start}\0{key}".encode(), digest_size=8).digest()
+
 
 class _WindowState:
-    """Open-window state: first offset (for the safe commit), bounding tallies, aggregate."""
+    """Open-window state: first offset (for the safe commit), the retained contributions, the aggregate.
 
-    __slots__ = ("first_offset", "per_key", "unit_keys", "agg")
+    `kept`: per (unit, key) of a grouped metric, or per unit: the number of events seen (count
+    kinds; a count keeps at most `max_per_key` of them), else the retained (order, grid value)
+    pair (sums and means with `max_per_key` 1) or a sorted list of them; `unit_keys`: per unit,
+    the tuple of its retained keys; `priority`: the `key_priority` of a retained key, computed only
+    once its unit has more keys than `max_keys`; `rejected`: (unit, key) pairs L0 refused (a refused
+    key stays refused, the bar only falls), so a repeat is not hashed again, at most
+    `_REJECTED_KEPT`; `agg`: the aggregate of what `kept` holds, kept up to date as contributions
+    come and go; `support`: per key of a grouped sum, how many units hold a contribution to it (a
+    key none holds leaves `agg`)."""
+
+    __slots__ = ("first_offset", "kept", "unit_keys", "priority", "rejected", "agg", "support")
 
     def __init__(self, first_offset: int) -> None:
         self.first_offset = first_offset
-        self.per_key: dict[Any, int] = {}
-        self.unit_keys: dict[str, int] = {}
+        self.kept: dict[Any, Any] = {}
+        self.unit_keys: dict[str, tuple[str, ...]] = {}
+        self.priority: dict[tuple[str, str], bytes] = {}
+        self.rejected: set[tuple[str, str]] = set()
         self.agg: PartialValues = {}
+        self.support: dict[str, int] = {}
 
 
 class MetricAccumulator:
@@ -86,6 +126,9 @@ class MetricAccumulator:
         self._max_keys = c.max_keys if self._group is not None else 1
         self._max_per_key = 1 if self._kind == _UNITS else c.max_per_key
         self._bounded = not source.event_level
+        self.uses_order = self._bounded and self._kind in (_SUM, _MEAN)
+        """Whether which contributions survive depends on their order key (sums and means do;
+        a count keeps how many, whichever they were)."""
         self.windows: dict[int, _WindowState] = {}
         self.first_start = first_start
         """The first window this accumulator was started at (earlier ones are never emitted here)."""
@@ -93,6 +136,8 @@ class MetricAccumulator:
         """Smallest window start not yet emitted: every earlier window is closed here."""
         self.until = until
         self.capped = 0
+        """Contributions bounding dropped (L0 or L∞; for count_units, events of keys not kept);
+        once a window closes, its share is the same in whatever order its events came."""
         self.clamped = 0
         self.skipped = 0
         """Events without this metric's value / group field, or outside its declared keys."""
@@ -102,15 +147,18 @@ class MetricAccumulator:
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
     # -- hot path ----------------------------------------------------------------------
-    def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float) -> bool:
+    def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:
         """Add one validated event; `horizon` = its arrival time − allowed_lateness: a window that
-        ends before it had closed when the event arrived. Returns True when some window covering
-        the event time was missed (closed on arrival, already emitted, or before the schedule).
+        ends before it had closed when the event arrived; `order`: the event's L∞ order key, unique
+        per record and a function of the record alone (the pipeline passes (source append time,
+        source partition, source offset)); None uses `offset` (a driver whose offsets are already
+        such a key). Returns True when some window covering the event time was missed (closed on
+        arrival, already emitted, or before the schedule).
 
         Replaced per instance by a closure specialised to this metric (see `_make_add`): the hot
         path then reads its settings from closure cells instead of attributes.
         """
-        return self.add_fn(unit, ts, fields, offset, horizon)
+        return self.add_fn(unit, ts, fields, offset, horizon, order)
 
     def _make_add(self):  # one flat function is the point: it runs per event
         group = self._group
@@ -132,8 +180,11 @@ class MetricAccumulator:
         cur = self._current
         tumbling = every == size and self._reuse_window
         first = self.first_start
+        admit = self._admit_key
+        support_keys = grouped and is_sum  # a grouped sum's key may hold 0 and still be held
+        single = max_per_key == 1
 
-        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float) -> bool:
+        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:
             if grouped:
                 key = fields.get(group_field)
                 if key is None:
@@ -186,22 +237,65 @@ class MetricAccumulator:
                         st = windows[s] = _WindowState(offset)
                     if tumbling:
                         cur[0], cur[1], cur[2] = s, s + size, st
-                if bounded:  # L0 then L∞, first contributions win
-                    per_key = st.per_key
-                    n = per_key.get(uk, 0)
-                    if n == 0:
+                if bounded:
+                    kept = st.kept
+                    got = kept.get(uk)
+                    if got is None:  # the unit's first contribution to this key: L0
                         if grouped:
                             unit_keys = st.unit_keys
-                            nk = unit_keys.get(unit, 0)
-                            if nk >= max_keys:
+                            keys = unit_keys.get(unit)
+                            if keys is None:
+                                unit_keys[unit] = (key,)
+                            elif len(keys) < max_keys:
+                                unit_keys[unit] = keys + (key,)
+                            elif uk in st.rejected or not admit(st, s, unit, key, keys):
                                 acc.capped += 1
                                 continue
-                            unit_keys[unit] = nk + 1
-                    elif n >= max_per_key:
-                        if not is_units:
+                            if support_keys:
+                                support = st.support
+                                support[key] = support.get(key, 0) + 1
+                        if is_count:
+                            kept[uk] = 1
+                        elif single:
+                            kept[uk] = (offset if order is None else order, v)
+                        else:
+                            kept[uk] = [(offset if order is None else order, v)]
+                    elif is_count:  # L∞ by number: which events they were does not matter
+                        if got < max_per_key:
+                            kept[uk] = got + 1
+                        elif is_units:  # counted once; events seen, for `capped` should the key go
+                            kept[uk] = got + 1
+                            continue
+                        else:
                             acc.capped += 1
-                        continue
-                    per_key[uk] = n + 1
+                            continue
+                    else:  # L∞ by order: keep the max_per_key smallest (order, value) pairs
+                        o = offset if order is None else order
+                        if single:
+                            acc.capped += 1
+                            if o >= got[0]:  # in order (the common case): nothing to replace
+                                continue
+                            kept[uk] = (o, v)
+                            v -= got[1]  # the aggregate moves by the difference
+                        elif len(got) < max_per_key:
+                            if o > got[-1][0]:
+                                got.append((o, v))
+                            else:
+                                insort(got, (o, v))
+                            o = None  # a new contribution, added below
+                        else:
+                            acc.capped += 1
+                            if o >= got[-1][0]:
+                                continue
+                            dropped = got.pop()[1]
+                            insort(got, (o, v))
+                            v -= dropped
+                        if o is not None:  # replaced one
+                            if is_sum:
+                                st.agg[key] += v
+                            else:
+                                st.agg[key][0] += v
+                            continue
                 agg = st.agg
                 if is_count:
                     agg[key] = agg.get(key, 0) + 1
@@ -217,6 +311,57 @@ class MetricAccumulator:
             return late
 
         return add
+
+    def _admit_key(self, st: _WindowState, start: int, unit: str, key: str, keys: tuple[str, ...]) -> bool:
+        """L0 for a unit already holding `max_keys` keys in window `start`: admit `key` iff its
+        priority is below the largest one held, which it then evicts (its contributions count as
+        capped). Off the hot path: only a unit past its key bound gets here."""
+        name, priority = self.metric.name, st.priority
+        worst: tuple[bytes, str] | None = None
+        for k in keys:
+            p = priority.get((unit, k))
+            if p is None:
+                p = priority[(unit, k)] = key_priority(name, unit, start, k)
+            if worst is None or (p, k) > worst:
+                worst = (p, k)
+        mine = key_priority(name, unit, start, key)
+        assert worst is not None  # max_keys ≥ 1
+        if (mine, key) >= worst:
+            if len(st.rejected) < _REJECTED_KEPT:
+                st.rejected.add((unit, key))
+            return False
+        evicted = worst[1]
+        st.unit_keys[unit] = (*(k for k in keys if k != evicted), key)
+        priority[(unit, key)] = mine
+        del priority[(unit, evicted)]
+        if len(st.rejected) < _REJECTED_KEPT:
+            st.rejected.add((unit, evicted))
+        gone = st.kept.pop((unit, evicted))
+        agg, kind = st.agg, self._kind
+        if kind == _COUNT:
+            self.capped += gone
+            left = agg[evicted] = agg[evicted] - gone
+        elif kind == _UNITS:
+            self.capped += gone  # every event of the unit on that key
+            left = agg[evicted] = agg[evicted] - 1
+        elif kind == _SUM:
+            if type(gone) is tuple:  # max_per_key 1: the pair itself
+                gone = [gone]
+            self.capped += len(gone)
+            agg[evicted] -= sum(v for _, v in gone)
+            left = st.support[evicted] = st.support[evicted] - 1
+            if not left:
+                del st.support[evicted]
+        else:
+            if type(gone) is tuple:
+                gone = [gone]
+            self.capped += len(gone)
+            pair = agg[evicted]
+            pair[0] -= sum(v for _, v in gone)
+            left = pair[1] = pair[1] - len(gone)
+        if not left:  # no unit holds the key any more: as if it had never come
+            del agg[evicted]
+        return True
 
     # -- closing -------------------------------------------------------------------------
     def close_time(self, start: int) -> int:

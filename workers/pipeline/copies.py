@@ -11,7 +11,7 @@ by-unit partition, so one pipeline sees them all.
 
 from __future__ import annotations
 
-__all__ = ["SOURCE_POSITION_HEADER", "SeenCopies", "source_position", "source_position_of"]
+__all__ = ["SOURCE_POSITION_HEADER", "SeenCopies", "position_order", "source_position", "source_position_of"]
 
 from collections import deque
 from typing import Any
@@ -31,6 +31,14 @@ def source_position_of(record: Any) -> bytes | None:
         if name == SOURCE_POSITION_HEADER:
             return bytes(value)
     return None
+
+
+def position_order(position: bytes) -> tuple[int, int]:
+    """(source partition, source offset) of a header value: with the source append time (the
+    copy's timestamp), the order key bounding keeps the smallest of, whatever order the hop
+    delivered the copies in."""
+    partition, _, offset = position.partition(b":")
+    return int(partition), int(offset)
 
 
 class SeenCopies:

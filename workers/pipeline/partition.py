@@ -31,7 +31,7 @@ from dpstream.topology.errors import EventError
 from dpstream.topology.model import Metric, Topology
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.colocation import home_partition
-from dpstream.workers.pipeline.copies import SeenCopies, source_position_of
+from dpstream.workers.pipeline.copies import SeenCopies, position_order, source_position_of
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.partials import WindowPartial
@@ -138,6 +138,7 @@ class PartitionPipeline:
         closed because consumption reached a pending end-offset mark."""
         parse = self._parser.parse_fast
         adds = [acc.add_fn for acc in self._accs]
+        ordered, own = any(acc.uses_order for acc in self._accs), self.partition
         lateness = self._lateness
         max_future = self._max_future
         check_keys = self._check_keys
@@ -185,9 +186,13 @@ class PartitionPipeline:
                 late += 1
                 continue
             horizon = arrival - lateness
+            # L∞ order key: (source append time, source partition, source offset), a function of the record
+            order = None
+            if ordered:
+                order = (arrival, own, offset) if position is None else (arrival, *position_order(position))
             was_late = False
             for add in adds:
-                if add(unit, ts, fields, offset, horizon):
+                if add(unit, ts, fields, offset, horizon, order):
                     was_late = True
             if was_late:
                 late += 1
