@@ -13,11 +13,15 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from kafka import KafkaProducer
 
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Arrival, Sinks, Source, Topology
 from dpstream.workers.ledger.testing import one_scope_topology
 from dpstream.workers.runtime.admin import create_topics, describe_topic_config_async
+from dpstream.workers.runtime.repartition import RepartitionService
+from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import (
     APPEND_TIME,
     CREATE_TIME,
@@ -86,3 +90,42 @@ def test_a_log_append_time_hop_or_releases_topic_is_refused_at_start(kafka_broke
     with pytest.raises(ConfigError, match=r"message.timestamp.type is LogAppendTime, so .*=CreateTime`") as refused:
         ensure_topics(kafka_broker.bootstrap, topology, partitions=1)
     assert str(refused.value).startswith(f"topic {topic!r} (")
+
+
+def test_the_hop_stops_before_committing_when_the_broker_stamps_its_copies(kafka_broker: Any) -> None:
+    """A by-unit topic switched to LogAppendTime while the hop runs: the hop crashes with the one-line
+    refusal before committing the batch, so no copy stamped with its copy time is taken as copied."""
+    topology = _topology()
+    source = topology.sources["src"]
+    hop = repartition_topic(source)
+    create_topics(kafka_broker.bootstrap, [source.topic], 1, configs={source.topic: APPEND_TIME})
+    create_topics(kafka_broker.bootstrap, [hop], 1, configs={hop: APPEND_TIME})  # as if altered after the start
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+    producer.send(source.topic, b'{"user_id": "u1", "ts": 1796000000}', key=b"x")
+    producer.flush()
+    producer.close()
+    settings = RuntimeSettings(kafka_broker.bootstrap, "redis://127.0.0.1:1/0")
+    svc = RepartitionService(topology, settings, [source])
+
+    async def body() -> tuple[BaseException | None, int | None]:
+        await svc.start()
+        try:
+            for _ in range(300):
+                if svc.crash_reason is not None:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            await svc.stop()
+        group = f"{settings.group_id(topology)}-repartition"
+        reader = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group)
+        await reader.start()
+        try:
+            committed = await reader.committed(TopicPartition(source.topic, 0))
+        finally:
+            await reader.stop()
+        return svc.crash_reason, committed
+
+    reason, committed = asyncio.run(body())
+    assert isinstance(reason, ConfigError)
+    assert str(reason).startswith(f"topic {hop!r} (repartition hop of source 'src'): message.timestamp.type is ")
+    assert committed is None  # the batch was not committed: it is copied again once the topic is fixed

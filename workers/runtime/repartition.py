@@ -24,13 +24,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Source, Topology
 from dpstream.workers.pipeline.copies import SOURCE_POSITION_HEADER, source_position
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.unit_ids import hashed_copy, refusal_reason, unit_hasher
 from dpstream.workers.runtime.settings import RuntimeSettings
-from dpstream.workers.runtime.topics import repartition_topic
+from dpstream.workers.runtime.topics import repartition_topic, timestamp_rules
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class RepartitionService(Service):
         self._hashers = {s.topic: unit_hasher(s) for s in sources}
         """Sources with `privacy_unit_hash`: the hop forwards the keyed hash, never the raw unit id."""
         self._parsers = {s.topic: EventParser(s) for s in sources}
+        self._rules = timestamp_rules(topology)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.copied = 0
@@ -109,6 +111,17 @@ class RepartitionService(Service):
         if self._producer is not None:
             await self._producer.stop()
 
+    def _check_copy_times(self, copies: list[asyncio.Future[Any]]) -> None:
+        """Stop (ConfigError, before the commit: the batch is copied again after the fix) when the broker
+        stamped a copy itself: a by-unit topic changed to LogAppendTime while the hop runs would replace
+        each copy's source append time by its copy time, so inclusion would follow the hop's timing."""
+        for copy in copies:
+            metadata = copy.result()
+            rule = self._rules.get(metadata.topic)
+            problem = rule.record_problem(metadata.timestamp_type) if rule is not None else None
+            if problem is not None:
+                raise ConfigError(problem)
+
     async def _copy_forever(self) -> None:
         assert self._consumer is not None and self._producer is not None
         while not self.should_stop:
@@ -119,7 +132,7 @@ class RepartitionService(Service):
                     return
                 await asyncio.sleep(0.5)
                 continue
-            sends = []
+            sends, copies = [], []
             for tp, records in batches.items():
                 target, field = self._targets[tp.topic]
                 hasher = self._hashers[tp.topic]
@@ -146,12 +159,13 @@ class RepartitionService(Service):
                     # the source position lets the by-unit pipeline count a second copy once (a restart
                     # before the commit below copies the batch again)
                     where = [(SOURCE_POSITION_HEADER, source_position(tp.partition, rec.offset))]
-                    sends.append(
-                        await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp, headers=where)
-                    )
+                    copy = await self._producer.send(target, value, key=key, timestamp_ms=rec.timestamp, headers=where)
+                    sends.append(copy)
+                    copies.append(copy)
             if not sends:
                 continue
             await asyncio.gather(*sends)
+            self._check_copy_times(copies)
             self.copied += len(sends)
             try:
                 await self._consumer.commit()
