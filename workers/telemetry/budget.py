@@ -26,6 +26,13 @@ Per `scope` (the topology's budget scopes that are registered in the ledger):
                                                        failures), waiting for `dpstream budget retry`
     dpstream_ledger_up                                 1 if the ledger answered this scrape
 
+Published spend only: a release is charged before its public time P(w) = C(w) + publish_delay
+and published at P(w), so a charge whose P(w) is still to come is left out of every figure here
+(spent, ratio, ε, state, projection, spent_total) until P(w) has passed; otherwise the gauges
+would show when processing finished, which depends on the data. The charges of the last
+publish_delay (plus a minute of clock slack) are read from the audit trail and each one's P(w)
+from its stored record (`published_at`).
+
 `currency` is `rho` for zCDP scopes and `epsilon` for pure ones. Everything here is a budget figure
 of the ledger or of the topology's plan: no event, key, unit or aggregate reaches this module.
 """
@@ -51,15 +58,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
-from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
+from dpstream.workers.ledger.allocation import state_of
+from dpstream.workers.ledger.types import AuditKind, State
+from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, share_of_units, units_to_float
+from dpstream.workers.release.record import publish_time_of
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +92,16 @@ ALL_BLOCKS = 1_000_000
 
 READ_TIMEOUT_S = 5.0
 """A scrape gives up on the ledger after this long and reports `dpstream_ledger_up 0`."""
+
+CLOCK_SLACK_S = 60
+"""Charges are made after C(w) on a worker's clock; this much skew is allowed for when looking back
+for charges whose P(w) has not passed yet."""
+
+NO_TOPOLOGY_LOOKBACK_S = 3600
+"""How far back to look for unpublished charges when no topology gives the publish delay."""
+
+_KNOWN_TIMES = 4096
+"""P(w) of this many release_ids is remembered between scrapes."""
 
 
 # ---- plan arithmetic (pure) -------------------------------------------------------------------
@@ -176,6 +197,29 @@ def planned_spend_rate(
     if not any(_windows_from(start, period_end, m.window_every_s) for m in scope_plan.metrics):
         return 0.0
     return float(scope_plan.pool) / (period_end - start)
+
+
+def as_published(status: Any, unpublished_units: int) -> Any:
+    """`status` (a `ScopeStatus`) without `unpublished_units` of its period's spend: the charges whose
+    P(w) has not passed yet. Spend, ratio, ε, state and projection follow; the breaker stays."""
+    if unpublished_units <= 0:
+        return status
+    spent = max(0, int(status.spent_units) - unpublished_units)
+    cap = int(status.cap_units)
+    zcdp = status.accounting == "zcdp"
+    equiv = epsilon_equivalent(zcdp, units_to_float(spent), float(status.delta))
+    scale = spent / status.spent_units if status.spent_units else 0.0
+    state = state_of(spent, share_of_units(cap, float(status.warn_at)), status.breaker is not None)
+    return replace(
+        status,
+        spent=units_to_float(spent),
+        spent_units=spent,
+        ratio=spent / cap if cap > 0 else 0.0,
+        epsilon_equiv=equiv.epsilon,
+        state=state if status.state is not State.OPEN else State.OPEN,
+        projected_spend=status.projected_spend * scale,
+        projected_ratio=status.projected_ratio * scale,
+    )
 
 
 class SpentTotals:
@@ -302,6 +346,9 @@ class BudgetReader:
             self._plans = {s.name: s for s in build_plan(topology).scopes}
         self._totals = SpentTotals()
         self._full_at: dict[str, float] = {}
+        self._lookback_s = topology.publish_delay_s + CLOCK_SLACK_S if topology is not None else NO_TOPOLOGY_LOOKBACK_S
+        self._publish_times: dict[str, int | None] = {}
+        """release_id → P(w) from its stored record (None: no record stored)."""
 
     async def scopes(self, ledger: Any) -> list[str]:
         """The topology's scopes; without a topology, every scope registered in the ledger."""
@@ -327,15 +374,40 @@ class BudgetReader:
             self._start = int(start) if start is not None else None
         return self._start
 
+    async def unpublished(self, ledger: Any, scope: str, now: float) -> dict[str, int]:
+        """period_id → units charged to releases whose public time P(w) is after `now`."""
+        out: dict[str, int] = {}
+        for entry in await ledger.audit(scope, int((now - self._lookback_s) * 1000)):
+            if entry.kind is not AuditKind.CHARGE:
+                continue
+            rid = entry.fields.get("release_id", "")
+            if rid not in self._publish_times:
+                stored = await ledger.stored_payload(scope, rid)
+                if len(self._publish_times) >= _KNOWN_TIMES:
+                    self._publish_times.clear()
+                self._publish_times[rid] = publish_time_of(stored) if stored is not None else None
+            at = self._publish_times[rid]
+            if at is not None and at > now:
+                period = entry.fields.get("period", "")
+                out[period] = out.get(period, 0) + int(entry.fields.get("cost", 0))
+        return out
+
     async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
         plan = self._plans.get(scope)
         start = await self.schedule_start(ledger) if plan is not None else None
         status = await ledger.status(scope, start)  # projected from S in the deployment's first period
+        hidden = await self.unpublished(ledger, scope, self._clock())
+        status = as_published(status, hidden.get(status.period_id, 0))
         mono = time.monotonic()
         full = mono - self._full_at.get(scope, -math.inf) >= FULL_REFRESH_S
         blocks = await ledger.history(scope, ALL_BLOCKS if full else RECENT_BLOCKS)
         if full:
             self._full_at[scope] = mono
+        if hidden:
+            blocks = [
+                replace(b, spent_units=max(0, b.spent_units - hidden[b.period_id])) if b.period_id in hidden else b
+                for b in blocks
+            ]
         self._totals.update(scope, blocks)
         # the current block (if opened) holds the period's terms; before its first charge the
         # period will open with the registered ones, which the plan of the same topology shares
