@@ -8,8 +8,12 @@ the topic itself (a broker default of LogAppendTime would otherwise replace the 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +34,8 @@ from dpstream.workers.runtime.topics import (
     ensure_topics,
     repartition_topic,
 )
+
+DEMO = Path(__file__).resolve().parents[2] / "topology" / "examples" / "demo.yaml"
 
 
 def _topology(arrival: Arrival = Arrival.APPEND_TIME) -> Topology:
@@ -129,3 +135,22 @@ def test_the_hop_stops_before_committing_when_the_broker_stamps_its_copies(kafka
     assert isinstance(reason, ConfigError)
     assert str(reason).startswith(f"topic {hop!r} (repartition hop of source 'src'): message.timestamp.type is ")
     assert committed is None  # the batch was not committed: it is copied again once the topic is fixed
+
+
+def test_dpstream_worker_on_a_create_time_source_exits_2_with_one_line(
+    kafka_broker: Any, fresh_redis: Any, tmp_path: Path
+) -> None:
+    """`dpstream worker` on a CreateTime source topic stops before consuming: exit 2, one line, no traceback."""
+    prefix = f"cli-{uuid.uuid4().hex[:10]}"
+    text = DEMO.read_text().replace("demo.clicks", f"{prefix}.clicks").replace("demo.", f"{prefix}.")
+    path = tmp_path / "topology.yaml"
+    path.write_text(text)
+    create_topics(kafka_broker.bootstrap, [f"{prefix}.clicks"], 1, configs={f"{prefix}.clicks": CREATE_TIME})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPSTREAM_")} | {"TMPDIR": str(tmp_path)}
+    argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(path)]
+    argv += ["--bootstrap", kafka_broker.bootstrap, "--redis", fresh_redis.url]
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    err = run.stderr.strip()
+    assert run.returncode == 2, run.stderr
+    assert "\n" not in err and "Traceback" not in err, run.stderr
+    assert err.startswith(f"dpstream: error: topic '{prefix}.clicks' (source 'clicks'): message.timestamp.type is ")
