@@ -47,6 +47,7 @@ sources:
     timestamp: ts
     allowed_lateness: 1s
     keyed_by_unit: true
+    arrival: create_time          # the pre-loaded backlog keeps its record times (a CreateTime topic)
 budgets:
   {prefix}: {{epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}}
 metrics:
