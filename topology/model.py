@@ -399,8 +399,9 @@ class Topology:
 
         Connection settings (kafka, redis) and the file path are left out, so moving a
         deployment does not re-release (and re-charge) windows. `start_s` is in only when
-        set, so a topology without `start:` keeps the version it had before the field existed;
-        `publish_delay_s` likewise only when it is not the default.
+        set, so a topology without `start:` keeps the version it had before the field existed.
+        `publish_delay_s` is left out too: it moves when releases appear, not what they hold or
+        cost, so raising it on a running deployment keeps every release_id and its charge.
         """
         doc: dict[str, object] = {
             "version": self.version,
@@ -411,8 +412,6 @@ class Topology:
         }
         if self.start_s is not None:
             doc["start_s"] = self.start_s
-        if self.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
-            doc["publish_delay_s"] = self.publish_delay_s
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -43,15 +43,16 @@ def _topology(extra: str = ""):
 
 
 def test_publish_delay_defaults_and_is_read_as_a_duration():
-    """publish_delay is a topology duration with a default; P(w) = end + allowed_lateness + publish_delay."""
+    """publish_delay is a topology duration with a default, outside the topology version;
+    P(w) = end + allowed_lateness + publish_delay."""
     plain, slow = _topology(), _topology("publish_delay: 2m")
     assert plain.publish_delay_s == DEFAULT_PUBLISH_DELAY_S > 0
     assert slow.publish_delay_s == 120
     metric = plain.metrics["views"]
     assert plain.publish_time(metric, _T0 + 3600) == _T0 + 3600 + 7 + DEFAULT_PUBLISH_DELAY_S
     assert slow.publish_time(metric, _T0 + 3600) == _T0 + 3600 + 7 + 120
-    assert _topology(f"publish_delay: {DEFAULT_PUBLISH_DELAY_S}s").topology_version == plain.topology_version
-    assert slow.topology_version != plain.topology_version
+    # when releases appear is not what they hold or cost: the same release_ids (and charges) either way
+    assert slow.topology_version == plain.topology_version
 
 
 def test_a_bad_publish_delay_is_one_line_naming_the_field():
