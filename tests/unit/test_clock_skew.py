@@ -60,3 +60,31 @@ def test_runtime_settings_keep_the_bound_within_the_close_grace() -> None:
     assert RuntimeSettings("k:9092", "redis://r").max_clock_skew_s == 0.5
     with pytest.raises(ConfigError, match=r"max_clock_skew 0.8 s: must be positive and at most the close grace"):
         RuntimeSettings("k:9092", "redis://r", max_clock_skew_s=0.8)
+
+
+def test_a_probe_failing_after_a_reading_keeps_that_reading() -> None:
+    """Of a measurement round, a reading taken before a later probe failed is still recorded."""
+    import asyncio
+
+    from aiokafka.errors import KafkaTimeoutError
+    from aiokafka.structs import RecordMetadata
+
+    from dpstream.workers.ledger.testing import one_scope_topology
+    from dpstream.workers.runtime.ingest import IngestService
+    from dpstream.workers.runtime.settings import RuntimeSettings
+
+    ticks = iter([100.0, 101.0, 102.0, 103.0])  # a 1 s round trip: ± 0.5 s, past the 0.5 s bound
+
+    class _Producer:  # stands in for aiokafka's: one acknowledged probe, then the broker stops answering
+        calls = 0
+
+        async def send_and_wait(self, topic: str, value: bytes) -> RecordMetadata:
+            self.calls += 1
+            if self.calls > 1:
+                raise KafkaTimeoutError()
+            return RecordMetadata(topic, 0, None, 0, 100_500, 1, 0)
+
+    svc = IngestService(one_scope_topology(), RuntimeSettings("k:9092", "redis://r"), clock=lambda: next(ticks))
+    svc._producer = _Producer()  # noqa: SLF001 - the service's producer, replaced for this round
+    asyncio.run(svc.measure_clock_skew())
+    assert svc.clock_skew.last == reading_from(100.0, 101.0, 100_500)

@@ -334,12 +334,12 @@ class IngestService(Service):
                 reading = await asyncio.wait_for(
                     probe_skew(self._producer, self._probe_topic, self._clock), CLOCK_PROBE_TIMEOUT_S
                 )
-            except (KafkaError, TimeoutError) as exc:
+            except (KafkaError, TimeoutError, ValueError) as exc:  # ValueError: the clock stepped back meanwhile
                 _log.warning("ingest: clock-skew probe failed (%s); retrying", type(exc).__name__)
-                return
+                break
             except ConfigError as exc:  # the start's topic check refuses this; changed since: closes hold
                 _log.error("ingest: %s", exc)
-                return
+                break
             if best is None or reading.uncertainty_s < best.uncertainty_s:
                 best = reading
             if best.worst_s <= self.clock_skew.bound_s:
