@@ -28,7 +28,7 @@ from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
 from dpstream.topology.selection import TOP_K_SELECTION_SHARE  # the plan's split, shared so both agree
 from dpstream.workers.noise import discrete, measurements
-from dpstream.workers.noise.grid import FixedPointGrid, choose_grid
+from dpstream.workers.noise.grid import FixedPointGrid, at_range_end, choose_grid
 from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_postprocess
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
@@ -117,6 +117,9 @@ class ReleaseMechanism:
     delta: float
     partition_selection: dict[str, Any] | None = None
     """Static partition-selection facts (mechanism, threshold, δ) for the plan, or None."""
+    clamped: int = 0
+    """Keys whose true value was clamped to the fixed-point grid's range before noise, over this
+    mechanism's releases: an un-noised fact about the data, so curator-side only (never in a record)."""
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:  # pragma: no cover - interface
         """Noise one window's true aggregates."""
@@ -158,12 +161,18 @@ class _ValueRelease(ReleaseMechanism):
         """Noisy value per public key (zero-filled), or per key surviving partition selection."""
         codec = self._codec
         if self._threshold is not None:
-            noisy_units = self._threshold.draw({str(k): codec.encode(v) for k, v in true_values.items()})
+            encoded = {str(k): codec.encode(v) for k, v in true_values.items()}
+            if codec.grid is not None:
+                self.clamped += at_range_end(encoded.values())
+            noisy_units = self._threshold.draw(encoded)
             raw = {k: codec.decode(u) for k, u in sorted(noisy_units.items())}
         else:
             assert self._keys is not None
             encode, get = codec.encode, true_values.get
-            units = self._noise.draw([encode(get(k, 0)) for k in self._keys])
+            true_units = [encode(get(k, 0)) for k in self._keys]
+            if codec.grid is not None:
+                self.clamped += at_range_end(true_units)
+            units = self._noise.draw(true_units)
             raw = codec.decode_keys(self._keys, units)
         values, _ = apply_postprocess(raw, self.metric.postprocess)  # `raw` is this release's own dict
         return NoisyRelease.of(
@@ -234,7 +243,9 @@ class _RatioMeanRelease(ReleaseMechanism):
             keys = self._keys
             count_units = self._count.draw([int(true_values.get(k, (0.0, 0))[1]) for k in keys])
         pairs = [true_values.get(k, (0.0, 0)) for k in keys]
-        sum_units = self._sum.draw([self._centred_units(_exact(s), int(c)) for s, c in pairs]) if keys else []
+        centred = [self._centred_units(_exact(s), int(c)) for s, c in pairs]
+        self.clamped += at_range_end(centred)
+        sum_units = self._sum.draw(centred) if keys else []
         raw, halves = {}, {}
         for key, su, cu in zip(keys, sum_units, count_units, strict=True):
             raw[key], halves[key] = self._finish(su, cu)
