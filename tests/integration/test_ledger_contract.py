@@ -568,3 +568,25 @@ def test_a_known_release_id_is_answered_before_any_terms_check(where: str) -> No
         await pure.close()
 
     run(body())
+
+
+def test_a_block_opened_by_a_grant_keeps_its_own_length(where: str) -> None:
+    """A daily block opened by an operator grant (no charge in it) records its length, so an hourly worker
+    registered the next day cannot open an hourly block inside it: refused in the daily block (the length
+    is the block's own, not the hourly one registered last)."""
+
+    async def body() -> None:
+        clock = ManualClock(P0 + 10 * HOUR)
+        daily = await open_ledger(where, one_scope_topology(), clock=clock)
+        await daily.grant_reserve("s", 0.0625, "report", "carol")
+        clock.now = P1 + 30
+        hourly = await _second(where, daily, clock, **_HOURLY)
+        r = await hourly.charge(_at("h10", 0.5, P0 + 10 * HOUR, HOUR))
+        assert r.outcome is Outcome.REFUSED and r.reason.startswith(
+            f"period terms differ: block {period_id(DAY, P0)} keeps period 86400 s, this worker 3600 s"
+        )
+        assert await hourly.stored_payload("s", "h10") is None
+        await hourly.close()
+        await daily.close()
+
+    run(body())

@@ -636,6 +636,8 @@ class MemoryLedger(Ledger):
                     delta_cap=cfg.get("delta_cap", "0"),
                     start=str(pstart),
                 )
+                if "period_s" in cfg:  # the block's own length, which every later charge checks (grant.lua)
+                    block["period_s"] = cfg["period_s"]
                 self._xadd(
                     s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened", "actor": "ledger"}
                 )

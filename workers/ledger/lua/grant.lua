@@ -17,7 +17,7 @@ if not units or units <= 0 or units ~= math.floor(units) then
   return redis.error_reply('dpstream: grant: bad units ' .. tostring(ARGV[1]))
 end
 if ARGV[2] == '' then return redis.error_reply('dpstream: grant: a reason is required') end
-local cfg = redis.call('HMGET', KEYS[4], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap')
+local cfg = redis.call('HMGET', KEYS[4], 'cap', 'reserve', 'warn', 'accounting', 'delta_cap', 'period_s')
 if not cfg[1] then return redis.error_reply('dpstream: grant: scope not registered') end
 -- what is left to grant: the block's own terms once opened, the config's before
 local b = redis.call('HMGET', KEYS[1], 'cap', 'reserve', 'grant', 'spent')
@@ -32,6 +32,8 @@ end
 if redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5]) == 1 then
   redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'warn', cfg[3], 'accounting', cfg[4] or '',
              'delta_cap', cfg[5] or '0', 'start', ARGV[6])
+  -- the block's own length, which every later charge checks against the caller's (charge.lua)
+  if cfg[6] then redis.call('HSET', KEYS[1], 'period_s', cfg[6]) end
   redis.call('XADD', KEYS[3], '*', 'kind', 'period', 'period', ARGV[5], 'reason', 'period block opened',
              'actor', 'ledger')
 end
