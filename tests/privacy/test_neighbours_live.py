@@ -23,6 +23,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from urllib.parse import urlparse, urlunparse
 
 import pytest
 
@@ -172,3 +173,76 @@ def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
         ra, rb = a[key], b[key]
         for k in set(ra["values"]) | set(rb["values"]):
             assert abs(ra["values"].get(k, 0.0) - rb["values"].get(k, 0.0)) <= _noise_margin(ra, rb), (key, k)
+
+
+def _timed_releases(bootstrap: str, topic: str) -> dict[tuple[str, int], tuple[dict, int]]:
+    """(metric, window start) → (record without its noisy values, Kafka record timestamp in ms), for
+    the first record of each release_id (a duplicate has the same bytes)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        out: dict[tuple[str, int], tuple[dict, int]] = {}
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for m in records:
+                    rec = json.loads(m.value)
+                    rec.pop("values")
+                    out.setdefault((rec["metric"], rec["window"]["start_epoch"]), (rec, m.timestamp))
+        return out
+    finally:
+        consumer.close()
+
+
+def test_one_heavy_unit_changes_no_public_byte_or_record_time_of_live_releases(
+    tmp_path: Path,
+    kafka_broker,
+    fresh_redis,
+) -> None:
+    """D vs D′ = D plus one unit with 20,000 events in one window, through live workers: every field
+    of every release but its noisy values (costs, ratio_after, published_at) and every Kafka record
+    timestamp are identical, and both are the public time P(w) = end + allowed_lateness +
+    publish_delay, however long the heavy window took to process."""
+    start = (int(time.time()) // WINDOW + 2) * WINDOW
+    # one ledger each (Redis databases 0 and 2 of the test server): their spend must not mix
+    own = urlunparse(urlparse(fresh_redis.url)._replace(path="/2"))
+    plain = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
+    attacked = deploy(tmp_path, kafka_broker.bootstrap, own, epsilon=EPSILON, start=start, period=PERIOD)
+    starts = [start + WINDOW * i for i in range(4)]
+    honest = [
+        event(f"u{i:03d}", s + 0.3 + i / 1000, "home" if i % 2 else "cart", float(i % 50))
+        for s in starts
+        for i in range(30)
+    ]
+    heavy = [
+        event("heavy", starts[1] + 0.2 + (j % 1500) / 1000, "home" if j % 2 else "cart", 99.0) for j in range(20_000)
+    ]
+    send(plain.bootstrap, plain.source_topic, honest)
+    send(attacked.bootstrap, attacked.source_topic, honest + heavy)
+    plain.start_worker("plain")
+    attacked.start_worker("attacked")
+    try:
+        ok_a = poll(lambda: _released(plain, starts), timeout_s=180)
+        ok_b = poll(lambda: _released(attacked, starts), timeout_s=180)
+        assert ok_a and ok_b, plain.log("plain")[-2000:] + attacked.log("attacked")[-2000:]
+    finally:
+        plain.stop_all()
+        attacked.stop_all()
+    a = _timed_releases(plain.bootstrap, plain.topology.sinks.releases)
+    b = _timed_releases(attacked.bootstrap, attacked.topology.sinks.releases)
+    topo = plain.topology
+    for metric in topo.metrics.values():
+        for s in starts:
+            (ra, ta), (rb, tb) = a[(metric.name, s)], b[(metric.name, s)]
+            p_w = topo.publish_time(metric, s + WINDOW)
+            assert ta == tb == p_w * 1000, (metric.name, s, ta, tb, p_w)
+            for rec in (ra, rb):
+                assert rec["published_at"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p_w))
+            for own_field in ("topology_version", "release_id", "ledger"):  # two deployments, two ledgers
+                ra.pop(own_field), rb.pop(own_field)
+            assert ra == rb, (metric.name, s)
