@@ -9,7 +9,7 @@ from fractions import Fraction
 from dpstream.topology.composition import unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigWarning
-from dpstream.topology.model import Accounting, Mechanism, Topology, WindowKind
+from dpstream.topology.model import EVENT_LEVEL_LABEL, Accounting, Mechanism, Topology, WindowKind
 from dpstream.topology.validation import SourceMap
 
 DEFAULT_DELTA_CEILING = 1e-5
@@ -31,8 +31,8 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
         if source.event_level:
             warn(
                 ("source", source.name, "privacy_unit"),
-                f"source '{source.name}': privacy_unit 'event': event-level DP protects single events, not "
-                "people (weaker); name the field that identifies a person if there is one",
+                f"source '{source.name}': privacy_unit 'event': {EVENT_LEVEL_LABEL}: it protects single events, "
+                "not people; name the field that identifies a person if there is one",
             )
         if source.create_time_arrival:
             warn(

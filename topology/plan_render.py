@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["render_plan"]
 
 from dpstream.topology.durations import format_duration
+from dpstream.topology.model import EVENT_LEVEL_LABEL
 from dpstream.topology.plan import MetricPlan, Plan, ScopePlan
 
 
@@ -83,7 +84,7 @@ def _scope_lines(s: ScopePlan) -> list[str]:
     ]
     rows: list[list[str]] = []
     for m in s.metrics:
-        label = m.name + (" [event-level]" if m.event_level else "")
+        label = m.name + (f" [{EVENT_LEVEL_LABEL}]" if m.event_level else "")
         label += " [create-time arrival]" if m.create_time_arrival else ""
         aggregate = m.aggregate + (f" k={m.k}" if m.k else "") + (" [partition sel.]" if m.partition_selection else "")
         for i, c in enumerate(m.components):

@@ -79,3 +79,17 @@ def test_verify_labels_event_level_metrics_in_text_and_json() -> None:
     plain = VerifyReport("v1")
     assert EVENT_LEVEL_LABEL not in render_text(plain)
     assert json.loads(render_json(plain))["guarantee"] == "unit-level"
+
+
+def test_plan_and_validate_say_the_one_event_level_label() -> None:
+    """`dpstream plan` tags an event-level metric and `validate` warns with the same label text as status,
+    the report card and verify (one home for the words)."""
+    from dpstream.topology.lint import lint_topology
+    from dpstream.topology.plan import build_plan
+    from dpstream.topology.plan_render import render_plan
+
+    topo = load_topology_text(_YAML.format(start=P0))
+    text = render_plan(build_plan(topo))
+    assert f"taps [{EVENT_LEVEL_LABEL}]" in text and f"views [{EVENT_LEVEL_LABEL}]" not in text
+    warnings = [str(w) for w in lint_topology(topo)]
+    assert any(f"privacy_unit 'event': {EVENT_LEVEL_LABEL}" in w for w in warnings)

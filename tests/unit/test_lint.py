@@ -87,8 +87,8 @@ def test_event_level_unit_warns() -> None:
     """privacy_unit: event is legal but flagged as weaker."""
     messages = _messages(BASE.replace("privacy_unit: user_id", "privacy_unit: event"))
     assert messages == [
-        "warning: t.yaml:5: source 'clicks': privacy_unit 'event': event-level DP protects single events, not "
-        "people (weaker); name the field that identifies a person if there is one"
+        "warning: t.yaml:5: source 'clicks': privacy_unit 'event': event-level (weaker): it protects single events, "
+        "not people; name the field that identifies a person if there is one"
     ]
 
 
