@@ -156,6 +156,8 @@ def test_cli_writes_json_lines_and_a_summary_without_raw_values(topo, tmp_path, 
     assert 'records carry "ledger": null: charged to no ledger' in err
     assert "invalid:bad_timestamp=1" in err and "invalid:not_json=1" in err
     assert "secret-42" not in err and "soon" not in err
+    (events_line,) = [line for line in err.splitlines() if "accepted=" in line]
+    assert "curator-only" in events_line  # exact input counts say they are not for publication
 
 
 def test_cli_names_a_missing_events_file(tmp_path, capsys):

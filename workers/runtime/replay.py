@@ -51,14 +51,19 @@ class ReplaySummary:
     results: list[ReleaseResult] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """Human summary for stderr: counts and reasons only."""
+        """Human summary for stderr: counts and reasons only. The event counts are exact aggregates of the
+        input (curator-only, as `dpstream_events_total` is), and the line says so: never publish it."""
         ev = self.events.snapshot()
         rel = self.releases.snapshot()
-        out = ["events: " + ", ".join(f"{k}={v}" for k, v in ev.items())]
+        out = [f"events ({CURATOR_ONLY_NOTE}): " + ", ".join(f"{k}={v}" for k, v in ev.items())]
         out.append("releases: " + ", ".join(f"{k}={v}" for k, v in rel.items()))
         if self.releases.reasons:
             out.append("not published: " + ", ".join(f"{r}={n}" for r, n in sorted(self.releases.reasons.items())))
         return out
+
+
+CURATOR_ONLY_NOTE = "curator-only: exact counts of the input, not for publication"
+"""What the replay summary's event line is: un-noised whole-input counts, for the curator's eyes only."""
 
 
 def _partition_of(raw: bytes, unit_field: str, partitions: int) -> int:
