@@ -53,6 +53,15 @@ metrics:
     keys: [a, b, c, d]
     contribution: {max_keys: 1, max_per_key: 3}
     mechanism: gaussian
+  avg1:
+    source: clicks
+    budget: b
+    window: {tumbling: 1m}
+    aggregate: mean
+    value: eur
+    bounds: [0, 100]
+    contribution: {max_per_key: 1}
+    mechanism: gaussian
   views:
     source: clicks
     budget: b
@@ -201,7 +210,7 @@ def test_partials_do_not_depend_on_the_hop_order_batch_cuts_or_a_restart(events,
     shuffled = _deliveries(copies, rng)
     got, got_capped = _run(shuffled, cuts, crash_at)
     assert got == reference
-    assert len(reference) == 5 * _WINDOWS - 1  # every scheduled window, empty ones included (users: 2)
+    assert len(reference) == 6 * _WINDOWS - 1  # every scheduled window, empty ones included (users: 2)
     if crash_at is None:
         assert got_capped == capped
 
