@@ -6,7 +6,8 @@ change a window's true aggregate, which must not depend on what the hop went thr
 Each copy carries its source position (partition:offset, a header, nothing about the unit); the
 by-unit partition's pipeline keeps the positions of the events that may still land in an open
 window and skips a position it has already seen. Copies of one record have one unit, hence one
-by-unit partition, so one pipeline sees them all.
+by-unit partition, so one pipeline sees them all. The position also orders the copies for
+bounding (`position_order`), so which of a unit's events survive does not depend on the hop.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ def source_position_of(record: Any) -> bytes | None:
     return None
 
 
-def position_order(position: bytes) -> tuple[int, int]:
+def position_order(position: bytes, fallback: tuple[int, int]) -> tuple[int, int]:
     """(source partition, source offset) of a header value: with the source append time (the
     copy's timestamp), the order key bounding keeps the smallest of, whatever order the hop
-    delivered the copies in."""
+    delivered the copies in. `fallback` for a header that is not "<int>:<int>" (not the hop's)."""
     partition, _, offset = position.partition(b":")
-    return int(partition), int(offset)
+    try:
+        return int(partition), int(offset)
+    except ValueError:
+        return fallback
 
 
 class SeenCopies:

@@ -189,7 +189,10 @@ class PartitionPipeline:
             # L∞ order key: (source append time, source partition, source offset), a function of the record
             order = None
             if ordered:
-                order = (arrival, own, offset) if position is None else (arrival, *position_order(position))
+                if position is None:  # a source read as is: the record's own position
+                    order = (arrival, own, offset)
+                else:  # a hop copy: its source position (a header not the hop's: -1 and this offset)
+                    order = (arrival, *position_order(position, (-1, offset)))
             was_late = False
             for add in adds:
                 if add(unit, ts, fields, offset, horizon, order):
