@@ -354,14 +354,16 @@ def test_schedule_starts_at_S_and_ends_at_now_minus_grace() -> None:
 
 @pytest.mark.unit
 def test_outages_name_releases_published_inside_unless_charged_before() -> None:
-    """A copy stamped inside an outage is a violation unless its charge predates the outage; copies
-    outside every outage, and releases charged before it (in flight), are not."""
+    """A copy stamped inside an outage is a violation unless its charge predates the outage or follows
+    it (stamped with its public time P(w), published late); copies outside every outage, and releases
+    charged before it (in flight), are not."""
     recs = [
         TopicRecord(0, 0, b"a", _doc("a"), 1_050_000),  # inside, charged before: in flight, fine
         TopicRecord(0, 1, b"b", _doc("b"), 1_050_000),  # inside, charged inside: violation
         TopicRecord(0, 2, b"c", _doc("c"), 1_200_000),  # outside
         TopicRecord(0, 3, b"c", _doc("c"), 1_070_000),  # a copy of c inside, charged before the outage: fine
         TopicRecord(0, 4, b"d", _doc("d"), 1_099_999),  # inside, no ledger record: violation
+        TopicRecord(0, 5, b"e", _doc("e"), 1_090_000),  # stamped P(w) inside, charged after: late, fine
     ]
     published, _ = checks.index_releases(recs, {})
     assert published["c"].stamps == [1_200_000, 1_070_000]
@@ -369,6 +371,7 @@ def test_outages_name_releases_published_inside_unless_charged_before() -> None:
         "a": LedgerRelease("s", "a", "published", _doc("a"), "m", 0, 1, 999_000),
         "b": LedgerRelease("s", "b", "published", _doc("b"), "m", 0, 1, 1_040_000),
         "c": LedgerRelease("s", "c", "published", _doc("c"), "m", 0, 1, 500_000),
+        "e": LedgerRelease("s", "e", "published", _doc("e"), "m", 0, 1, 1_150_000),
     }
     counts: dict[str, Any] = {}
     violations = checks.check_outages(published, found, [(1000.0, 1100.0)], counts)
@@ -377,7 +380,7 @@ def test_outages_name_releases_published_inside_unless_charged_before() -> None:
         ("published_during_outage", "d"),
     ]
     assert "no charge time" in violations[1].message
-    assert counts == {"outages": 1, "published_in_outages": 4}
+    assert counts == {"outages": 1, "published_in_outages": 5}
     assert checks.check_outages(published, found, [], {}) == []
 
 

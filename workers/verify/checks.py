@@ -502,7 +502,9 @@ def check_outages(
 ) -> list[Violation]:
     """Nothing is published while the ledger is unreachable: a copy whose Kafka time falls in an outage
     [from, to] (epoch seconds) is a violation unless its charge was made before the outage began
-    (charged, then the ledger went away before the publish: the protocol's in-flight case)."""
+    (charged, then the ledger went away before the publish: the protocol's in-flight case) or after
+    it ended (a release's Kafka time is its public time P(w), not when it went out: one that missed
+    P(w) during the outage is charged and published after it, still stamped P(w))."""
     spans = sorted((float(a), float(b)) for a, b in outages)
     violations: list[Violation] = []
     inside = 0
@@ -515,7 +517,7 @@ def check_outages(
             if span is None:
                 continue
             inside += 1
-            if charged_ms is not None and charged_ms < span[0] * 1000:
+            if charged_ms is not None and not span[0] * 1000 <= charged_ms <= span[1] * 1000:
                 continue
             charged = f"charged {iso(charged_ms / 1000)}" if charged_ms is not None else "no charge time"
             violations.append(
