@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 class EventCounts:
     """Running totals (mutable on purpose: updated once per batch, read on scrape).
 
-    `capped` and `clamped` count contributions dropped by L0/L∞ caps and values clamped to
-    bounds; `late` counts events that missed at least one already-final window.
+    `capped` and `clamped` count contributions dropped by L0/L∞ caps (once a window closes, the
+    same total whatever order its events came in: a contribution a later, earlier-ordered one
+    displaced counts when it goes) and values clamped to bounds; `late` counts events that missed
+    at least one already-final window.
     """
 
     accepted: int = 0
