@@ -143,3 +143,33 @@ def test_publish_time_is_read_back_from_the_record_bytes():
     assert publish_time_of(_record(_T0 + 12)) == _T0 + 12
     assert publish_time_of(b'{"release_id":"r"}') is None
     assert publish_time_of(b'{"published_at":"not a time at all!"}') is None
+
+
+def test_releases_waiting_for_their_public_time_hold_no_dispatch_slot():
+    """With one slot, three windows of one close time all reach their hold (charged before P(w)):
+    a release waiting for P(w) gives its slot up, so none waits for another's P(w)."""
+    from dpstream.workers.pipeline.merger import MergedWindow
+    from dpstream.workers.release.dispatch import ReleaseDispatcher
+
+    async def go() -> list[str]:
+        public_time = asyncio.Event()
+        holding: list[str] = []
+        all_holding = asyncio.Event()
+        dispatcher: ReleaseDispatcher
+
+        async def release(window: MergedWindow) -> None:
+            async with dispatcher.outside_slot():
+                holding.append(window.metric)
+                if len(holding) == 3:
+                    all_holding.set()
+                await public_time.wait()  # the hold until P(w)
+
+        dispatcher = ReleaseDispatcher(release, max_concurrent=1)
+        for name in ("a", "b", "c"):
+            assert dispatcher.dispatch(MergedWindow(name, _T0, _T0 + 60, {}))
+        await asyncio.wait_for(all_holding.wait(), timeout=30)  # a bound on a hang, not a timing assertion
+        public_time.set()
+        await dispatcher.drain()
+        return holding
+
+    assert asyncio.run(go()) == ["a", "b", "c"]

@@ -31,9 +31,10 @@ from __future__ import annotations
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "MetricReleaseState", "Park", "ReleaseDispatcher", "Finished", "WindowParked"]
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,18 @@ class ReleaseDispatcher:
         self._retry.pop(key, None)
         self._internal.pop(key, None)
         return True
+
+    @contextlib.asynccontextmanager
+    async def outside_slot(self) -> AsyncIterator[None]:
+        """Give up the calling release's slot for the block (then take one again): a release waiting
+        for its public time P(w) holds no slot, so the windows of one close time that exceed
+        `max_concurrent` are charged before P(w) too, not one slot-full after another. Only for code
+        run by a dispatched release."""
+        self._slots.release()
+        try:
+            yield
+        finally:
+            await self._slots.acquire()
 
     def busy(self, metric: str) -> bool:
         """True while some window of `metric` is queued or being released."""

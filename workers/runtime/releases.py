@@ -401,7 +401,8 @@ class ReleaseSide:
             self._missed.add(key)
             if len(self._missed) > KEEP_CLOSE_TIMES:
                 self._missed.clear()  # a window is retried within minutes: an old id comes back rarely
-        await self._publish(value, key)
+        async with self._dispatcher.outside_slot():  # the hold until P(w) takes no release slot
+            await self._publish(value, key)
 
     async def _publish(self, value: bytes, key: bytes) -> None:
         """Every publication of stored bytes (first, retry, sweeper): held until P(w), stamped P(w)."""
