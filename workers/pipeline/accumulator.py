@@ -63,7 +63,7 @@ class _WindowState:
 
     `kept`: per (unit, key) of a grouped metric, or per unit: the number of events seen (count
     kinds; a count keeps at most `max_per_key` of them), else the retained (order, grid value)
-    pair (sums and means with `max_per_key` 1) or a sorted list of them; `unit_keys`: per unit,
+    pair while there is one, a sorted list of them once there are more; `unit_keys`: per unit,
     the tuple of its retained keys; `priority`: the `key_priority` of a retained key, computed only
     once its unit has more keys than `max_keys`; `rejected`: (unit, key) pairs L0 refused (a refused
     key stays refused, the bar only falls), so a repeat is not hashed again, at most
@@ -256,10 +256,8 @@ class MetricAccumulator:
                                 support[key] = support.get(key, 0) + 1
                         if is_count:
                             kept[uk] = 1
-                        elif single:
+                        else:  # one pair; a list once there are more (max_per_key > 1)
                             kept[uk] = (offset if order is None else order, v)
-                        else:
-                            kept[uk] = [(offset if order is None else order, v)]
                     elif is_count:  # L∞ by number: which events they were does not matter
                         if got < max_per_key:
                             kept[uk] = got + 1
@@ -277,6 +275,9 @@ class MetricAccumulator:
                                 continue
                             kept[uk] = (o, v)
                             v -= got[1]  # the aggregate moves by the difference
+                        elif type(got) is tuple:
+                            kept[uk] = [got, (o, v)] if o > got[0] else [(o, v), got]
+                            o = None
                         elif len(got) < max_per_key:
                             if o > got[-1][0]:
                                 got.append((o, v))
