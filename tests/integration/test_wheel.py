@@ -27,6 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("localstack", "demo", "bench")
 """Packages under workers/ that need a checkout (deploy/local) and stay out of the wheel."""
+API = "api"
+"""workers/api/ is the package `dpstream` itself (the Python API): it ships as dpstream/, not dpstream/workers/api/."""
 
 _SOURCES = ("pyproject.toml", "README.md", "workers", "topology", "dpstream.egg-info")
 
@@ -145,6 +147,26 @@ def test_only_dpstream_is_importable_and_it_comes_from_the_venv(installed: Insta
     }
 
 
+def test_the_python_api_is_the_package_root(installed: Installed) -> None:
+    """`dpstream` is a regular package whose modules are workers/api/'s; no dpstream.workers.api copy ships."""
+    api = sorted(p.name for p in (ROOT / "workers" / API).glob("*.py"))
+    assert "__init__.py" in api
+    for name in api:
+        assert f"dpstream/{name}" in installed.names
+    assert not [n for n in installed.names if n.startswith(f"dpstream/workers/{API}/")]
+    probe = installed.python_c(
+        "import importlib.util, dpstream\n"
+        "print(dpstream.__file__)\n"
+        "print(*dpstream.__all__)\n"
+        "print('copy' if importlib.util.find_spec('dpstream.workers.api') else '-')\n"
+    )
+    assert probe.returncode == 0, probe.stderr
+    init, names, copy = probe.stdout.splitlines()
+    assert Path(init).resolve() == (installed.site / "dpstream" / "__init__.py").resolve()
+    assert {"replay", "plan", "validate", "open_ledger", "Rho", "Epsilon"} <= set(names.split())
+    assert copy == "-"
+
+
 def test_plan_runs_on_a_packaged_example(installed: Installed) -> None:
     """The venv's `dpstream plan` reads an example shipped inside the package and exits 0."""
     example = installed.site / "dpstream" / "topology" / "examples" / "web-analytics.yaml"
@@ -170,7 +192,7 @@ def test_every_runtime_package_is_in_the_wheel(installed: Installed) -> None:
     for top in ("workers", "topology"):
         for init in (ROOT / top).rglob("__init__.py"):
             rel = init.relative_to(ROOT / top).parent
-            if rel.parts and rel.parts[0] in TOOLS and top == "workers":
+            if rel.parts and rel.parts[0] in (*TOOLS, API) and top == "workers":
                 continue
             assert f"dpstream/{top}/{init.relative_to(ROOT / top).as_posix()}" in installed.names, (
                 f"{init.parent.relative_to(ROOT)} is a package missing from the wheel: add it to pyproject's packages"

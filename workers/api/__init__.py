@@ -1,0 +1,87 @@
+"""dpstream from Python: the operations of the `dpstream` CLI, with typed values.
+
+    import dpstream
+    from datetime import UTC, datetime
+
+    checked = dpstream.validate("topology/examples/web-analytics.yaml")   # mistakes raise ConfigError
+    plan = dpstream.plan(checked.topology)
+    plan.scopes["web-daily"].cap                  # Rho(0.0241…): what the scope may spend per period
+    day = datetime(2026, 11, 30, tzinfo=UTC)
+    with dpstream.open_ledger("memory", checked.topology, now=datetime(2026, 12, 1, tzinfo=UTC)) as ledger:
+        for release in dpstream.replay(checked.topology, events, start=day, end=datetime(2026, 12, 1, tzinfo=UTC),
+                                       ledger=ledger):
+            print(release.metric, release.window_start, release.values)
+        ledger.status("web-daily").spent          # Rho(…): the day's spend
+
+What it offers:
+
+- `load_topology(path)`, `validate(path)`: read and check a topology file (every mistake is a
+  one-line `ConfigError` naming FILE:LINE, the field and the fix; `validate` adds the warnings).
+- `plan(topology)`: the budget plan (`dpstream plan`): per scope its cap, reserve, pool and the
+  cost of one release of each metric, as `Rho` or `Epsilon`.
+- `replay(topology, events, start=, end=)`: the worker's pipeline over an iterable of events
+  (dicts or JSON bytes), releasing every window of the public schedule [start, end), with an
+  in-process or Redis ledger (`dpstream replay`); returns the `Release` records. `replay_async`
+  is the same for async code.
+- `open_ledger(where, topology)`: an in-process (`"memory"`) or Redis ledger; its
+  `status(scope)` says where a scope's budget stands (`dpstream budget status`) as a
+  `BudgetStatus`.
+- `Rho`, `Epsilon`: costs in a scope's currency (ρ for zCDP scopes, ε for pure ones), never bare
+  floats.
+
+`dpstream.topology` (the model and its privacy arithmetic) and `dpstream.workers` (the runtime,
+the ledger, the CLI) are the packages underneath. Importing `dpstream` loads neither's heavy
+modules; each function imports what it calls.
+"""
+
+from __future__ import annotations
+
+if __name__ != "dpstream":  # pragma: no cover - an editable install also maps workers/ to dpstream.workers
+    raise ImportError(f"{__name__} is the module `dpstream` itself: `import dpstream`")
+
+__all__ = [
+    "BudgetStatus",
+    "ConfigError",
+    "ConfigWarning",
+    "Cost",
+    "Epsilon",
+    "Ledger",
+    "Plan",
+    "PlannedScope",
+    "Release",
+    "Replay",
+    "Rho",
+    "Topology",
+    "Validation",
+    "load_topology",
+    "open_ledger",
+    "plan",
+    "replay",
+    "replay_async",
+    "validate",
+]
+
+from typing import TYPE_CHECKING, Any
+
+from dpstream.topology.errors import ConfigError, ConfigWarning
+
+from ._costs import Cost, Epsilon, Rho
+from ._ledger import BudgetStatus, Ledger, open_ledger
+from ._replay import Release, Replay, replay, replay_async
+from ._topology import Plan, PlannedScope, Validation, load_topology, plan, validate
+
+if TYPE_CHECKING:
+    from dpstream.topology.model import Topology
+
+
+def __getattr__(name: str) -> Any:
+    """`dpstream.Topology`, imported on first use (the model is not needed to start the CLI)."""
+    if name == "Topology":
+        from dpstream.topology.model import Topology
+
+        return Topology
+    raise AttributeError(f"module 'dpstream' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
