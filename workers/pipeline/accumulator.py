@@ -20,6 +20,7 @@ in. Per (unit, window):
 The window's aggregate follows that state (a replaced or evicted contribution is taken out
 again). Replaying a partition from the first event of an open window feeds it the same records,
 so it rebuilds the same partial.
+
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
 
