@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
-from dpstream.workers.pipeline.accumulator import key_priority
+from dpstream.workers.pipeline.accumulator import MetricAccumulator, key_priority
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
 _YAML = """
@@ -176,3 +176,15 @@ def test_rounded_values_stay_inside_the_bounds():
     events = [{"user_id": "a", "ts": 1, "eur": 100 - 1e-15}, {"user_id": "b", "ts": 1, "eur": -10 + 1e-15}]
     values, _ = _partials(events)
     assert -10 * 2**grid <= values["spend"][""] <= 200 * 2**grid
+
+
+def test_linf_keeps_the_contributions_of_smallest_order_key_not_the_first_to_arrive():
+    """Sum with max_per_key 2: contributions arriving with order keys 5, 3, 9, 1 keep those of 1
+    and 3 (a later, smaller-ordered one replaces the largest kept); the other two are capped."""
+    topo = load_topology_text(_YAML)
+    acc = MetricAccumulator(topo.metrics["spend"], topo.sources["clicks"], 0)
+    for offset, (order, eur) in enumerate([(5, 50), (3, 30), (9, 90), (1, 10)]):
+        acc.add("x", 1.0, {"eur": eur}, offset, 0.0, (1.0, 0, order))
+    ((start, values),) = acc.close_through(1_000)[:1]
+    assert start == 0 and _exact("spend", values[""]) == 10 + 30
+    assert acc.capped == 2
