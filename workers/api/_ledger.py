@@ -172,9 +172,10 @@ def open_ledger(
     With a `topology`, its scopes are registered (a Redis ledger is written to, as a worker does)
     and the ledger can price releases for `replay`; without one, it serves `status` only and
     changes nothing. `actor` names you in the ledger's audit trail (default `python:$USER`).
-    `now` (in-process only) fixes the ledger's clock at a public time: e.g. the end of a replayed
-    day, so that `status` reports that day's period (the default is the wall clock, as in
-    `dpstream replay`). A Redis that is not durable (AOF `appendfsync always`) is refused unless
+    `now` (in-process only) fixes the ledger's clock at a public time inside a replayed period, so
+    that `status` reports that period (a day's end, the next midnight, is already the next day)
+    and no replayed window is older than the ledger's idempotency horizon (35 days); the default
+    is the wall clock, as in `dpstream replay`. A Redis that is not durable (AOF `appendfsync always`) is refused unless
     `allow_volatile`.
     """
     from dpstream.workers.ledger import open_ledger as open_core
