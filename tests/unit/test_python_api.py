@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -77,6 +78,20 @@ def test_readme_example_runs_and_releases_every_window_of_its_schedule(monkeypat
     assert (
         out.splitlines()[0] == f"{status.cap} {dpstream.plan(topology).scopes['web-daily'].per_release['page_views']}"
     )
+
+
+def test_the_module_docstring_example_runs_and_prints_what_its_comments_say(monkeypatch, capsys):
+    """help(dpstream)'s example runs as written and prints the cap and the hour's spend its comments name."""
+    monkeypatch.chdir(ROOT)
+    doc = dpstream.__doc__ or ""
+    example = textwrap.dedent(doc.split("\n\n", 1)[1].split("What it offers:", 1)[0])
+    exec(compile(example, "dpstream.__doc__", "exec"), {"__name__": "doc_example"})
+    lines = capsys.readouterr().out.splitlines()
+    commented = re.findall(r"# (Rho\([0-9.e-]+\))", example)
+    assert [lines[0], lines[-1]] == commented
+    # the cap, the spend and between them every window of the hour: 60 one-minute, 56 five-minute hopping
+    # (every minute, ending by 01:00), 12 five-minute, 4 quarter-hour and 1 hourly window
+    assert len(lines) == 2 + 60 + 56 + 12 + 4 + 1
 
 
 @pytest.mark.parametrize("partitions", [1, 3])

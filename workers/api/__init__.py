@@ -3,15 +3,14 @@
     import dpstream
     from datetime import UTC, datetime
 
-    checked = dpstream.validate("topology/examples/web-analytics.yaml")   # mistakes raise ConfigError
-    plan = dpstream.plan(checked.topology)
-    plan.scopes["web-daily"].cap                  # Rho(0.0241…): what the scope may spend per period
-    day = datetime(2026, 11, 30, tzinfo=UTC)
-    with dpstream.open_ledger("memory", checked.topology, now=datetime(2026, 12, 1, tzinfo=UTC)) as ledger:
-        for release in dpstream.replay(checked.topology, events, start=day, end=datetime(2026, 12, 1, tzinfo=UTC),
-                                       ledger=ledger):
-            print(release.metric, release.window_start, release.values)
-        ledger.status("web-daily").spent          # Rho(…): the day's spend
+    topology = dpstream.validate("topology/examples/web-analytics.yaml").topology  # mistakes: ConfigError
+    print(dpstream.plan(topology).scopes["web-daily"].cap)  # Rho(0.0241296): the scope's cap per period
+    events = [{"user_id": "u1", "ts": 1764460805, "page": "home"}]  # dicts or JSON bytes, one event each
+    start, end = datetime(2026, 11, 30, tzinfo=UTC), datetime(2026, 11, 30, 1, tzinfo=UTC)  # public
+    with dpstream.open_ledger("memory", topology, now=end) as ledger:
+        for release in dpstream.replay(topology, events, start=start, end=end, ledger=ledger):
+            print(release.metric, release.window_start, release.values, release.cost)
+        print(ledger.status("web-daily").spent)  # Rho(0.000790915): what the hour's releases spent
 
 What it offers:
 
