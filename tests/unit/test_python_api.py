@@ -243,6 +243,15 @@ def test_a_ledger_must_be_opened_with_the_replayed_topology():
         assert ledger.scopes() == ["risk-features"]
 
 
+def test_sync_replay_refuses_an_async_ledger():
+    """An async ledger belongs to its own event loop: the sync replay refuses it and names replay_async."""
+    from dpstream.workers.ledger import open_ledger as open_core
+
+    core = asyncio.run(open_core("memory", dpstream.load_topology(WEB)))
+    with pytest.raises(dpstream.ConfigError, match=r"^replay: ledger MemoryLedger: .*replay_async"):
+        dpstream.replay(WEB, [], start=FUTURE, end=FUTURE + 60, ledger=core)  # type: ignore[arg-type]  # the point
+
+
 def test_now_fixes_only_the_in_process_ledger_clock():
     """`now=` is refused for a Redis ledger (one line, before any connection) and needs a time zone."""
     with pytest.raises(dpstream.ConfigError, match=r"now= fixes the in-process ledger's clock only"):

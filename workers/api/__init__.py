@@ -35,7 +35,7 @@ modules; each function imports what it calls.
 
 from __future__ import annotations
 
-if __name__ != "dpstream":  # pragma: no cover - an editable install also maps workers/ to dpstream.workers
+if __name__ != "dpstream":  # an editable install maps workers/ to dpstream.workers, so this folder has two names
     raise ImportError(f"{__name__} is the module `dpstream` itself: `import dpstream`")
 
 __all__ = [

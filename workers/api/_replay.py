@@ -226,7 +226,7 @@ def replay(
     `open_ledger` (opened with the same topology) to ask for its `status` afterwards.
     """
     loaded = _topology(topology)
-    if not isinstance(ledger, Ledger):
+    if isinstance(ledger, str):
         runner = EventLoopThread()
         try:
             return runner.run(
@@ -243,6 +243,11 @@ def replay(
             )
         finally:
             runner.close()
+    if not isinstance(ledger, Ledger):
+        raise ConfigError(
+            f"replay: ledger {type(ledger).__name__}: give 'memory', a Redis URL or a dpstream.open_ledger(...) "
+            "handle (an async ledger goes to replay_async)"
+        )
     if ledger.topology is None or ledger.topology.topology_version != loaded.topology_version:
         raise ConfigError(
             f"replay: the ledger {ledger.where!r} was opened without this topology; "
