@@ -31,6 +31,8 @@ class _CountingFactory:
         outer = self
 
         class _Counted:
+            clamped = 0
+
             def release(self, true_values: Mapping[str, Any]) -> Any:
                 outer.draws += 1
                 return inner.release(true_values)

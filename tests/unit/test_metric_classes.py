@@ -18,6 +18,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import EVENT_LEVEL_LABEL
 from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.release.outcomes import ReleaseCounts
 from dpstream.workers.runtime.clock_skew import ClockSkewGate
 from dpstream.workers.telemetry.budget import ScopeFigures
 from dpstream.workers.telemetry.classes import METRIC_CLASSES, MetricClass, metric_class
@@ -166,7 +167,7 @@ class _Releases:
         )
         self.latency = LabelledHistogram("metric", topology.metrics, (0.1, 1.0))
         self.ledger_timings = LedgerTimings()
-        self.releaser = SimpleNamespace(counts=SimpleNamespace(swept=0))
+        self.releaser = SimpleNamespace(counts=ReleaseCounts())
         self._ledger = None
 
     def open_windows(self) -> dict[str, list[int]]:

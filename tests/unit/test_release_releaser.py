@@ -337,3 +337,51 @@ def test_selection_delta_is_calibrated_and_charged_as_one_amount():
     assert block.delta_spent_units == math.floor(Fraction(share) * DELTA_UNITS_PER_DELTA)  # charged as calibrated
     assert status.delta_spent == pytest.approx(expected) and status.delta_cap == pytest.approx(1e-7)
     assert block.delta_spent_units * 24 <= block.delta_cap_units  # the period's 24 releases fit the δ cap
+
+
+_SUM_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d, reserve: 0.2}
+metrics:
+  spend:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1h}
+    aggregate: sum
+    value: eur
+    bounds: [0, 200]
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+
+
+def test_a_true_sum_past_the_grid_is_published_and_counted_clamped_off_the_record():
+    """A true sum past the fixed-point grid's range is published (clamped before noise, never a failed
+    window), counted once per charged release for the curator (`counts.clamped`), and the record does not
+    say so; a republish of the known release id counts nothing more."""
+    topo = load_topology_text(_SUM_YAML)
+
+    async def go():
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
+        rel = Releaser(topo, ledger)
+        sink = _Sink()
+        huge = {"": Fraction(10) ** 40}
+        first = await rel.release("spend", (_T0, _T0 + 3600), huge, sink)
+        again = await rel.release("spend", (_T0, _T0 + 3600), huge, sink)
+        ordinary = await rel.release("spend", (_T0 + 3600, _T0 + 7200), {"": Fraction(10)}, sink)
+        return first, again, ordinary, rel
+
+    first, again, ordinary, rel = _run(go())
+    assert (first.outcome, again.outcome, ordinary.outcome) == (
+        ReleaseOutcome.PUBLISHED,
+        ReleaseOutcome.DUPLICATE,
+        ReleaseOutcome.PUBLISHED,
+    )
+    assert dict(rel.counts.clamped) == {"spend": 1}
+    clamped_record, ordinary_record = json.loads(first.payload), json.loads(ordinary.payload)
+    assert clamped_record.keys() == ordinary_record.keys()  # the record says nothing of the clamp
+    assert clamped_record["noise"] == ordinary_record["noise"] and "clamped" not in first.payload.decode()

@@ -21,7 +21,7 @@ from dpstream.topology.plan import build_plan
 from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import REASONS
-from dpstream.workers.release.outcomes import ReleaseOutcome
+from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome
 from dpstream.workers.runtime.clock_skew import ClockSkewGate
 from dpstream.workers.telemetry.budget import (
     BudgetCollector,
@@ -379,7 +379,7 @@ class _ReleaseSide:
         self.stats = _Stats()
         self.latency = LabelledHistogram("metric", topology.metrics, (0.1, 1.0))
         self.ledger_timings = LedgerTimings()
-        self.releaser = SimpleNamespace(counts=SimpleNamespace(swept=2))
+        self.releaser = SimpleNamespace(counts=ReleaseCounts(swept=2, clamped=Counter({"hourly": 3})))
         self.windows: dict[str, list[int]] = {}
 
     def open_windows(self) -> dict[str, list[int]]:
@@ -435,6 +435,7 @@ def test_worker_collector_release_side() -> None:
     assert got[("dpstream_release_latency_seconds_bucket", (("le", "+Inf"), ("metric", "hourly")))] == 2
     assert got[("dpstream_release_latency_seconds_count", (("metric", "daily"),))] == 0
     assert got[("dpstream_releases_swept_total", ())] == 2
+    assert got[("dpstream_release_clamped_total", (("metric", "hourly"),))] == 3  # keys clamped to the grid
     for op in LEDGER_OPS:
         assert got[("dpstream_ledger_errors_total", (("op", op),))] == 0
         assert got[("dpstream_ledger_request_duration_seconds_count", (("op", op),))] == 0

@@ -81,6 +81,9 @@ class ReleaseCounts:
     by_outcome: Counter[ReleaseOutcome] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     swept: int = 0
+    clamped: Counter[str] = field(default_factory=Counter)
+    """metric → keys whose true value was clamped to the fixed-point grid's range before noise, over the
+    releases charged here (an un-noised fact about the data: curator-only, never in a record)."""
 
     def add(self, result: ReleaseResult) -> None:
         """Count one result."""

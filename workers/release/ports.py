@@ -43,6 +43,9 @@ class ReleaseLedger(Protocol):
 class ReleaseMechanism(Protocol):
     """A calibrated mechanism: true values in, a noisy release (with its record fields) out."""
 
+    clamped: int
+    """Keys whose true value was clamped to the fixed-point grid's range, over its releases (curator-only)."""
+
     def release(self, true_values: Mapping[str, Any]) -> Any: ...
 
 

@@ -294,7 +294,9 @@ class Releaser:
             cost = self._planned_cost[m.name]
         selection_delta = self._selection_delta(m, budget)
         mechanism = self._mechanism(m, budget, cost, selection_delta)
+        clamped_before = mechanism.clamped
         noisy = mechanism.release(true_values)
+        clamped = mechanism.clamped - clamped_before
         payload = record_bytes(  # = canonical_bytes(build_record(...)), the fixed fields' text kept per cost
             release_id=rid,
             topology_version=self.version,
@@ -335,6 +337,8 @@ class Releaser:
         if charge.outcome is Outcome.REFUSED:
             reason = charge.reason or quote.refused_reason or "refused"
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)
+        if clamped and charge.outcome is Outcome.GRANTED:  # counted once per charged release, not per attempt
+            self.counts.clamped[m.name] += clamped
         return charge
 
 

@@ -69,6 +69,7 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_release_retries_total": _C,
         "dpstream_release_parks_total": _C,
         "dpstream_release_publish_misses_total": _C,
+        "dpstream_release_clamped_total": _C,
         "dpstream_releases_parked": _C,
         "dpstream_releases_swept_total": _C,
         "dpstream_release_latency_seconds": _C,

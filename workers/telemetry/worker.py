@@ -9,6 +9,7 @@ Release side (roles `all` and `release`), per `metric` of the topology:
                                                   failures (parked now, from the ledger, per scope:
                                                   dpstream_releases_parked)
     dpstream_release_latency_seconds{metric}      histogram: close (last partial appended) → published
+    dpstream_release_clamped_total{metric}        keys clamped to the fixed-point grid's range before noise
     dpstream_release_publish_misses_total{metric} releases ready only after their public time P(w) =
                                                   C(w) + publish_delay (published at once, stamped P(w))
     dpstream_release_noise_stddev{metric}         noise σ of the last release published here, in value
@@ -220,6 +221,17 @@ class WorkerCollector(Collector):
         yield pending
 
         releaser = side.releaser
+        grid = CounterMetricFamily(
+            "dpstream_release_clamped",
+            "Keys whose true value lay past the fixed-point grid's range and was clamped to it before noise, "
+            "over the releases this process charged (a fact about the data: curator-only).",
+            labels=["metric"],
+        )
+        clamped = _copy(releaser.counts.clamped) if releaser is not None else {}
+        for m in metrics:
+            grid.add_metric([m], float(clamped.get(m, 0)))
+        yield grid
+
         swept = CounterMetricFamily(
             "dpstream_releases_swept", "Reserved releases the sweeper republished with their stored bytes."
         )
