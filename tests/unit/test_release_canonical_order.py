@@ -90,9 +90,7 @@ def _run(topo, order: list[str]) -> dict[str, dict]:
 
 
 def _priced(records: dict[str, dict]) -> dict[str, tuple[float, float, float]]:
-    return {
-        m: (r["cost"]["rho"], r["budget"]["ratio_after"], r["noise"]["scale"]) for m, r in sorted(records.items())
-    }
+    return {m: (r["cost"]["rho"], r["budget"]["ratio_after"], r["noise"]["scale"]) for m, r in sorted(records.items())}
 
 
 def test_two_metrics_closing_together_cost_the_same_charged_in_either_order(topo):
