@@ -147,13 +147,15 @@ def _check_ledger(url: str, topology: Topology | None, actor: str, bootstrap: st
     """Open and close the ledger as this worker's start will (URL, durability, the topology's scopes), so
     its ConfigError is one line before Faust starts; an unreachable ledger is left to the start, which waits.
     A publishing worker (`topology` given) also checks that its releases topic holds no record of its
-    topology version from another ledger (`verify.binding`)."""
+    topology version from another ledger (`verify.binding`); if the ledger is unreachable now, the
+    release side runs that check when it first reaches it (`ReleaseSide.start`)."""
     import asyncio
+    import time
 
     from dpstream.workers.ledger import MEMORY, LedgerUnavailable, open_ledger
     from dpstream.workers.ledger.connection import redact
     from dpstream.workers.runtime.kafka_security import KafkaSecurity
-    from dpstream.workers.verify.binding import check_releases_ledger
+    from dpstream.workers.verify.binding import check_publishing_ledger
 
     if url == MEMORY:
         return
@@ -163,14 +165,7 @@ def _check_ledger(url: str, topology: Topology | None, actor: str, bootstrap: st
         try:
             if topology is not None:
                 security = KafkaSecurity.from_env(kafka=topology.kafka)
-                await check_releases_ledger(
-                    bootstrap,
-                    topology.sinks.releases,
-                    topology.topology_version,
-                    ledger.ledger_id,
-                    redact(url),
-                    security,
-                )
+                await check_publishing_ledger(bootstrap, topology, ledger, redact(url), time.time(), security)
         finally:
             await ledger.close()
 

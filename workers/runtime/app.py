@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = ["Role", "Runtime", "build_runtime", "new_app", "run_worker", "web_settings"]
 
 import asyncio
+import os
+import signal
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -194,10 +196,18 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
 
 
 def run_worker(runtime: Runtime, loglevel: str = "WARNING") -> int:
-    """Run the Faust worker in this process until SIGTERM/SIGINT; returns the exit code."""
+    """Run the Faust worker in this process until SIGTERM/SIGINT; returns the exit code. A release side
+    that refuses its releases topic once it reaches the ledger stops the worker, and its ConfigError is
+    raised here (the CLI's one line, exit 2)."""
     worker = faust.Worker(runtime.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    releases = runtime.releases
+    if releases is not None:
+        releases.on_refused = lambda: os.kill(os.getpid(), signal.SIGTERM)  # Faust's own graceful stop
+    code = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+        code = int(exc.code or 0)
+    if releases is not None and releases.refused is not None:
+        raise releases.refused
+    return code

@@ -41,6 +41,7 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaProducer
 
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.ledger.base import Ledger
 from dpstream.workers.pipeline.merger import MergedWindow, PartitionCountChanged
@@ -173,6 +174,10 @@ class ReleaseSide:
             transient=is_transient,
         )
         self._ready = asyncio.Event()
+        self.refused: ConfigError | None = None
+        """Why this release side never opened (its releases topic is fed by another ledger), or None."""
+        self.on_refused: Callable[[], None] | None = None
+        """Called once `refused` is set: `run_worker` stops the process (exit 2); else the side stays closed."""
         self.topic = app.topic(
             topology.sinks.partials_topic,
             key_type=bytes,
@@ -185,7 +190,10 @@ class ReleaseSide:
         app.timer(settings.sweep_interval_s, name="dpstream-sweeper")(self._sweep)
 
     async def start(self) -> None:
-        """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable)."""
+        """Open the idempotent releases producer and the ledger (fails closed if Redis is unusable). Once
+        the ledger answers, the releases topic is checked against it first (`verify.binding`): a topic
+        holding records of this version from another ledger leaves the side closed (`refused`, one
+        error line, `on_refused` called), nothing published, nothing swept."""
         from dpstream.workers.ledger import LedgerUnavailable, open_ledger
         from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
         from dpstream.workers.runtime.schedule import schedule_start_of
@@ -199,23 +207,56 @@ class ReleaseSide:
         )
         await self._producer.start()
 
-        async def connect() -> None:
-            """Open the ledger and warm up against it; closed again if the ledger fails meanwhile."""
-            self._ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
+        async def connect() -> bool:
+            """Open the ledger, check that it is the one feeding the releases topic, and warm up against
+            it; closed again if the ledger fails meanwhile. False (ledger closed) when the check refuses."""
+            ledger = await open_ledger(self.settings.redis_url, self.topology, actor=self.settings.worker_id)
             try:
+                # the CLI's start check was skipped if Redis was down then: run it whenever the ledger is reached
+                if not await self._bound_to_releases_topic(ledger):
+                    await ledger.close()
+                    return False
+                self._ledger = ledger
                 # price the first period from S, as the ingest schedules it (every process the same S)
-                self._ledger.use_schedule_start(await schedule_start_of(self.topology, self._ledger))
-                self._timed_ledger = TimedLedger(self._ledger, self.ledger_timings)
+                ledger.use_schedule_start(await schedule_start_of(self.topology, ledger))
+                self._timed_ledger = TimedLedger(ledger, self.ledger_timings)
                 self._releaser = Releaser(self.topology, self._timed_ledger, actor=self.settings.worker_id)
-                self._parking = Parking(self.topology, self._ledger, self.settings.worker_id)
+                self._parking = Parking(self.topology, ledger, self.settings.worker_id)
                 await self._parking.refresh()
                 await self._warm_up()
             except LedgerUnavailable:
-                await self._ledger.close()
+                await ledger.close()
                 raise
+            return True
 
-        await open_ledger_waiting(connect, "release side start")
-        self._ready.set()
+        if await open_ledger_waiting(connect, "release side start"):
+            self._ready.set()
+        elif self.on_refused is not None:
+            self.on_refused()
+
+    async def _bound_to_releases_topic(self, ledger: Ledger) -> bool:
+        """`verify.binding`'s check of the releases topic against this ledger; False, with one error line
+        and `refused` set, when the topic holds records of this version from another ledger."""
+        from dpstream.workers.ledger import MEMORY
+        from dpstream.workers.ledger.connection import redact
+        from dpstream.workers.verify.binding import check_publishing_ledger
+
+        if self.settings.redis_url == MEMORY:
+            return True  # as the CLI's start check: the in-process ledger binds nothing
+        try:
+            await check_publishing_ledger(
+                self.settings.bootstrap,
+                self.topology,
+                ledger,
+                redact(self.settings.redis_url),
+                time.time(),
+                self.settings.kafka_security,
+            )
+        except ConfigError as exc:
+            self.refused = exc
+            _log.error("release side: refusing to publish: %s", exc)
+            return False
+        return True
 
     async def _warm_up(self) -> None:
         """Pay the first-use costs before the first window: releases-topic metadata, the ledger's

@@ -69,10 +69,16 @@ class LedgerRelease:
 
 
 async def read_topic(
-    bootstrap: str, topic: str, timeout_s: float = 120.0, security: KafkaSecurity | None = None
+    bootstrap: str,
+    topic: str,
+    timeout_s: float = 120.0,
+    security: KafkaSecurity | None = None,
+    since_ms: int | None = None,
 ) -> list[TopicRecord]:
     """Every record of `topic` from the beginning up to its end offsets as of the call (a snapshot,
     so a busy topic ends too), in partition then offset order. No consumer group, nothing committed.
+    With `since_ms`, each partition is read from the broker's time index at `since_ms` instead: every
+    record before that offset has a timestamp earlier than `since_ms` (later ones may be too).
 
     A missing topic is a ConfigError; an unreachable broker a ConfigError naming it.
     """
@@ -110,6 +116,11 @@ async def read_topic(
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         await consumer.seek_to_beginning(*tps)
+        if since_ms is not None:
+            found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            for tp in tps:
+                at = found.get(tp)
+                consumer.seek(tp, at.offset if at is not None else ends[tp])  # None: no record that late
         out: dict[int, list[TopicRecord]] = {tp.partition: [] for tp in tps}
         deadline = time.monotonic() + timeout_s
         todo = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
