@@ -381,6 +381,7 @@ class _ReleaseSide:
         self.ledger_timings = LedgerTimings()
         self.releaser = SimpleNamespace(counts=ReleaseCounts(swept=2, clamped=Counter({"hourly": 3})))
         self.windows: dict[str, list[int]] = {}
+        self.clock_skew = ClockSkewGate(0.5, 30.0)
 
     def open_windows(self) -> dict[str, list[int]]:
         return self.windows

@@ -172,6 +172,8 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
         app.service(_Lifecycle(releases, loop=None))  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
     if role is not Role.RELEASE:
         ingest = IngestService(topology, settings, offload=role is Role.ALL)
+        if releases is not None:  # one process, one clock: publication holds on the ingest's skew reading
+            releases.share_clock_skew(ingest.clock_skew)
         app.service(ingest)  # type: ignore[arg-type]  # faust types service() for classes; an instance is started with the app just the same
         hop_sources = [s for s in topology.sources.values() if ingest_topic(s) != s.topic]
         repartition = None

@@ -11,18 +11,47 @@ response is compared with the worker's clock before and after the round trip. Th
 the reading's `skew_s ± uncertainty_s`. While that interval is not inside ±`max_clock_skew_s` (or the
 last reading is missing or stale), window closes are held: releases wait (release lag grows, and
 `DPClockSkew` alerts), they are never made on a clock that cannot be trusted.
+
+The release side publishes each release no earlier than its public time P(w) on its own clock, so a
+release-only process measures the same skew with the same probe (`measure`) and holds publication
+while the same gate is shut; a process running both halves shares one gate.
 """
 
 from __future__ import annotations
 
-__all__ = ["SkewReading", "ClockSkewGate", "reading_from", "probe_skew"]
+__all__ = [
+    "SkewReading",
+    "ClockSkewGate",
+    "reading_from",
+    "probe_skew",
+    "measure",
+    "READING_MAX_AGE",
+    "PROBE_TIMEOUT_S",
+    "PROBES_PER_ROUND",
+]
 
+import asyncio
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from dpstream.topology.errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+READING_MAX_AGE = 3
+"""A clock-skew reading older than this many probe intervals no longer opens the gate."""
+
+PROBE_TIMEOUT_S = 5.0
+"""A probe not acknowledged within this is given up (the reading ages out and then shuts the gate)."""
+
+PROBES_PER_ROUND = 3
+"""Probes per measurement at most: the one with the shortest round trip is kept (a slow ack widens the
+reading's uncertainty, not the skew)."""
 
 _LOG_APPEND_TIME = 1
 """`RecordMetadata.timestamp_type` of a record the broker stamped (its topic is LogAppendTime)."""
@@ -80,8 +109,40 @@ async def probe_skew(producer: Any, topic: str, clock: Callable[[], float]) -> S
     return reading_from(sent_at, acked_at, metadata.timestamp)
 
 
+async def measure(gate: ClockSkewGate, producer: Any, topic: str, clock: Callable[[], float], who: str) -> None:
+    """Read the skew (the best of up to `PROBES_PER_ROUND` probes) into `gate`; a failed probe leaves
+    the last reading, which ages out and then shuts the gate. `who` names the side in log lines."""
+    best = None
+    for _ in range(PROBES_PER_ROUND):
+        try:
+            reading = await asyncio.wait_for(probe_skew(producer, topic, clock), PROBE_TIMEOUT_S)
+        except (KafkaError, TimeoutError, ValueError) as exc:  # ValueError: the clock stepped back meanwhile
+            _log.warning("%s: clock-skew probe failed (%s); retrying", who, type(exc).__name__)
+            break
+        except ConfigError as exc:  # the start's topic check refuses this; changed since: the gate shuts
+            _log.error("%s: %s", who, exc)
+            break
+        if best is None or reading.uncertainty_s < best.uncertainty_s:
+            best = reading
+        if best.worst_s <= gate.bound_s:
+            break
+    if best is not None:
+        gate.record(best)
+
+
 class ClockSkewGate:
-    """Whether windows may close now: only with a fresh reading whose whole interval is within the bound."""
+    """Whether windows may close (and releases go out) now: only with a fresh reading whose whole
+    interval is within the bound."""
+
+    @classmethod
+    def for_interval(cls, bound_s: float, probe_interval_s: float) -> ClockSkewGate:
+        """The gate of a process that probes every `probe_interval_s` (readings age out after
+        `READING_MAX_AGE` intervals)."""
+        return cls(bound_s, READING_MAX_AGE * probe_interval_s)
+
+    def next_probe_in(self, now: float, probe_interval_s: float) -> float:
+        """Seconds until the next measurement: `probe_interval_s`, or at most 1 s while the gate is shut."""
+        return min(1.0, probe_interval_s) if self.holding(now) else probe_interval_s
 
     def __init__(self, bound_s: float, max_age_s: float) -> None:
         if not (math.isfinite(bound_s) and bound_s > 0):

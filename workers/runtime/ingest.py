@@ -38,11 +38,10 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
-from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.partition import PartitionPipeline
-from dpstream.workers.runtime.clock_skew import ClockSkewGate, probe_skew
+from dpstream.workers.runtime.clock_skew import ClockSkewGate, measure
 from dpstream.workers.runtime.core import ProcessorOutput, to_output
 from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
 from dpstream.workers.runtime.schedule import resolve_schedule_start
@@ -59,16 +58,6 @@ _COUNT_KEY = "#partitions"
 class _Refused(Exception):
     """A partition whose topic's partition count is not the one its pipeline was (or would be) made for."""
 
-
-CLOCK_READING_MAX_AGE = 3
-"""A clock-skew reading older than this many probe intervals no longer lets windows close."""
-
-CLOCK_PROBE_TIMEOUT_S = 5.0
-"""A probe not acknowledged within this is given up (the reading ages out and then holds closes)."""
-
-CLOCK_PROBES_PER_ROUND = 3
-"""Probes per measurement at most: the one with the shortest round trip is kept (a slow ack widens the
-reading's uncertainty, not the skew)."""
 
 GC_YOUNG_THRESHOLD = 100_000
 """Container allocations between young-generation collections in an ingest process (default 700)."""
@@ -136,9 +125,7 @@ class IngestService(Service):
         self._warned: set[str] = set()
         self._timestamp_rules = timestamp_rules(topology)
         self._clock = clock
-        self.clock_skew = ClockSkewGate(
-            settings.max_clock_skew_s, CLOCK_READING_MAX_AGE * settings.clock_probe_interval_s
-        )
+        self.clock_skew = ClockSkewGate.for_interval(settings.max_clock_skew_s, settings.clock_probe_interval_s)
         """Holds window closes while the worker-broker clock skew is unknown or past its bound."""
         self._holding = False
         self._probe_topic = clock_probe_topic(topology)
@@ -325,35 +312,14 @@ class IngestService(Service):
             _log.error("ingest: %s", problem)
 
     async def measure_clock_skew(self) -> None:
-        """Read the worker-broker clock skew (the best of a few probes) into `clock_skew`; a failed probe
-        leaves the last reading, which ages out and then holds closes."""
+        """Read the worker-broker clock skew into `clock_skew` (`clock_skew.measure`)."""
         assert self._producer is not None
-        best = None
-        for _ in range(CLOCK_PROBES_PER_ROUND):
-            try:
-                reading = await asyncio.wait_for(
-                    probe_skew(self._producer, self._probe_topic, self._clock), CLOCK_PROBE_TIMEOUT_S
-                )
-            except (KafkaError, TimeoutError, ValueError) as exc:  # ValueError: the clock stepped back meanwhile
-                _log.warning("ingest: clock-skew probe failed (%s); retrying", type(exc).__name__)
-                break
-            except ConfigError as exc:  # the start's topic check refuses this; changed since: closes hold
-                _log.error("ingest: %s", exc)
-                break
-            if best is None or reading.uncertainty_s < best.uncertainty_s:
-                best = reading
-            if best.worst_s <= self.clock_skew.bound_s:
-                break
-        if best is not None:
-            self.clock_skew.record(best)
+        await measure(self.clock_skew, self._producer, self._probe_topic, self._clock, "ingest")
 
     async def _probe_forever(self) -> None:
         """Measure the skew every `clock_probe_interval_s`; every second while closes are held."""
         while not self.should_stop:
-            held = self.clock_skew.holding(self._clock())
-            await self.sleep(
-                min(1.0, self.settings.clock_probe_interval_s) if held else self.settings.clock_probe_interval_s
-            )
+            await self.sleep(self.clock_skew.next_probe_in(self._clock(), self.settings.clock_probe_interval_s))
             await self.measure_clock_skew()
 
     async def _close_forever(self) -> None:

@@ -22,6 +22,11 @@ timestamp P(w) (the record's `published_at` says the same), so how long the data
 does not show in when or how a release appears. The charge may happen earlier; a release that is
 ready only after its P(w) goes out at once, still stamped P(w), and is counted as a miss
 (`dpstream_release_publish_misses_total`, curator-only).
+
+"Its own clock" is trusted only as far as the worker–broker clock skew allows (`clock_skew`): a
+publication due at P(w) is also held while the skew gate is shut (past `max_clock_skew_s`, or no fresh
+reading), as the ingest holds window closes. A release-only process measures the skew itself (the
+same probe, every `clock_probe_interval_s`); a process running both halves shares the ingest's gate.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 __all__ = ["ReleaseSide", "ReleaseStats", "FAULT_ENV", "PublicTimePublisher"]
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -51,7 +57,9 @@ from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatc
 from dpstream.workers.release.outcomes import ReleaseOutcome
 from dpstream.workers.release.parking import Parking, is_transient
 from dpstream.workers.release.record import publish_time_of
+from dpstream.workers.runtime.clock_skew import ClockSkewGate, measure
 from dpstream.workers.runtime.settings import RuntimeSettings
+from dpstream.workers.runtime.topics import clock_probe_topic
 from dpstream.workers.telemetry.histogram import LATENCY_BUCKETS, LabelledHistogram
 from dpstream.workers.telemetry.ledger_proxy import LedgerTimings, TimedLedger
 
@@ -91,10 +99,15 @@ class ReleaseStats:
     """metric → windows this process parked after repeated internal failures."""
     publish_misses: Counter[str] = field(default_factory=Counter)
     """metric → releases ready only after their public time P(w) (published late, stamped P(w))."""
+    skew_holds: int = 0
+    """Publication checks held because the clock-skew gate was shut (each re-checked a second later)."""
 
 
 Send = Callable[[bytes, bytes, int | None], Awaitable[Any]]
 """send(value, key, timestamp_ms): produce one record to the releases topic."""
+
+HOLD_RECHECK_S = 1.0
+"""While the clock-skew gate is shut, a due publication looks again this often."""
 
 
 class PublicTimePublisher:
@@ -103,7 +116,9 @@ class PublicTimePublisher:
     P(w) is read from the record's own bytes (`published_at`, written by the releaser from
     `Topology.publish_time`), so the first publication, a retry and the sweeper's all hold the same
     bytes until the same time and give the Kafka record the same timestamp. `clock` and `sleep`
-    are the worker's (tests pass a manual pair)."""
+    are the worker's (tests pass a manual pair). `problem(now)`, when given, says why this clock
+    cannot be trusted now (the clock-skew gate): a due publication is then held and `on_hold(why)`
+    called, until it is None again; P(w) is checked again after a hold (the clock may be stepped)."""
 
     def __init__(
         self,
@@ -111,10 +126,14 @@ class PublicTimePublisher:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        problem: Callable[[float], str | None] | None = None,
+        on_hold: Callable[[str | None], None] | None = None,
     ) -> None:
         self._send = send
         self._clock = clock
         self._sleep = sleep
+        self._problem = problem
+        self._on_hold = on_hold
 
     def missed(self, value: bytes) -> bool:
         """True when the record's P(w) has passed already: it is ready late (a release lag)."""
@@ -129,9 +148,16 @@ class PublicTimePublisher:
         if at is None:
             await self._send(value, key, None)
             return
-        wait = at - self._clock()
-        if wait > 0:
-            await self._sleep(wait)
+        while True:
+            wait = at - self._clock()
+            if wait > 0:
+                await self._sleep(wait)
+            why = self._problem(self._clock()) if self._problem is not None else None
+            if self._on_hold is not None:
+                self._on_hold(why)
+            if why is None:
+                break
+            await self._sleep(HOLD_RECHECK_S)
         await self._send(value, key, at * 1000)
 
 
@@ -139,7 +165,12 @@ class ReleaseSide:
     """Agent, table, tick and sweeper timers of one Faust app, bound to one ledger."""
 
     def __init__(
-        self, app: faust.App, topology: Topology, settings: RuntimeSettings, partitions: dict[str, int]
+        self,
+        app: faust.App,
+        topology: Topology,
+        settings: RuntimeSettings,
+        partitions: dict[str, int],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.app = app
         self.topology = topology
@@ -162,7 +193,20 @@ class ReleaseSide:
         self._states: dict[str, tuple[Any, MetricReleaseState]] = {}
         """metric → (the Table value it was loaded from or last written as, the live state)."""
         self._parking: Parking | None = None
-        self._public = PublicTimePublisher(self._send)
+        self._clock = clock
+        """The clock P(w) is awaited on and the skew probe reads (tests shift it)."""
+        self.clock_skew = ClockSkewGate.for_interval(settings.max_clock_skew_s, settings.clock_probe_interval_s)
+        """Holds publication while the worker-broker clock skew is unknown or past its bound."""
+        self._probes = True
+        """Whether this side measures the skew itself (False: it shares a gate the ingest measures)."""
+        self._probe_task: asyncio.Task[None] | None = None
+        self._skew_holding = False
+        self._public = PublicTimePublisher(
+            self._send,
+            clock=clock,
+            problem=lambda now: self.clock_skew.problem(now),
+            on_hold=self._held_for_skew,
+        )
         self._missed: set[bytes] = set()
         """release_ids counted in `publish_misses` (each release once; bounded like `_closed_at`)."""
         self._dispatcher = ReleaseDispatcher(
@@ -206,6 +250,9 @@ class ReleaseSide:
             **self.settings.kafka_options(),
         )
         await self._producer.start()
+        if self._probes:  # measured before the ledger is reached: the gauges tell from the first scrape
+            await self.measure_clock_skew()
+            self._probe_task = asyncio.ensure_future(self._probe_forever())
 
         async def connect() -> bool:
             """Open the ledger, check that it is the one feeding the releases topic, and warm up against
@@ -258,6 +305,38 @@ class ReleaseSide:
             return False
         return True
 
+    def share_clock_skew(self, gate: ClockSkewGate) -> None:
+        """Hold publication on `gate` (the ingest's, in a process running both halves) and probe no more."""
+        self.clock_skew = gate
+        self._probes = False
+
+    async def measure_clock_skew(self) -> None:
+        """Read the worker-broker clock skew into `clock_skew` (`clock_skew.measure`, as the ingest)."""
+        assert self._producer is not None
+        await measure(self.clock_skew, self._producer, clock_probe_topic(self.topology), self._clock, "release side")
+
+    async def _probe_forever(self) -> None:
+        """Measure the skew every `clock_probe_interval_s`; every second while publication is held."""
+        interval = self.settings.clock_probe_interval_s
+        while True:
+            await asyncio.sleep(self.clock_skew.next_probe_in(self._clock(), interval))
+            try:
+                await self.measure_clock_skew()
+            except Exception as exc:  # measured again next round; the stale reading shuts the gate
+                _log.warning("release side: clock-skew round failed (%s); retrying", type(exc).__name__)
+
+    def _held_for_skew(self, why: str | None) -> None:
+        """Count a publication check held by the clock-skew gate; log the start and end of a hold once."""
+        if why is None:
+            if self._skew_holding:
+                _log.warning("release side: publication resumes: clock skew within %g s", self.clock_skew.bound_s)
+                self._skew_holding = False
+            return
+        self.stats.skew_holds += 1
+        if not self._skew_holding:
+            _log.error("release side: publication held: %s; see the DPClockSkew runbook", why)
+            self._skew_holding = True
+
     async def _warm_up(self) -> None:
         """Pay the first-use costs before the first window: releases-topic metadata, the ledger's
         connection pool (as many concurrent quotes as releases may run at once), each metric's quote
@@ -279,6 +358,10 @@ class ReleaseSide:
 
     async def stop(self) -> None:
         """Let running releases finish (briefly), then close the producer and the ledger."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         await self._dispatcher.drain(timeout=10.0)
         if self._producer is not None:
             await self._producer.stop()

@@ -85,6 +85,7 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_clock_skew_uncertainty_seconds": _C,
         "dpstream_clock_skew_bound_seconds": _C,
         "dpstream_clock_skew_closes_held": _C,
+        "dpstream_clock_skew_publishes_held": _C,
     }
 )
 """Every metric name a dpstream process serves, with its class (one entry per name)."""

@@ -35,6 +35,12 @@ Ingest side (roles `all` and `ingest`), per `source`:
     dpstream_clock_skew_closes_held               1 while window closes are held (skew past the bound, or
                                                   no fresh reading), else 0
 
+Both sides: the skew reading, its uncertainty and bound come from the process's one gate (the ingest's,
+else the release side's own probe); a release side also serves
+
+    dpstream_clock_skew_publishes_held            1 while publication of releases is held (the same gate
+                                                  shut), else 0
+
 `dpstream_build_info` and `dpstream_metric_privacy_info` come from workers.telemetry.info. Which of
 these a scrape serves is workers.telemetry.classes's call: every family here but the noise σ is
 curator-only (served only with `dpstream worker --curator-metrics`).
@@ -132,6 +138,7 @@ class WorkerCollector(Collector):
             yield from self._release_families()
         if self.ingest is not None:
             yield from self._event_families()
+        yield from self._clock_families()
 
     # ---- release side -------------------------------------------------------------------------
 
@@ -289,10 +296,15 @@ class WorkerCollector(Collector):
                 dead.add_metric([source, reason], float(invalid.get(reason, 0)))
         yield events
         yield dead
-        yield from self._clock_families()
 
     def _clock_families(self) -> Iterator[Metric]:
-        gate = self.ingest.clock_skew
+        """The skew reading of the process's one gate (the ingest's; a release-only process's own) and
+        what it holds: window closes (ingest), publication (release side)."""
+        side = self.ingest if self.ingest is not None else self.releases
+        if side is None:
+            return
+        gate = side.clock_skew
+        held = 1.0 if gate.holding(self._clock()) else 0.0
         reading = gate.last
         if reading is not None:
             yield GaugeMetricFamily(
@@ -310,11 +322,18 @@ class WorkerCollector(Collector):
             "Clock skew (± its uncertainty) past which this worker holds window closes.",
             value=gate.bound_s,
         )
-        yield GaugeMetricFamily(
-            "dpstream_clock_skew_closes_held",
-            "1 while window closes are held for clock skew (past the bound, or no fresh reading), else 0.",
-            value=1.0 if gate.holding(self._clock()) else 0.0,
-        )
+        if self.ingest is not None:
+            yield GaugeMetricFamily(
+                "dpstream_clock_skew_closes_held",
+                "1 while window closes are held for clock skew (past the bound, or no fresh reading), else 0.",
+                value=held,
+            )
+        if self.releases is not None:
+            yield GaugeMetricFamily(
+                "dpstream_clock_skew_publishes_held",
+                "1 while release publication is held for clock skew (past the bound, or no fresh reading), else 0.",
+                value=held,
+            )
 
     def event_totals(self) -> dict[str, EventCounts]:
         """Per source: the partitions revoked from this worker (their totals at revoke) plus the
