@@ -5,6 +5,11 @@ The comparison is the whole point: D′ = D plus every event of one unit. Rule 2
 says the set of release_ids is the same; the bounding rules say each released value moves by at
 most the metric's declared sensitivity, plus the two sides' independent noise, which we bound by a
 sub-Gaussian tail (see `noise_k`).
+
+The data-independent series (workers/telemetry/classes.py) are compared too, sample by sample and
+exactly: what the budget collector serves from each side's ledger at injected instants
+(`replay_series`, `ledger_series`) and what a live worker without `--curator-metrics` serves on
+/metrics (`aligned_scrapes`). Nothing but `PER_DEPLOYMENT` is left out, each entry with its reason.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import bisect
 import json
 import math
 import random
-from collections.abc import Iterable, Sequence
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +33,9 @@ from dpstream.topology.model import Aggregate, Metric, Topology
 from dpstream.topology.sensitivity import release_sensitivities
 from dpstream.workers.commands.replay import replay_lines
 from dpstream.workers.ledger import open_ledger
+from dpstream.workers.telemetry.budget import BudgetCollector, BudgetReader, LedgerSource
+from dpstream.workers.telemetry.info import TopologyInfo
+from dpstream.workers.telemetry.web import Telemetry
 
 # Huge budget so noise is small next to the sensitivities we check. The ledger keeps a scope's cap
 # in exact 1e-12 units below 9007, so epsilon 1e6 is refused; epsilon 8000 at delta 1e-6 gives
@@ -84,6 +96,9 @@ metrics:
     mechanism: gaussian
 sinks: {releases: r, dead_letter: d}
 """
+
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""One scrape's samples: (sample name, sorted labels) → value."""
 
 DECLARED_PAGES = ("home", "search", "cart", "42")
 T0 = 1_796_000_400 - 1_796_000_400 % 3600  # 2026-11-30T01:00Z, hour-aligned
@@ -241,22 +256,66 @@ def interleave(base: Sequence[Any], extra: Sequence[tuple[int, Any]]) -> list[An
 
 
 # -- running ----------------------------------------------------------------------------------------
-def run_replay(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, dict]:
-    """Replay `lines` over the public schedule [start, end) on a fresh memory ledger; release_id → record."""
+class Clock:
+    """A settable clock (epoch s) for a ledger and the budget collector reading it."""
 
-    async def go() -> dict[str, dict]:
-        ledger = await open_ledger("memory", topo)
-        published: dict[str, dict] = {}
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def after_every_publish_time(topo: Topology, end: int) -> float:
+    """An instant after the public time P(w) of every window ending by `end`: one second past the largest."""
+    return max(topo.publish_time(m, end) for m in topo.metrics.values()) + 1.0
+
+
+def scrape_instants(topo: Topology, start: int, end: int) -> list[float]:
+    """Where the replay tests read the budget series: half-way through each budget period of the
+    range (charges of that period whose P(w) is still to come are left out there), and after every P(w)."""
+    periods = sorted({b.period_s for b in topo.budgets.values()})
+    mids = [t + p / 2 + 0.5 for p in periods for t in range(start - start % p, end, p) if start <= t + p / 2 < end]
+    return [*mids, after_every_publish_time(topo, end)]
+
+
+def _replay(
+    topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int, scrape_at: Sequence[float] = ()
+) -> tuple[dict[str, bytes], list[Series]]:
+    """Replay `lines` over [start, end) on a fresh memory ledger whose clock stands after every P(w):
+    (release_id → the bytes published, the budget series served at each instant of `scrape_at`)."""
+
+    async def go() -> tuple[dict[str, bytes], list[Series]]:
+        clock = Clock(after_every_publish_time(topo, end))
+        ledger = await open_ledger("memory", topo, clock=clock)
+        published: dict[str, bytes] = {}
 
         async def publish(value: bytes, key: bytes) -> None:
-            rec = json.loads(value)
-            assert rec["release_id"] not in published, "a release_id was published twice"
-            published[rec["release_id"]] = rec
+            assert key.decode() not in published, "a release_id was published twice"
+            published[key.decode()] = value
 
         await replay_lines(topo, lines, ledger, publish, start=start, end=end, partitions=partitions)
-        return published
+        scrapes = []
+        for at in scrape_at:
+            clock.now = at
+            scrapes.append(await _served(topo, LedgerSource("memory", shared=lambda: ledger), clock))
+        return published, scrapes
 
     return asyncio.run(go())
+
+
+def run_replay(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, dict]:
+    """Replay `lines` over the public schedule [start, end) on a fresh memory ledger; release_id → record."""
+    raw, _ = _replay(topo, lines, start, end, partitions)
+    return {rid: json.loads(value) for rid, value in raw.items()}
+
+
+def replay_series(
+    topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int
+) -> tuple[dict[str, dict], list[Series]]:
+    """`run_replay`, and what the budget collector serves from its ledger at each `scrape_instants`."""
+    raw, scrapes = _replay(topo, lines, start, end, partitions, scrape_instants(topo, start, end))
+    return {rid: json.loads(value) for rid, value in raw.items()}, scrapes
 
 
 def run_replay_cli(topology_file: str, lines: Sequence[bytes], flags: Sequence[str], tmp: Any) -> tuple[int, dict]:
@@ -272,21 +331,11 @@ def run_replay_cli(topology_file: str, lines: Sequence[bytes], flags: Sequence[s
     return code, {r["release_id"]: r for r in records}
 
 
-def run_replay_raw(topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int) -> dict[str, bytes]:
-    """`run_replay`, keeping each record's bytes exactly as published: release_id → bytes."""
-
-    async def go() -> dict[str, bytes]:
-        ledger = await open_ledger("memory", topo)
-        published: dict[str, bytes] = {}
-
-        async def publish(value: bytes, key: bytes) -> None:
-            assert key.decode() not in published, "a release_id was published twice"
-            published[key.decode()] = value
-
-        await replay_lines(topo, lines, ledger, publish, start=start, end=end, partitions=partitions)
-        return published
-
-    return asyncio.run(go())
+def run_replay_raw(
+    topo: Topology, lines: Sequence[bytes], start: int, end: int, partitions: int
+) -> tuple[dict[str, bytes], list[Series]]:
+    """`replay_series`, keeping each record's bytes exactly as published: (release_id → bytes, series)."""
+    return _replay(topo, lines, start, end, partitions, scrape_instants(topo, start, end))
 
 
 def public_fields(raw: bytes) -> dict[str, Any]:
@@ -376,3 +425,133 @@ def _holds_any(times: Sequence[float], start: float, end: float, slack: float = 
 
 def _where(rec: dict) -> str:
     return f"{rec['metric']} window {rec['window']['start']}"
+
+
+# -- the data-independent series -------------------------------------------------------------------
+PER_DEPLOYMENT: Mapping[tuple[str, str], str] = {
+    ("dpstream_build_info", "topology_version"): (
+        "the hash of the topology file: two live deployments differ in their topic names (and a second "
+        "ledger), fixed before any event is read; the rest of the series (version, value) is compared"
+    ),
+}
+"""(sample name, label) left out of every comparison, with why it is data-free. Nothing else is: no
+process start time or similar series is served (each process has its own registry, without the
+default process collectors)."""
+
+
+def parse_series(text: str) -> Series:
+    """The samples of one exposition (`PER_DEPLOYMENT` labels dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Series = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if (sample.name, k) not in PER_DEPLOYMENT))
+            key = (sample.name, labels)
+            assert key not in out, f"sample {key} served twice"
+            out[key] = sample.value
+    return out
+
+
+def compare_series(base: Series, neighbour: Series, where: str = "") -> list[str]:
+    """Every sample that differs between D and D′ (present on one side only, or another value), as lines."""
+    problems = []
+    for key in sorted(set(base) | set(neighbour)):
+        name = key[0] + "{" + ",".join(f"{k}={v!r}" for k, v in key[1]) + "}"
+        if key not in neighbour:
+            problems.append(f"{where}{name} only in D ({base[key]!r})")
+        elif key not in base:
+            problems.append(f"{where}{name} only in D′ ({neighbour[key]!r})")
+        elif not (base[key] == neighbour[key] or (math.isnan(base[key]) and math.isnan(neighbour[key]))):
+            problems.append(f"{where}{name}: D {base[key]!r}, D′ {neighbour[key]!r}")
+    return problems
+
+
+def spent_somewhere(series: Series) -> bool:
+    """Whether the scrape shows some spend (so a comparison of it is not one of empty ledgers)."""
+    return any(name == "dpstream_budget_spent_total" and v > 0 for (name, _labels), v in series.items())
+
+
+async def _served(topo: Topology, source: LedgerSource, clock: Clock) -> Series:
+    """What `dpstream exporter` serves for `topo` from `source` at `clock` (budget gauges of published
+    charges, ledger_up, the topology's info gauges): the same collectors and class filter."""
+    budget = BudgetCollector(source, BudgetReader(topo, clock=clock))
+    telemetry = Telemetry("neighbours", budget, [TopologyInfo(topo)], curator=False)
+    try:
+        return parse_series((await telemetry.render()).decode())
+    finally:
+        await telemetry.close()
+
+
+class _ClockedSource(LedgerSource):
+    """A read-only Redis ledger whose clock is `clock` (its status and projection at that instant)."""
+
+    def __init__(self, where: str, clock: Clock) -> None:
+        super().__init__(where)
+        self._at = clock
+
+    async def get(self) -> Any:
+        if self._ledger is None:
+            self._ledger = await open_ledger(self.where, None, actor="telemetry", clock=self._at, max_connections=4)
+        return self._ledger
+
+
+def ledger_series(topo: Topology, redis_url: str, at: float) -> Series:
+    """What the exporter serves from the Redis ledger at `redis_url` at instant `at` (injected: the
+    ledger's clock and the collector's), after the workers writing to it have stopped."""
+    return asyncio.run(_served(topo, _ClockedSource(redis_url, Clock(at)), Clock(at)))
+
+
+# -- live workers ----------------------------------------------------------------------------------
+def start_worker_web(dep: Any, name: str) -> int:
+    """Start `dpstream worker` (no `--curator-metrics`) for Deployment `dep` with a web port, as its
+    `start_worker` does; the port once /health answers. It is stopped with the others (`stop_all`)."""
+    import subprocess
+
+    from dpstream.workers.localstack import free_port
+
+    port = free_port()
+    log = open(dep.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+    argv = [sys.executable, "-m", "dpstream.workers.cli", "worker", str(dep.path), "--bootstrap", dep.bootstrap]
+    argv += ["--redis", dep.redis_url, "--worker-id", name, "--web-port", str(port)]
+    dep.workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 90
+    while _get(port) is None:
+        assert dep.workers[-1].poll() is None and time.monotonic() < deadline, dep.log(name)[-2000:]
+        time.sleep(0.3)
+    return port
+
+
+def _get(port: int, path: str = "/health") -> bytes | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as resp:
+            return resp.read() if resp.status == 200 else None
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def scrape(port: int) -> Series:
+    body = _get(port, "/metrics")
+    assert body is not None, f"no /metrics on port {port}"
+    return parse_series(body.decode())
+
+
+def aligned_scrapes(port_a: int, port_b: int, attempts: int = 10) -> tuple[Series, Series]:
+    """One /metrics scrape of each worker, both between the same two ticks of the clock.
+
+    Every data-independent series of a live worker moves only at whole seconds (each P(w) and each
+    window end is one; the ledger read counts a charge from its P(w) on, a release is published just
+    after it), except `dpstream_budget_projected_ratio`, which scales with the time since the period
+    start and is dropped here (`ledger_series` compares it at one injected instant). So the scrapes
+    start half-way between two seconds, and are taken as A, B, A, B: when each side's two scrapes
+    agree, none of its series moved in between and the pair shows both at one clock tick."""
+    for _ in range(attempts):
+        time.sleep((0.5 - time.time() % 1.0) % 1.0)
+        a1, b1, a2, b2 = (_timeless(scrape(p)) for p in (port_a, port_b, port_a, port_b))
+        if a1 == a2 and b1 == b2:
+            return a1, b1
+    raise AssertionError(f"no two consecutive scrapes of a worker agreed in {attempts} attempts")
+
+
+def _timeless(series: Series) -> Series:
+    return {key: v for key, v in series.items() if key[0] != "dpstream_budget_projected_ratio"}

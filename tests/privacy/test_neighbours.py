@@ -10,7 +10,9 @@ through `replay_lines` over the same public [start, end) and the same partition 
 2. every released value moves by at most the metric's declared sensitivity in the windows that
    hold an event of the unit, and by nothing but noise in every other window (rule 1: one unit's
    timestamp never moves anyone else's events), plus a noise margin k·√(σ_D² + σ_D′²) with k from
-   a sub-Gaussian tail and a union bound over every comparison of this file (`_K`).
+   a sub-Gaussian tail and a union bound over every comparison of this file (`_K`);
+3. the data-independent series the budget collector serves from each side's ledger are identical,
+   sample by sample, half-way through each budget period and after every P(w) (`nb.replay_series`).
 
 Noise is the production CSPRNG noise (not seeded); only the synthetic D uses a seeded RNG. The
 topology's budget is huge (σ ≈ 0.4 for a count) so a sensitivity violation shows above the noise.
@@ -52,13 +54,22 @@ _K = nb.noise_k(_PAIRS * _VALUES_PER_PAIR, false_failure=1e-6)
 
 
 @cache
-def _base(seed: int, partitions: int, drop_unit: str | None = None) -> dict[str, dict]:
-    """Replay of D (or of D without one unit): the same D serves many examples (its noise is one
-    draw; the union bound does not need independence between comparisons)."""
+def _base(seed: int, partitions: int, drop_unit: str | None = None) -> tuple[dict[str, dict], list[nb.Series]]:
+    """Replay of D (or of D without one unit) and its budget series: the same D serves many examples
+    (its noise is one draw; the union bound does not need independence between comparisons)."""
     events = nb.ordinary_stream(seed, START, END)
     if drop_unit is not None:
         events = nb.without_unit(events, drop_unit)
-    return nb.run_replay(nb.topology(), nb.to_lines(events), START, END, partitions)
+    return nb.replay_series(nb.topology(), nb.to_lines(events), START, END, partitions)
+
+
+def _series_problems(base: list[nb.Series], neighbour: list[nb.Series]) -> list[str]:
+    """Samples of the data-independent series that differ between D and D′, at any scrape instant."""
+    instants = nb.scrape_instants(nb.topology(), START, END)
+    assert len(base) == len(neighbour) == len(instants) >= 3
+    assert nb.spent_somewhere(base[-1]), "the ledger of D shows no spend: nothing compared"
+    pairs = zip(instants, base, neighbour, strict=True)
+    return [p for at, a, b in pairs for p in nb.compare_series(a, b, f"at {nb.iso(at)}: ")]
 
 
 # -- the adversary ------------------------------------------------------------------------------
@@ -170,7 +181,8 @@ def adversaries(draw: st.DrawFn, d_len: int) -> tuple[Any, list[AdvEvent]]:
 @pytest.mark.parametrize("partitions", PARTITIONS)
 def test_one_unit_moves_releases_by_at_most_its_bound(partitions: int, data: st.DataObject) -> None:
     """D′ = D + one adversarial unit: same release_ids; values within the declared sensitivity
-    where the unit has events and within noise elsewhere (DESIGN §1 stream rules 1–3)."""
+    where the unit has events and within noise elsewhere (DESIGN §1 stream rules 1–3); the same
+    data-independent series, sample for sample."""
     seed = data.draw(st.sampled_from(D_SEEDS), label="D seed")
     d_events = nb.ordinary_stream(seed, START, END)
     unit, adv = data.draw(adversaries(len(d_events)), label="adversary")
@@ -179,14 +191,15 @@ def test_one_unit_moves_releases_by_at_most_its_bound(partitions: int, data: st.
         # Unit 7 = D's unit "7": D′ holds all of "7"'s events (D's and the adversary's) and is a
         # neighbour of D without "7", so that is the baseline; if the pipeline bounded 7 and "7"
         # separately the heavy unit could contribute twice its bound.
-        base = _base(seed, partitions, nb.HEAVY)
+        base, base_series = _base(seed, partitions, nb.HEAVY)
         times = [e["ts"] for e in d_events if e["user_id"] == nb.HEAVY] + [a.time for a in adv]
     else:
-        base = _base(seed, partitions)
+        base, base_series = _base(seed, partitions)
         times = [a.time for a in adv]
     lines = nb.to_lines(nb.interleave(d_events, [(a.position, a.line) for a in adv]))
-    neighbour = nb.run_replay(nb.topology(), lines, START, END, partitions)
+    neighbour, series = nb.replay_series(nb.topology(), lines, START, END, partitions)
     problems = nb.compare(nb.topology(), base, neighbour, _K, unit_times=times)
+    problems += _series_problems(base_series, series)
     assert not problems, f"unit {unit!r}, {len(adv)} events, partitions={partitions}:\n" + "\n".join(problems[:20])
 
 
@@ -207,37 +220,40 @@ def _dense(first: int, last: int, units: int = 40) -> list[dict]:
 
 
 @cache
-def _dense_base(first: int, last: int, partitions: int) -> dict[str, dict]:
-    return nb.run_replay(nb.topology(), nb.to_lines(_dense(first, last)), START, END, partitions)
+def _dense_base(first: int, last: int, partitions: int) -> tuple[dict[str, dict], list[nb.Series]]:
+    return nb.replay_series(nb.topology(), nb.to_lines(_dense(first, last)), START, END, partitions)
 
 
 @pytest.mark.parametrize("partitions", PARTITIONS)
 def test_a_far_future_event_changes_no_other_window(partitions: int) -> None:
     """(a) One event timed 3,000 s after every other event, in the middle of the file: no other
     window changes (an event-time watermark would have closed everyone's windows 50 minutes early
-    and dropped the rest of the file as late)."""
+    and dropped the rest of the file as late); the data-independent series are the same."""
     events = _dense(START, START + nb.HOUR)
     t_adv = max(e["ts"] for e in events) + 3_000
     assert t_adv < END
     adv = {"user_id": "adversary", "ts": t_adv, "page": "home", "ref": "x", "amount": 20}
     lines = nb.to_lines(nb.interleave(events, [(len(events) // 3, adv)]))
-    neighbour = nb.run_replay(nb.topology(), lines, START, END, partitions)
-    base = _dense_base(START, START + nb.HOUR, partitions)
+    neighbour, series = nb.replay_series(nb.topology(), lines, START, END, partitions)
+    base, base_series = _dense_base(START, START + nb.HOUR, partitions)
     problems = nb.compare(nb.topology(), base, neighbour, _K, unit_times=[t_adv])
+    problems += _series_problems(base_series, series)
     assert not problems, "\n".join(problems[:20])
 
 
 @pytest.mark.parametrize("partitions", PARTITIONS)
 def test_an_event_in_the_first_minute_changes_no_release_id(partitions: int) -> None:
     """(b) D starts half an hour into the range; one adversarial event in its first minute adds no
-    release (the schedule starts at --from, not at the first event) and changes no other window."""
+    release (the schedule starts at --from, not at the first event), changes no other window and
+    no data-independent series."""
     events = _dense(START + 1_800, START + 2 * nb.HOUR)
     t_adv = START + 17.0
     adv = {"user_id": "adversary", "ts": t_adv, "page": "cart", "ref": "x", "amount": -5}
     lines = nb.to_lines(nb.interleave(events, [(0, adv)]))
-    neighbour = nb.run_replay(nb.topology(), lines, START, END, partitions)
-    base = _dense_base(START + 1_800, START + 2 * nb.HOUR, partitions)
+    neighbour, series = nb.replay_series(nb.topology(), lines, START, END, partitions)
+    base, base_series = _dense_base(START + 1_800, START + 2 * nb.HOUR, partitions)
     problems = nb.compare(nb.topology(), base, neighbour, _K, unit_times=[t_adv])
+    problems += _series_problems(base_series, series)
     assert not problems, "\n".join(problems[:20])
 
 
@@ -259,14 +275,16 @@ def _heavy_unit(events: int, t0: float) -> list[dict]:
 def test_one_heavy_unit_changes_no_public_byte_but_the_noisy_values() -> None:
     """D′ = D + one unit with 20,000 events: every record field but the noisy values is identical
     (costs, ratio_after, published_at), published_at is P(w) = end + allowed_lateness +
-    publish_delay, and so is the Kafka record timestamp the release agent gives it."""
+    publish_delay, and so is the Kafka record timestamp the release agent gives it; the
+    data-independent series served from the two ledgers are identical."""
     topo = nb.topology()
     d_events = nb.ordinary_stream(D_SEEDS[0], START, END)
     heavy = _heavy_unit(20_000, START + 600.0)
-    base = nb.run_replay_raw(topo, nb.to_lines(d_events), START, END, 1)
-    neighbour = nb.run_replay_raw(
+    base, base_series = nb.run_replay_raw(topo, nb.to_lines(d_events), START, END, 1)
+    neighbour, series = nb.run_replay_raw(
         topo, nb.to_lines(nb.interleave(d_events, [(len(d_events) // 2, e) for e in heavy])), START, END, 1
     )
+    assert _series_problems(base_series, series) == []
     assert set(base) == set(neighbour) and len(base) == _RELEASES
     for rid, raw in base.items():
         a, b = nb.public_fields(raw), nb.public_fields(neighbour[rid])
@@ -281,7 +299,7 @@ def test_one_heavy_unit_changes_no_public_byte_but_the_noisy_values() -> None:
 def test_the_whole_schedule_is_published_and_the_bounds_are_the_declared_ones() -> None:
     """Every window of every metric in [start, end) is published for D (nothing refused, so rule 2
     is checked on the whole schedule), and the bounds used here agree with topology.sensitivity."""
-    recs = _base(D_SEEDS[0], 1)
+    recs, _series = _base(D_SEEDS[0], 1)
     assert len(recs) == _RELEASES
     for m in nb.topology().metrics.values():
         if m in nb.compared_metrics(nb.topology()):
