@@ -5,6 +5,10 @@
   sensitivity (plus a noise margin). The adversary's two headline attacks: one event timed 3,000 s
   ahead (it used to close everyone's windows through the watermark) and one event in the first
   window of the schedule (the release sequence used to start at the first event).
+- Data-independent series: after the last P(w), each neighbour test scrapes both workers' /metrics
+  (no `--curator-metrics`: data-independent families only) at one clock tick, and reads the budget
+  collector from each side's own ledger at one injected instant after every compared P(w); D and
+  D′ must serve the same samples (`_neighbours.PER_DEPLOYMENT` lists the one label left out).
 - Determinism: a worker SIGKILLed and restarted mid-stream produces exactly the true aggregates (the
   merged partials) of an undisturbed worker reading the same source topic, and the same releases.
 
@@ -28,6 +32,7 @@ from urllib.parse import urlparse, urlunparse
 import pytest
 
 from tests.e2e.harness import Deployment, deploy, event, poll, read_all, releases, send
+from tests.privacy import _neighbours as nb
 
 pytestmark = pytest.mark.e2e
 
@@ -72,15 +77,36 @@ def _noise_margin(a: dict, b: dict) -> float:
     return MARGIN_SIGMAS * math.hypot(float(a["noise"]["stddev"]), float(b["noise"]["stddev"]))
 
 
+def _own_ledger(redis_url: str) -> str:
+    """Database 2 of the test Redis: D′'s own ledger (two deployments must not share one scope's spend)."""
+    return urlunparse(urlparse(redis_url)._replace(path="/2"))
+
+
+def _series_problems(plain: Deployment, attacked: Deployment, ports: tuple[int, int], starts: list[int]) -> list[str]:
+    """The data-independent series of D and D′ that differ: the workers' /metrics at one tick (both
+    still running, after every compared P(w)), then each ledger's budget series at one instant after
+    the last compared P(w) (call it before the workers stop, the scrapes need them)."""
+    a, b = nb.aligned_scrapes(*ports)
+    problems = nb.compare_series(a, b, "worker /metrics: ")
+    assert nb.spent_somewhere(a) and ("dpstream_release_noise_stddev", (("metric", "views"),)) in a, sorted(a)
+    topo = plain.topology
+    at = max(topo.publish_time(m, s + WINDOW) for m in topo.metrics.values() for s in starts) + 0.5
+    la, lb = nb.ledger_series(topo, plain.redis_url, at), nb.ledger_series(attacked.topology, attacked.redis_url, at)
+    assert nb.spent_somewhere(la), sorted(la)
+    return problems + nb.compare_series(la, lb, "ledger at the last P(w): ")
+
+
 def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensitivity(
     tmp_path: Path,
     kafka_broker,
     fresh_redis,
 ) -> None:
-    """D vs D′ (plus a far-future event sent first, and an event in the schedule's first window)."""
+    """D vs D′ (plus a far-future event sent first, and an event in the schedule's first window): the
+    same windows, each moved within sensitivity, and the same data-independent series."""
     start = (int(time.time()) // WINDOW + 1) * WINDOW
     plain = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
-    attacked = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
+    own = _own_ledger(fresh_redis.url)
+    attacked = deploy(tmp_path, kafka_broker.bootstrap, own, epsilon=EPSILON, start=start, period=PERIOD)
     t0 = start + WINDOW  # D starts one window after S: the first window is empty in D
     starts = [start + WINDOW * i for i in range(5)]
     honest = [
@@ -94,12 +120,12 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
     ]
     send(plain.bootstrap, plain.source_topic, honest)
     send(attacked.bootstrap, attacked.source_topic, adversary + honest)
-    plain.start_worker("plain")
-    attacked.start_worker("attacked")
+    ports = nb.start_worker_web(plain, "plain"), nb.start_worker_web(attacked, "attacked")
     try:
         a = poll(lambda: _released(plain, starts), timeout_s=180)
         b = poll(lambda: _released(attacked, starts), timeout_s=180)
         assert a and b, plain.log("plain")[-2000:] + attacked.log("attacked")[-2000:]
+        series = _series_problems(plain, attacked, ports, starts)
     finally:
         plain.stop_all()
         attacked.stop_all()
@@ -118,6 +144,7 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
     views = [s for s in starts[1:] if truth_a[("views", s)] != truth_b[("views", s)]]
     assert views == [], f"honest windows changed by the adversary: {views}"
     assert sum(truth_b[("views", start)].values()) == 1 and sum(truth_a[("views", start)].values()) == 0
+    assert series == [], "\n".join(series[:20])
 
 
 def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
@@ -207,10 +234,11 @@ def test_one_heavy_unit_changes_no_public_byte_or_record_time_of_live_releases(
     """D vs D′ = D plus one unit with 20,000 events in one window, through live workers: every field
     of every release but its noisy values (costs, ratio_after, published_at) and every Kafka record
     timestamp are identical, and both are the public time P(w) = end + allowed_lateness +
-    publish_delay, however long the heavy window took to process."""
+    publish_delay, however long the heavy window took to process; the data-independent series of the
+    two workers and of their ledgers are identical."""
     start = (int(time.time()) // WINDOW + 2) * WINDOW
     # one ledger each (Redis databases 0 and 2 of the test server): their spend must not mix
-    own = urlunparse(urlparse(fresh_redis.url)._replace(path="/2"))
+    own = _own_ledger(fresh_redis.url)
     plain = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
     attacked = deploy(tmp_path, kafka_broker.bootstrap, own, epsilon=EPSILON, start=start, period=PERIOD)
     starts = [start + WINDOW * i for i in range(4)]
@@ -224,12 +252,12 @@ def test_one_heavy_unit_changes_no_public_byte_or_record_time_of_live_releases(
     ]
     send(plain.bootstrap, plain.source_topic, honest)
     send(attacked.bootstrap, attacked.source_topic, honest + heavy)
-    plain.start_worker("plain")
-    attacked.start_worker("attacked")
+    ports = nb.start_worker_web(plain, "plain"), nb.start_worker_web(attacked, "attacked")
     try:
         ok_a = poll(lambda: _released(plain, starts), timeout_s=180)
         ok_b = poll(lambda: _released(attacked, starts), timeout_s=180)
         assert ok_a and ok_b, plain.log("plain")[-2000:] + attacked.log("attacked")[-2000:]
+        series = _series_problems(plain, attacked, ports, starts)
     finally:
         plain.stop_all()
         attacked.stop_all()
@@ -246,3 +274,4 @@ def test_one_heavy_unit_changes_no_public_byte_or_record_time_of_live_releases(
             for own_field in ("topology_version", "release_id", "ledger"):  # two deployments, two ledgers
                 ra.pop(own_field), rb.pop(own_field)
             assert ra == rb, (metric.name, s)
+    assert series == [], "\n".join(series[:20])
