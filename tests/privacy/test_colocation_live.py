@@ -8,6 +8,10 @@ the units with a record in the partition their key belongs in (aiokafka's own pa
 once each. Every window's true aggregate (the merged partials) equals it exactly, every release is it
 plus noise, and every adversary record outside its key's partition is dead-lettered `wrong_partition`.
 Bounded once per partition, each adversary would count 8 times.
+
+A second deployment runs the honest records alone (D; the one above is D′), on its own ledger: after
+the last P(w) the data-independent series of the two workers (/metrics without `--curator-metrics`,
+at one clock tick) and of the two ledgers (the budget collector at one injected instant) are identical.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import collections
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
@@ -26,6 +32,7 @@ from dpstream.topology.loader import load_topology
 from dpstream.workers.runtime.admin import create_topics
 from dpstream.workers.runtime.topics import APPEND_TIME, ensure_topics
 from tests.e2e.harness import Deployment, poll, read_all, releases
+from tests.privacy import _neighbours as nb
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +45,7 @@ MARGIN_SIGMAS = 7.0
 _TOPOLOGY = """\
 version: 1
 start: {start}
-publish_delay: 0s
+publish_delay: 2s
 sources:
   clicks: {{topic: {prefix}.clicks, privacy_unit: user_id, timestamp: ts, allowed_lateness: 1s, keyed_by_unit: true}}
 budgets:
@@ -56,7 +63,7 @@ sinks: {{releases: {prefix}.releases, dead_letter: {prefix}.dlq}}
 
 
 def _deploy(tmp_path: Path, bootstrap: str, redis_url: str, start: int) -> Deployment:
-    prefix = f"coloc-{int(time.time() * 1000) % 10**9}"
+    prefix = f"coloc-{uuid.uuid4().hex[:10]}"
     path = tmp_path / prefix / "topology.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(_TOPOLOGY.format(start=start, prefix=prefix, window=WINDOW))
@@ -129,9 +136,12 @@ def test_adversaries_on_every_partition_count_once_in_a_live_worker(
     tmp_path: Path, kafka_broker: Any, fresh_redis: Any
 ) -> None:
     """Each window's true aggregate equals the per-unit count recomputed from the source topic, each
-    release is that plus noise, and the 7 misplaced copies of every adversary record are dead letters."""
+    release is that plus noise, and the 7 misplaced copies of every adversary record are dead letters;
+    the data-independent series equal those of the honest stream alone, sample by sample."""
     start = (int(time.time()) // WINDOW + 2) * WINDOW
     dep = _deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, start)
+    own = urlunparse(urlparse(fresh_redis.url)._replace(path="/2"))  # D's own ledger: no shared spend
+    plain = _deploy(tmp_path, kafka_broker.bootstrap, own, start)
     starts = [start + WINDOW * i for i in range(3)]
     attacked = starts[1]
     honest = [{"user_id": f"u{i:02d}", "ts": s + 0.2 + i / 100} for s in starts for i in range(20)]
@@ -141,17 +151,27 @@ def test_adversaries_on_every_partition_count_once_in_a_live_worker(
         for p in range(PARTITIONS)
     ]
     _send(dep.bootstrap, dep.source_topic, honest, adversaries)
-    dep.start_worker("coloc")
+    _send(plain.bootstrap, plain.source_topic, honest, [])
+    ports = nb.start_worker_web(plain, "plain"), nb.start_worker_web(dep, "coloc")
+
+    def released(d: Deployment) -> dict[int, dict] | None:
+        got = {r["window"]["start_epoch"]: r for r in releases(d.bootstrap, d.topology.sinks.releases)}
+        return got if all(s in got for s in starts) else None
+
     try:
-
-        def released() -> dict[int, dict] | None:
-            got = {r["window"]["start_epoch"]: r for r in releases(dep.bootstrap, dep.topology.sinks.releases)}
-            return got if all(s in got for s in starts) else None
-
-        recs = poll(released, timeout_s=120)
+        recs = poll(lambda: released(dep), timeout_s=120)
         assert recs, dep.log("coloc")[-3000:]
+        assert poll(lambda: released(plain), timeout_s=120), plain.log("plain")[-3000:]
+        a, b = nb.aligned_scrapes(*ports)
+        series = nb.compare_series(a, b, "worker /metrics: ")
+        topo = dep.topology
+        at = max(topo.publish_time(topo.metrics["visitors"], s + WINDOW) for s in starts) + 0.5
+        la, lb = nb.ledger_series(plain.topology, plain.redis_url, at), nb.ledger_series(topo, dep.redis_url, at)
+        assert nb.spent_somewhere(a) and nb.spent_somewhere(la), sorted(a)
+        series += nb.compare_series(la, lb, "ledger at the last P(w): ")
     finally:
         dep.stop_all()
+        plain.stop_all()
 
     expected = _expected(_source_records(dep.bootstrap, dep.source_topic), starts)
     assert expected == {starts[0]: 20, attacked: 20 + ADVERSARIES, starts[2]: 20}
@@ -165,3 +185,4 @@ def test_adversaries_on_every_partition_count_once_in_a_live_worker(
 
     letters = [json.loads(v) for _k, v in read_all(dep.bootstrap, dep.topology.sinks.dead_letter)]
     assert collections.Counter(d["reason"] for d in letters) == {"wrong_partition": ADVERSARIES * (PARTITIONS - 1)}
+    assert series == [], "\n".join(series[:20])
