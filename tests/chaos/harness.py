@@ -345,17 +345,70 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))]
 
 
-def release_lags(records: list[Any], since: float, until: float) -> list[float]:
-    """Per release_id (first copy): Kafka time − the window's close C(w), for windows closing in [since, until]."""
-    seen: set[str] = set()
+class ReleaseWatcher(threading.Thread):
+    """Reads a releases topic live from its beginning and notes when each release_id first arrives.
+
+    A record's Kafka timestamp is its public time P(w) however late it was published (DESIGN §1
+    "Release time is public"), so only the time a consumer receives it says when it came out.
+    `received`: release_id → (receive time, epoch s, the decoded record of its first copy);
+    `payloads`: release_id → every distinct record (sorted-key JSON) received under it."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.received: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.payloads: dict[str, set[str]] = {}
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+        self._ready = threading.Event()
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False, reconnect_backoff_max_ms=2_000
+            )
+            try:
+                parts = consumer.partitions_for_topic(self.topic) or set()
+                tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+                consumer.assign(tps)
+                consumer.seek_to_beginning(*tps)
+                self._ready.set()
+                while not self._stop_event.is_set():
+                    for records in consumer.poll(timeout_ms=200).values():
+                        now = time.time()
+                        for m in records:
+                            doc = json.loads(m.value)
+                            rid = doc["release_id"]
+                            self.payloads.setdefault(rid, set()).add(json.dumps(doc, sort_keys=True))
+                            self.received.setdefault(rid, (now, doc))  # after its payload: readers look both up
+            finally:
+                consumer.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+            self._ready.set()
+
+    def begin(self) -> ReleaseWatcher:
+        """Start and wait until the consumer is assigned (the topic must exist)."""
+        self.start()
+        assert self._ready.wait(60), "release watcher did not start"
+        assert self.error is None, repr(self.error)
+        return self
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
+
+
+def release_lags(received: dict[str, tuple[float, dict[str, Any]]], since: float, until: float) -> list[float]:
+    """Per release_id: the time a live consumer first received it (`ReleaseWatcher.received`) − the
+    window's close C(w), for windows closing in [since, until]. It includes publish_delay (a release
+    comes out at P(w) = C(w) + publish_delay at the earliest); the record's Kafka time, always P(w),
+    would show that delay and nothing else."""
     lags: list[float] = []
-    for rec in records:
-        doc = json.loads(rec.value)
-        rid = doc["release_id"]
-        if rid in seen:
-            continue
-        seen.add(rid)
+    for at, doc in received.values():
         close = doc["window"]["end_epoch"] + LATENESS_S
         if since <= close <= until:
-            lags.append(rec.timestamp / 1000 - close)
+            lags.append(at - close)
     return lags

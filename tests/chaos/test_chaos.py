@@ -36,6 +36,7 @@ from tests.chaos.harness import (
     ChaosSettings,
     Injection,
     Producer,
+    ReleaseWatcher,
     Servers,
     Slot,
     Supervisor,
@@ -103,6 +104,7 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
             time.sleep(1)
         assert _ready(bootstrap, chaos.sinks.releases), _tail(chaos_path.parent / "w1.log")
 
+        watcher = ReleaseWatcher(bootstrap, chaos.sinks.releases).begin()  # lags by receive time, not Kafka time
         feed_start = time.time()
         feed_end = feed_start + settings.feed_s
         producer = Producer(bootstrap, chaos.sources["clicks"].topic, settings.rate, feed_end, rng.randrange(1 << 30))
@@ -203,8 +205,8 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
         doc = json.loads(verdict.stdout)
         lines = [f"VIOLATION {v['kind']}: {v['message']}" for v in doc["violations"]]
 
-        records = asyncio.run(read_topic(bootstrap, chaos.sinks.releases))
-        lags = release_lags(records, feed_start, feed_end)
+        watcher.stop()
+        lags = release_lags(watcher.received, feed_start, feed_end)
         kinds: dict[str, int] = {}
         for inj in sup.injections:
             kinds[inj.kind] = kinds.get(inj.kind, 0) + 1
