@@ -1,4 +1,4 @@
-"""Budget allocation (DESIGN §5): static plan and adaptive re-division of what is left.
+"""Budget allocation: static plan and adaptive re-division of what is left.
 
 All amounts are in the scope's currency (ρ for zCDP scopes, ε for pure ones). The reserve is
 never part of the pool: pool = cap × (1 − reserve).
@@ -10,7 +10,7 @@ where L is the pool left, N_j a metric's releases per period, n_j its releases s
 pool × (w_m / Σw) / N_m; a skipped or cheaper release leaves its share to the rest.
 
 A deployment that starts at S inside a period releases only the windows starting at or after S
-(DESIGN §1 rule 2), so in that first period n_j counts only those: a metric with no such window
+(the public schedule), so in that first period n_j counts only those: a metric with no such window
 gets no share, and the others share the whole pool (on plan each release then costs
 pool × (w_m / N_m) / Σ_j (w_j · n_j⁰ / N_j), with n_j⁰ the windows the first period releases).
 """
@@ -52,7 +52,7 @@ def static_release_cost(pool: float, metric: str, demands: Mapping[str, MetricDe
 
 
 def adaptive_release_cost(pool_left: float, metric: str, demands: Mapping[str, MetricDemand]) -> float:
-    """Cost granted to the next release of `metric` from what is left of the pool (DESIGN §5).
+    """Cost granted to the next release of `metric` from what is left of the pool.
 
     Returns 0 when nothing is left; never more than `pool_left`.
     """
@@ -72,7 +72,7 @@ def windows_left(
 
     These are the metric's releases still to come when a window ending at `current_end` is priced.
     With the deployment start S (`schedule_start`), windows starting before S are not counted: the
-    public schedule never releases them (DESIGN §1 rule 2). S at or before the period start changes
+    public schedule never releases them. S at or before the period start changes
     nothing.
     """
     first_start = max(period_start, current_end - window.size_s)

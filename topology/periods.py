@@ -1,4 +1,4 @@
-"""Budget periods: UTC-aligned blocks of time that each get a fresh budget (DESIGN §1, §3).
+"""Budget periods: UTC-aligned blocks of time that each get a fresh budget (see dpstream.topology).
 
 A period of `period_s` seconds starts at a multiple of `period_s` since the Unix epoch, so a
 1d period runs from 00:00 UTC to the next 00:00 UTC. A window [start, end) is charged to every

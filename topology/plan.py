@@ -1,4 +1,4 @@
-"""The budget plan: what every release of a topology costs and how noisy it is (DESIGN §5).
+"""The budget plan: what every release of a topology costs and how noisy it is.
 
 `build_plan(topology)` divides each scope's pool, cap × (1 − reserve), over its metrics by weight
 and over each metric's releases in one period (`topology.allocation.static_release_cost`), then
@@ -417,7 +417,7 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
 
 
 def build_plan(topology: Topology) -> Plan:
-    """The static plan of every scope of `topology` (DESIGN §5: weights over cap − reserve)."""
+    """The static plan of every scope of `topology` (weights over cap − reserve)."""
     return Plan(
         topology_path=topology.path,
         topology_version=topology.topology_version,

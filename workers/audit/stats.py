@@ -16,7 +16,7 @@ _TINY = 1e-300
 
 
 def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of I_x(a, b) (modified Lentz; Numerical Recipes §6.4)."""
+    """Continued fraction of I_x(a, b) (modified Lentz; Numerical Recipes, section 6.4)."""
     qab, qap, qam = a + b, a + 1.0, a - 1.0
     c, d = 1.0, 1.0 - qab * x / qap
     d = 1.0 / (d if abs(d) > _TINY else _TINY)

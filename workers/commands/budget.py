@@ -425,6 +425,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_ledger_args(p)
     p.set_defaults(func=_grant)
 
-    from dpstream.workers.commands.budget_report import register_report  # the period report card (issue 13)
+    from dpstream.workers.commands.budget_report import register_report  # the period report card
 
     register_report(sub)

@@ -69,7 +69,7 @@ async def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"{args.events}: cannot read events file ({exc.strerror}); give a JSON-lines file") from None
     out: BinaryIO = sys.stdout.buffer if args.out in (None, "-") else open(args.out, "wb")  # noqa: SIM115 - closed in finally
-    # the replay's schedule starts at --from: its ledger prices that first period from there (DESIGN §5)
+    # the replay's schedule starts at --from: its ledger prices that first period from there
     ledger = await open_ledger(args.ledger, topology, actor=args.actor, schedule_start=span[0])
 
     async def publish(value: bytes, key: bytes) -> None:

@@ -1,7 +1,7 @@
 """What noise a release should carry at this point of its budget period, and why it differs from the plan.
 
 `dpstream plan` prices every release as if the period were spent evenly from its start: pool × share / N.
-The ledger grants adaptively instead (DESIGN §5, `topology.allocation.adaptive_release_cost`): what is left
+The ledger grants adaptively instead (`topology.allocation.adaptive_release_cost`): what is left
 of the pool, divided over the windows still to come, in proportion to each metric's planned spend. On plan
 that grant stays the same release after release. A demo whose schedule starts 40 minutes into an hour finds
 the pool untouched and a third of the windows left, so each release gets 3× the planned ρ and σ/√3; after
@@ -63,7 +63,7 @@ class Expectation:
         return (
             f"{100 * self.pool_left:.0f} % of this period's pool is left for the last "
             f"{100 * self.period_left:.0f} % of it: the ledger re-divides what is left over the windows "
-            "to come (adaptive allocation, DESIGN §5)"
+            "to come (adaptive allocation)"
         )
 
 

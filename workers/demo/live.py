@@ -108,7 +108,7 @@ async def _expectations(ledger: Any, setup: LiveSetup) -> dict[str, Expectation]
 def _expectation_lines(expected: dict[str, Expectation], setup: LiveSetup) -> list[str]:
     lines = [
         "noise at this point of the period (adaptive allocation: what is left of the pool over the windows "
-        "left, DESIGN §5), vs the plan's whole-period figure:"
+        "left), vs the plan's whole-period figure:"
     ]
     reasons = set()
     for name, e in expected.items():

@@ -369,7 +369,7 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
 
 
 def _write_reports(topology: Topology, redis_url: str, log_dir: Path, say: Say) -> None:
-    """Write the report card of the run's period (JSON and page) per scope and print where (issue 13)."""
+    """Write the report card of the run's period (JSON and page) per scope and print where."""
     from dpstream.topology.errors import ConfigError
 
     async def build() -> list[dict[str, Any]]:

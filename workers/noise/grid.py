@@ -51,7 +51,7 @@ class FixedPointGrid:
         Clamping is 1-Lipschitz (|clamp(a) − clamp(b)| ≤ |a − b|), so two neighbours' values stay
         at most `per_key_units` apart; `at_range_end` counts the clamped ones for the caller. A
         non-finite float is a bug upstream (sums are exact). Errors never show the value: it is a
-        true aggregate (DESIGN §1 "Trust boundary")."""
+        true aggregate, curator-side only."""
         if not isinstance(value, Fraction) and not math.isfinite(value):
             raise InternalError("non-finite true aggregate reached the fixed-point encoder")
         units = round(Fraction(value) / Fraction(self.step))

@@ -13,7 +13,7 @@ from dpstream.workers.frozen import FrozenFields
 
 @dataclass(frozen=True)
 class NoisyRelease:
-    """What one release publishes (DESIGN §6: values, mechanism, noise, ci) and what it cost.
+    """What one release publishes (values, mechanism, noise, ci of the record) and what it cost.
 
     `values` maps each released key to its noisy value ('' for an ungrouped metric); a top-k
     release has `keys` in rank order and empty `values`. `noise` is {scale, stddev} in value

@@ -1,5 +1,5 @@
 """The Kafka-free pipeline core: parse, bound, window and partially aggregate events per partition,
-then merge partials per metric window on the release side (DESIGN §3)."""
+then merge partials per metric window on the release side."""
 
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.counters import EventCounts

@@ -2,7 +2,7 @@
 
 The repartition hop copies each source record to `<topic>.by-unit` and commits after the acks, so a
 hop that dies between the two copies those records again on restart. Counted twice, a copy would
-change a window's true aggregate, which must not depend on what the hop went through (DESIGN §1).
+change a window's true aggregate, which must not depend on what the hop went through (see dpstream.topology, rule 3).
 Each copy carries its source position (partition:offset, a header, nothing about the unit); the
 by-unit partition's pipeline keeps the positions of the events that may still land in an open
 window and skips a position it has already seen. Copies of one record have one unit, hence one

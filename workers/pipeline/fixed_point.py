@@ -3,7 +3,7 @@
 Each clamped value v becomes round(v · 2^E), with E chosen so that both bounds are whole grid
 units. Rounding is monotone, so the rounded value stays inside [lower, upper]: the declared
 sensitivity holds exactly, and an integer sum has no float drift whatever the order or the
-number of additions (DESIGN §1 "floats are aggregated in fixed point"). The release side turns
+number of additions (floats are aggregated in fixed point, so noise is drawn on integers). The release side turns
 the integer back into an exact `Fraction` before the noise grid encodes it.
 """
 

@@ -2,7 +2,7 @@
 
 Feed it fetched records (anything with `.offset`, `.value` bytes, `.timestamp` in ms and `.key`,
 e.g. aiokafka's ConsumerRecord) in offset order. It validates, bounds and aggregates every metric
-of the source and returns dead letters. Windows close by the rule of DESIGN §3, never by a
+of the source and returns dead letters. Windows close by arrival (see dpstream.topology, rule 1), never by a
 watermark built from event times:
 
 - an event counts in window w iff its event time lies in w and its record's append time
@@ -15,7 +15,7 @@ watermark built from event times:
 Commit protocol for the driver: produce the returned dead letters and partials, then commit
 `safe_offset()` with `progress()` as the commit's metadata — the offset never passes the first
 event of a window not yet emitted here, and the metadata tells a restarted owner which window
-comes next, so it rebuilds exactly the same partials (DESIGN §3 "recovery by replay").
+comes next, so it rebuilds exactly the same partials (recovery by replay).
 """
 
 from __future__ import annotations

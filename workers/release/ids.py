@@ -10,7 +10,7 @@ from typing import Any
 
 
 def release_id(topology_version: str, metric: str, window_start: int, window_end: int) -> str:
-    """sha256 hex of `topology_version|metric|window_start|window_end` (DESIGN §4 step 1).
+    """sha256 hex of `topology_version|metric|window_start|window_end` (deterministic: a restart reproduces it).
 
     >>> release_id("v", "m", 0, 60) == release_id("v", "m", 0, 60)
     True

@@ -14,7 +14,7 @@ from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, R
 
 
 class ReleaseLedger(Protocol):
-    """The ledger calls the release protocol makes (DESIGN §4)."""
+    """The ledger calls the release protocol makes (see dpstream.workers.release)."""
 
     @property
     def ledger_id(self) -> str | None:

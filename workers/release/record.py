@@ -1,4 +1,4 @@
-"""The release record (DESIGN §6) and its canonical bytes.
+"""The release record (fields: see dpstream.workers.release) and its canonical bytes.
 
 The record is built once, before `reserve`; the ledger stores it (filling `budget.ratio_after`)
 and every publication of the release — first, duplicate or sweeper — sends those stored bytes.
@@ -188,7 +188,7 @@ def build_record(
     ledger: str | None,
     conversion_delta: float,
 ) -> dict[str, Any]:
-    """The DESIGN §6 record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…).
+    """The release record; `noise_fields` is the mechanism's `to_record_fields()` (values, noise, ci…).
 
     `built_at` is stamped as `published_at`: the releaser passes the release's public time P(w)."""
     record: dict[str, Any] = {

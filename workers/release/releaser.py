@@ -1,4 +1,4 @@
-"""`Releaser`: the release protocol of DESIGN §4 for one merged window — exactly one noisy value.
+"""`Releaser`: the release protocol (see dpstream.workers.release) for one merged window — exactly one noisy value.
 
 known release_id → republish its stored bytes (duplicate) | quote → (expired: past the ledger's
 idempotency horizon, no noise drawn, nothing charged | thinned or refused:
@@ -324,7 +324,7 @@ class Releaser:
             may_use_reserve=m.may_use_reserve,
             actor=self._actor,
             delta=selection_delta,
-            # DESIGN §3/§4: a window straddling a period boundary is charged to every period it
+            # a window straddling a period boundary is charged to every period it
             # touches, in the same atomic call as its main charge (all or nothing)
             extra_periods=_later_periods(budget.period_s, start, end),
             quoted_version=quote.version,

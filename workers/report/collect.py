@@ -74,7 +74,7 @@ class PeriodData:
     charges: list[Charge] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     schedule_start: int | None = None
-    """The deployment start S (DESIGN §1 rule 2): no window starting before it is released. None: unknown
+    """The deployment start S (the public schedule): no window starting before it is released. None: unknown
     (no worker recorded one), every window of the period counts."""
 
     @property

@@ -1,8 +1,8 @@
 """The report's fairness section: each metric's share of the period's spend against its weight
 share, and its releases refused (by reason), stretched (charged while the warning policy
 stretched noise) and skipped (scheduled windows that left no ledger record: thinned, or not
-released by the last charged window's end). The schedule starts at the deployment start S (DESIGN §1
-rule 2): in a deployment's first period no window starting before S is scheduled, so none is skipped."""
+released by the last charged window's end). The schedule starts at the deployment start S (the public
+schedule): in a deployment's first period no window starting before S is scheduled, so none is skipped."""
 
 from __future__ import annotations
 

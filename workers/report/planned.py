@@ -1,8 +1,8 @@
 """What the plan expects of each metric in the reported period: releases, per-release cost and σ.
 
 A whole period is the static plan (`topology.plan`). In a deployment's first period (the deployment
-start S after the period start) only windows starting at or after S are released (DESIGN §1 rule 2)
-and the ledger spends the whole pool on them (DESIGN §5): metric m releases n_m windows of the grid
+start S after the period start) only windows starting at or after S are released (the public schedule)
+and the ledger spends the whole pool on them: metric m releases n_m windows of the grid
 from S, each costing c_m · pool / Σ_j c_j·n_j (c the static per-release cost), as the ledger's split
 (`topology.allocation.windows_left`) and the plan gauges (`telemetry.budget.planned_spent`) count.
 """

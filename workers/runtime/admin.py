@@ -159,7 +159,7 @@ def broker_count(bootstrap: str, timeout_ms: int = 3000, security: KafkaSecurity
 
 def replication_for(brokers: int) -> tuple[int, dict[str, str]]:
     """Replication factor and topic configs of the topics dpstream creates on a cluster of `brokers`:
-    3 replicas with `min.insync.replicas=2` from three brokers on (DESIGN §8: an `acks=all` write
+    3 replicas with `min.insync.replicas=2` from three brokers on (an `acks=all` write
     survives one broker's loss, and a broker may fail without stopping writes); fewer brokers get
     one replica each and `min.insync.replicas=1`, what they allow."""
     replicas = max(1, min(3, brokers))
@@ -178,7 +178,7 @@ async def create_topics_async(
 
     Replication follows the cluster's size (`replication_for`: 3 replicas and `min.insync.replicas=2`
     on three or more brokers). `configs` maps a topic name to its topic configs at creation, e.g.
-    source topics get `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival, DESIGN §3).
+    source topics get `{"message.timestamp.type": "LogAppendTime"}` (inclusion by arrival).
     Returns the names created now; existing topics are left as they are (their configs are not changed).
     """
     from aiokafka.admin import NewTopic

@@ -84,7 +84,7 @@ def _expected_partials(topology: Topology, settings: RuntimeSettings) -> dict[st
 
 _BUILTIN_VIEWS_OFF: dict[str, bool] = {
     # Faust's own views (faust/web/base.py BLUEPRINT_FLAGS). The port is curator-side, but even there
-    # no endpoint may carry a true aggregate (DESIGN §1 "Trust boundary"), so every one that serves
+    # no endpoint may carry a true aggregate (the trust boundary of dpstream.topology), so every one that serves
     # data is off; views the app adds itself (`@app.page`) are not gated by these and still serve.
     "web_tables_enabled": False,  # /table/<name>/<key>/: table values, i.e. the un-noised merger state
     "web_router_enabled": False,  # /router/: which worker owns a table key, every worker's URL
@@ -96,7 +96,7 @@ _BUILTIN_VIEWS_OFF: dict[str, bool] = {
 
 class IdempotentProducer(_FaustProducer):
     """Faust's producer (table changelog writes) with `enable_idempotence` and `acks=all` always, not only
-    inside transactions: a retried changelog write is neither duplicated nor reordered (DESIGN §8)."""
+    inside transactions: a retried changelog write is neither duplicated nor reordered."""
 
     def _settings_extra(self) -> dict[str, Any]:
         return {"acks": "all", "enable_idempotence": True}

@@ -6,7 +6,7 @@ for their acks, and only then commits each partition's `safe_offset()` with the 
 (the next window of each metric) as the commit's metadata — never past the first event of a window
 not yet emitted there, so a restarted or rebalanced worker rebuilds the same open windows by replay.
 
-Windows close by arrival, not by event time (DESIGN §3): once a window's close time C(w) has
+Windows close by arrival, not by event time (see dpstream.topology, rule 1): once a window's close time C(w) has
 passed on the wall clock, the partition's end offset is read; when consumption reaches it, every
 record appended up to that read is in and the window's partial goes out, empty or not. For a
 repartitioned source the end offset of the by-unit topic is read only after the hop's committed
@@ -234,7 +234,7 @@ class IngestService(Service):
         a partition whose pipeline was made after the fetch (`made_before`: the pipelines then). Those
         came from a position before the pipeline's start (e.g. fetched before a rebalance gave the
         partition back): fed to it, they would be counted before the records between its commit and
-        them, and a window could close without those (DESIGN §3). The pipeline seeked the consumer to
+        them, and a window could close without those. The pipeline seeked the consumer to
         its start when it was made, so they come again, in order. Called under the ingest lock."""
         assert self._consumer is not None
         owned = self._consumer.assignment()

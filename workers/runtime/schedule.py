@@ -1,10 +1,10 @@
-"""The deployment start S: where every metric's public release schedule begins (DESIGN §1 rule 2).
+"""The deployment start S: where every metric's public release schedule begins (see dpstream.topology, rule 2).
 
 S is the topology's `start:` when it declares one; otherwise the first start of this topology
 version, recorded once in the ledger (the first worker to ask sets it; every later worker, restart
 or rebalance reads the same value). Both are public: neither depends on any event. The ingest uses
 S to decide which windows exist; the release side gives it to its ledger, which prices the first
-period from S (DESIGN §5), so every process of one deployment prices alike.
+period from S (see dpstream.workers.ledger), so every process of one deployment prices alike.
 """
 
 from __future__ import annotations

@@ -47,14 +47,14 @@ class RuntimeSettings:
     session_timeout_s: float = 6.0
     """A consumer-group member that stops heart-beating (SIGKILL, a lost host) loses its partitions after
     this. Faust's default, 60 s, held a killed worker's partitions for a minute; 6 s is the broker's
-    default `group.min.session.timeout.ms`, the shortest it accepts (DESIGN §8, issue 11 item 4)."""
+    default `group.min.session.timeout.ms`, the shortest it accepts."""
     heartbeat_interval_s: float = 1.0
     """How often members heart-beat; a third of the session timeout or less, so one lost beat is no expiry."""
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity.from_env)
     """TLS and SASL of every Kafka client of the worker (default: the `DPSTREAM_KAFKA_*` environment)."""
     park_after_attempts: int = 8
     """A window whose release fails this many times in a row on an internal error is parked (audited,
-    alerted) until `dpstream budget retry`; ledger or Kafka outages never count (issue 11 item 5)."""
+    alerted) until `dpstream budget retry`; ledger or Kafka outages never count."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:

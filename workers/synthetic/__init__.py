@@ -1,6 +1,7 @@
 """Synthetic events for a topology's sources: skewed users, realistic fields, malformed events on request.
 
-Only modules under a path containing `synthetic` may use a non-cryptographic RNG (DESIGN §1).
+Only modules under a path containing `synthetic` may use a non-cryptographic RNG
+(a published value's noise comes only from OpenDP's samplers).
 """
 
 from __future__ import annotations

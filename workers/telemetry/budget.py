@@ -1,4 +1,4 @@
-"""Budget gauges read from the ledger at scrape time (DESIGN §7), for every worker and the exporter.
+"""Budget gauges read from the ledger at scrape time, for every worker and the exporter.
 
 A scrape first awaits the ledger (`BudgetCollector.refresh`, under a timeout, on the caller's event
 loop), then renders what it read (`collect`, synchronous, no I/O): the page handler never blocks the
@@ -143,8 +143,8 @@ def planned_spent(
     the period that have ended. Reaches the pool when the period's last window ends.
 
     In a deployment's first period (the deployment start S, `schedule_start`, after the period
-    start) only windows starting at or after S are released (DESIGN §1 rule 2) and the ledger
-    spends the whole pool on them (DESIGN §5): each release then costs pool × c_m / Σ_j c_j·n_j
+    start) only windows starting at or after S are released (the public schedule) and the ledger
+    spends the whole pool on them: each release then costs pool × c_m / Σ_j c_j·n_j
     (c_j the per-release cost above, n_j the windows the period releases from S), so the plan
     counts only those windows too and still reaches the pool. S at or before the period start
     changes nothing."""

@@ -1,4 +1,4 @@
-"""The worker's own metrics, read from its in-process counters at scrape time (DESIGN §7).
+"""The worker's own metrics, read from its in-process counters at scrape time (see dpstream.workers.telemetry).
 
 Release side (roles `all` and `release`), per `metric` of the topology:
 
@@ -99,7 +99,7 @@ def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
 
 
 def noise_stddev(payload: bytes) -> float | None:
-    """σ of a release record's noise (DESIGN §6 `noise {scale, stddev}`), in value units; for a mean
+    """σ of a release record's noise (the record's `noise {scale, stddev}`), in value units; for a mean
     (`noise {sum, count}`) the sum component's σ. None when the record has none (top-k)."""
     try:
         noise = json.loads(payload).get("noise")
