@@ -1,11 +1,11 @@
-"""The budget ledger (DESIGN §4–§5): atomic, idempotent, adaptive, audited spend with a breaker.
+"""The budget ledger: atomic, idempotent, adaptive, audited spend with a breaker.
 
     ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
     q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
     r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
     await ledger.commit(scope, release_id)                              # reserved -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
-    ledger.use_schedule_start(start)                                    # price from S (DESIGN §5)
+    ledger.use_schedule_start(start)                                    # price from S
     ledger.ledger_id                                                    # this namespace's id (None: in-process)
 
 Each Redis namespace has an id, created once by the first `open_ledger` (`ledger.identity`); every
@@ -25,6 +25,18 @@ registered one is refused (counted and audited), never charged under the other t
 A release charges its ρ/ε and its partition-selection δ (`ReleaseRequest.delta`, integer units
 of 1e-18 against each period's `delta_cap`) to its period and to every later period its window
 touches (`ReleaseRequest.extra_periods`), in one atomic call: all or nothing.
+
+Spend is stored as integers in fixed units, charges rounded up, so no float drift can hide an
+overspend; all keys of one scope share a hash tag (Redis-Cluster safe) and the Lua scripts, which
+validate before their first write, are the only writers. A charge is durable before anything is
+published (AOF `appendfsync always`, `WAIT` for a replica). Allocation is adaptive: what is left,
+cap − reserve − spent, is re-divided at every release over the releases still to come (from the
+deployment start S), in proportion to each metric's planned remaining spend; the reserve is drawn
+only by an audited operator action or a metric marked `may_use_reserve`. States: normal → warning
+(ratio ≥ warn_at: the policy stretches noise or thins releases) → open (the next release cannot
+fit, or an operator opened it). A new period is a new block, never a reset; it closes an
+automatically opened breaker, while a manually opened one stays open until an operator closes it.
+A release older than the idempotency horizon is refused as `expired`. A refund never happens.
 """
 
 from __future__ import annotations

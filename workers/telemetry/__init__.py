@@ -1,4 +1,4 @@
-"""Prometheus telemetry (DESIGN §7): what a worker and `dpstream exporter` serve on `/metrics`.
+"""Prometheus telemetry: what a worker and `dpstream exporter` serve on `/metrics`.
 
 - `budget`: budget gauges per scope, read from the ledger at scrape time (every worker and the
   exporter serve them), and `dpstream_ledger_up`;
@@ -8,8 +8,15 @@
 - `web`: the per-process registry, the Faust pages `/metrics` and `/health`;
 - `exporter`: the aiohttp server of `dpstream exporter`.
 
-Metrics are curator-side (DESIGN §1 "Trust boundary"), and still carry no raw value, no true
-aggregate, no unit id and no key taken from the data: labels are topology names (scope, metric,
-source), fixed vocabularies (outcome, reason, op, state, currency) and versions. Submodules are
+Metric names are a contract (dashboards, alert rules and runbooks depend on them): add, never
+rename; prefix `dpstream_`, base units, counters end in `_total`. Every metric has a class
+(`classes`): data-independent (a function of the topology, the clock, operator actions and the
+releases as of their P(w): budget and breaker state counting only charges whose P(w) has passed,
+the schedule, the released values), served to any dashboard; or curator-only (events and dead
+letters by outcome, capped and clamped counts, release latency and lag, pending and parked
+windows, ledger call durations; whole-source totals only), served only with `--curator-metrics`.
+The releases topic is public; everything else is curator-side, and still carries no raw value,
+no true aggregate, no unit id and no key taken from the data: labels are topology names (scope,
+metric, source), fixed vocabularies (outcome, reason, op, state, currency) and versions. Submodules are
 imported where used, so importing this package stays cheap.
 """
