@@ -1,4 +1,4 @@
-"""The adaptive grant of DESIGN §5 applied to a ledger snapshot: the pure rule, in exact units.
+"""The adaptive grant (see dpstream.workers.ledger) applied to a ledger snapshot: the pure rule, in exact units.
 
 `topology.allocation.adaptive_release_cost` is evaluated on exact fractions (pool left in units
 / 1e12, weights as written), so on plan the grants equal the static plan to the unit and the
@@ -142,7 +142,7 @@ def _adaptive_units_of(
         # (called per metric per quote, this loop is the quote's cost in a wide scope)
         charged = snap.charged_after
         last = period_start + cfg.period_s - 1
-        # no window starting before S is released (DESIGN §1 rule 2): none is still to come
+        # no window starting before S is released (the public schedule): none is still to come
         lo = schedule_start if schedule_start is not None and schedule_start > period_start else period_start
         total = 0
         for name, k, size, every in shape.rows:
@@ -227,7 +227,7 @@ def price(
     snapshot's spend version.
 
     `schedule_start` is the deployment start S: windows starting before it are never released
-    (DESIGN §1 rule 2), so they are not counted among the releases still to come; None (or S at
+    (the public schedule), so they are not counted among the releases still to come; None (or S at
     or before the period start) prices every window of the period's grid, as a whole period. A
     window that itself starts before S is not in the schedule (the release side's warm-up quotes
     one): it is priced as in a whole period, never as the last window left of it."""

@@ -168,7 +168,7 @@ def period_start_of(period_s: int, pid: str) -> int:
 
 
 class Ledger(ABC):
-    """The budget ledger (DESIGN §4–§5). Every method is async; backends differ only in storage."""
+    """The budget ledger (see dpstream.workers.ledger). Every method is async; backends differ only in storage."""
 
     backend: str = "abstract"
 
@@ -270,8 +270,8 @@ class Ledger(ABC):
         return self._schedule_start
 
     def use_schedule_start(self, start: int) -> None:
-        """Price from the deployment start S (DESIGN §1 rule 2): no window starting before S is
-        released, so none is counted among a period's releases still to come (DESIGN §5). Every
+        """Price from the deployment start S (the public schedule): no window starting before S is
+        released, so none is counted among a period's releases still to come. Every
         process of one deployment must use the same S (`runtime.schedule`) to price alike."""
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
@@ -313,7 +313,7 @@ class Ledger(ABC):
         before: Sequence[tuple[str, int]] = (),
         charged: Mapping[str, int] | None = None,
     ) -> Quote:
-        """The adaptive grant for the next release of `metric` (DESIGN §5), warning policy applied.
+        """The adaptive grant for the next release of `metric` (adaptive allocation), warning policy applied.
 
         `before` and `charged` put the releases of the same close time in their canonical order
         (`allocation.price_in_order`): the ones that come first, and those already charged."""

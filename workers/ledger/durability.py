@@ -1,4 +1,4 @@
-"""Refuse to run the ledger on a Redis that could lose an acknowledged charge (DESIGN §4).
+"""Refuse to run the ledger on a Redis that could lose an acknowledged charge (never publish before it is durable).
 
 A durable server has `appendonly yes` and `appendfsync always`: a reply to a charge means it
 is on disk. Anything else is refused (`NotDurable`, whose line says how to make the server durable)

@@ -55,7 +55,7 @@ class Outcome(Enum):
 
 
 class State(Enum):
-    """A scope's state in one period (DESIGN §5)."""
+    """A scope's state in one period."""
 
     NORMAL = "normal"
     """ratio < warn_at."""
@@ -181,7 +181,7 @@ class ChargeResult:
 
 @dataclass(frozen=True)
 class Quote:
-    """What the next release of a metric may cost now (DESIGN §5), and whether it may go at all."""
+    """What the next release of a metric may cost now (adaptive allocation), and whether it may go at all."""
 
     metric: str
     scope: str
