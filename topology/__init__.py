@@ -25,8 +25,7 @@ Stream rules: apart from the noised values nothing published depends on the data
 Bounding is global per unit: a `keyed_by_unit` source must put each record in its key's partition
 under the declared `partitioner` (murmur2 or crc32), or a repartition hop keys it. Bounding is
 order-independent: L0 keeps keys by a keyed hash of (unit, window, key), L∞ keeps the smallest
-(source append time, partition, offset) contributions. Optional period bounds (`max_windows`,
-`max_per_period`) cap a unit over the period. The budget plan (`plan`, `allocation`) divides each
+(source append time, partition, offset) contributions. The budget plan (`plan`, `allocation`) divides each
 scope's cap − reserve over its metrics by weight; the ledger re-divides what is left at every
 release (adaptive allocation), counting only windows from S.
 """
