@@ -18,12 +18,14 @@ import redis
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.ledger.connection import LedgerAddress, redact
-from dpstream.workers.ledger.testing import one_scope_topology
+from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 from dpstream.workers.localstack import free_port
 from dpstream.workers.localstack.redis_secure import NodeSecurity, SecureRedisHandle, TlsFiles, make_certificates
 from dpstream.workers.localstack.sentinel import SentinelLedger
 
 DAY = 86_400
+NOW = 1_796_000_000.0  # the ledger's pinned clock (2026-11-30): its windows are inside the idempotency horizon
+P0 = int(NOW) // DAY * DAY
 ADMIN_PASSWORD = "adm-" + secrets.token_urlsafe(18)
 LEDGER_PASSWORD = "led-" + secrets.token_urlsafe(18)
 WRONG_PASSWORD = "wrong-" + secrets.token_urlsafe(18)
@@ -61,10 +63,12 @@ def _session(url: str) -> None:
     and the CLI make (so the ledger ACL user is known to allow each)."""
 
     async def body() -> None:
-        ledger = await open_ledger(url, one_scope_topology())
+        ledger = await open_ledger(url, one_scope_topology(), clock=ManualClock(NOW))
         try:
-            q = await ledger.quote("m", 0, DAY)
-            req = ReleaseRequest(secrets.token_hex(8), "s", q.period_id, "m", 0, DAY, q.cost, b'{"ratio_after":null}')
+            q = await ledger.quote("m", P0, P0 + DAY)
+            req = ReleaseRequest(
+                secrets.token_hex(8), "s", q.period_id, "m", P0, P0 + DAY, q.cost, b'{"ratio_after":null}'
+            )
             charged = await ledger.charge(req)
             assert charged.outcome is Outcome.GRANTED
             assert await ledger.stored_payload("s", req.release_id) == charged.payload
