@@ -307,7 +307,7 @@ class _Loader:
         top = _Fields(self, "topology", "", "topology", root, 1)
         version = top.get("version", _read_version, default=1)
         start = top.get("start", _read_start)
-        publish_delay = top.get("publish_delay", read_duration, True, default=DEFAULT_PUBLISH_DELAY_S)
+        publish_delay = top.get("publish_delay", _read_publish_delay, True, default=DEFAULT_PUBLISH_DELAY_S)
         sources = self._section(top, "sources", self._source)
         budgets = self._section(top, "budgets", self._budget)
         metrics = self._section(top, "metrics", self._metric)
@@ -512,6 +512,18 @@ class _Loader:
 
 
 # --- field readers that need more than one scalar ------------------------------------------
+
+
+MAX_PUBLISH_DELAY_S = 86_400
+"""The longest `publish_delay`: a day (a release held longer than a period is not a live feed)."""
+
+
+def _read_publish_delay(node: Node, subject: str, key: str, allow_zero: bool = True) -> int:
+    """`publish_delay`: a duration from 0 to a day (P(w) = C(w) + publish_delay must stay a real time)."""
+    delay = read_duration(node, subject, key, allow_zero)
+    if delay > MAX_PUBLISH_DELAY_S:
+        raise FieldProblem(node.line, f"publish_delay {show(node)}: longer than a day; write e.g. 5s (the default)")
+    return delay
 
 
 def _read_version(node: Node, subject: str, key: str) -> int:

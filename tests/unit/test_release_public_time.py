@@ -173,3 +173,17 @@ def test_releases_waiting_for_their_public_time_hold_no_dispatch_slot():
         return holding
 
     assert asyncio.run(go()) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("delay", ["2d", "1" + "0" * 400])
+def test_a_publish_delay_past_a_day_is_one_line_naming_the_field(delay: str):
+    """publish_delay longer than a day (or a number too large for any clock) is a one-line ConfigError,
+    not an OverflowError later when P(w) is computed."""
+    with pytest.raises(ConfigError, match="publish_delay .*longer than a day") as err:
+        _topology(f"publish_delay: {delay}")
+    assert "\n" not in str(err.value)
+
+
+def test_a_publish_delay_of_a_day_is_accepted():
+    """The bound itself is a legal delay."""
+    assert _topology("publish_delay: 1d").publish_delay_s == 86_400
