@@ -51,7 +51,8 @@ LEDGER_ACL_COMMANDS = (
     "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +hkeys +xadd +zadd +zrem +expire "
     # reads, the scope index, the deployment start (MULTI SET NX / GET), the WAIT fence (redis-py's
     # incr() sends INCRBY)
-    "+hgetall +zcount +zrangebyscore +zrevrangebyscore +zrevrange +xrange +sadd +smembers +set +get +multi +exec +discard "
+    "+hgetall +zcount +zrangebyscore +zrevrangebyscore +zrevrange +xrange +sadd +smembers "
+    "+set +get +multi +exec +discard "
     "+incr +incrby +wait "
     # the durability check and replica discovery at start
     "+config|get +info"
