@@ -462,7 +462,11 @@ def compare_series(base: Series, neighbour: Series, where: str = "") -> list[str
             problems.append(f"{where}{name} only in D ({base[key]!r})")
         elif key not in base:
             problems.append(f"{where}{name} only in D′ ({neighbour[key]!r})")
-        elif not (base[key] == neighbour[key] or (math.isnan(base[key]) and math.isnan(neighbour[key]))):
+        elif not (
+            # equal up to float rounding (a projection divides times: its last ulp may differ)
+            math.isclose(base[key], neighbour[key], rel_tol=1e-12, abs_tol=0.0)
+            or (math.isnan(base[key]) and math.isnan(neighbour[key]))
+        ):
             problems.append(f"{where}{name}: D {base[key]!r}, D′ {neighbour[key]!r}")
     return problems
 
