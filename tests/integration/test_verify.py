@@ -150,9 +150,7 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
         missing = kinds["missing_window"]
         assert len(missing) >= 2 and {v["metric"] for v in missing} == {"views", "spend"}
         for v in missing:
-            assert (
-                v["window_end"] + 1 > stopped - WINDOW - DEFAULT_PUBLISH_DELAY_S
-            )  # closed near the stop, + P(w) wait
+            assert v["window_end"] + 1 > stopped - WINDOW - DEFAULT_PUBLISH_DELAY_S  # closed near the stop, + P(w) wait
             assert v["release_id"] == release_id(
                 dep.topology.topology_version, v["metric"], v["window_start"], v["window_end"]
             )
