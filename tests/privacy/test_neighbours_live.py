@@ -12,8 +12,8 @@
 - Determinism: a worker SIGKILLed and restarted mid-stream produces exactly the true aggregates (the
   merged partials) of an undisturbed worker reading the same source topic, and the same releases.
 
-Large ε (8,000 per hour: the most the ledger's exact integer range holds) keeps count noise near
-σ ≈ 1.5 for 2 s windows; the true aggregates (the merged partials on the internal topic) are compared
+Large ε (8,000 per one-minute period: the most the ledger's exact integer range holds) keeps count
+noise below σ ≈ 1.5 for 2 s windows; the true aggregates (the merged partials on the internal topic) are compared
 exactly, the noisy releases within sensitivity plus a noise margin of 7σ·√2 per compared value
 (Gaussian two-sided tail 2.6e-12 each; at most a few hundred comparisons: false-failure < 1e-9).
 """
@@ -38,7 +38,10 @@ pytestmark = pytest.mark.e2e
 
 WINDOW = 2
 EPSILON = 8000.0
-PERIOD = "1h"
+PERIOD = "1m"
+"""A one-minute period: every run starts in a partial first period and often crosses a period boundary,
+where adaptive prices depend most on the order releases are charged in (a worker catching up on a
+backlog once charged them out of order, so D and D′ spent differently)."""
 MARGIN_SIGMAS = 7.0
 
 

@@ -108,3 +108,66 @@ def test_three_releases_of_one_close_in_every_order_cost_the_same(topo):
     assert prices[0] == prices[1] == prices[2]
     ratios = [prices[0][m][1] for m in ("alpha", "beta", "gamma")]
     assert ratios == sorted(ratios)  # ratio_after grows along the canonical order
+
+
+class _Yielding:
+    """A ledger whose every call yields to the event loop first, as a network round trip does, so
+    concurrent releases interleave as they do against Redis."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger = ledger
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._ledger, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args, **kwargs):
+            await asyncio.sleep(0)
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def _windows(topo) -> list[tuple[str, tuple[int, int]]]:
+    """Every window of alpha, beta and gamma in the first three hours after the start, in time order."""
+    out = []
+    for name in ("alpha", "beta", "gamma"):
+        size = topo.metrics[name].window.size_s
+        out += [(name, (s, s + size)) for s in range(_T0, _T0 + 3 * _HOUR, size)]
+    return sorted(out, key=lambda w: (w[1][1], w[0]))
+
+
+def _run_across_closes(topo, windows: list[tuple[str, tuple[int, int]]], together: bool) -> dict:
+    """Release `windows` (all ready at once, dispatched in the list's order) from a fresh ledger:
+    concurrently when `together`, else one after the other in that order; (metric, start) → cost."""
+
+    async def go() -> dict:
+        ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3 * _HOUR + 1))
+        ledger.use_schedule_start(_T0)
+        releaser = Releaser(topo, _Yielding(ledger))
+
+        async def publish(value: bytes, key: bytes) -> None:
+            await asyncio.sleep(0)
+
+        async def one(name: str, window: tuple[int, int]):
+            return (name, window[0]), await releaser.release(name, window, {"": 1}, publish)
+
+        if together:
+            results = await asyncio.gather(*(one(n, w) for n, w in windows))
+        else:
+            results = [await one(n, w) for n, w in windows]
+        assert all(r.outcome is ReleaseOutcome.PUBLISHED for _, r in results)
+        return {k: json.loads(r.payload)["cost"]["rho"] for k, r in results}
+
+    return asyncio.run(go())
+
+
+def test_releases_ready_together_across_close_times_cost_what_they_cost_in_order(topo):
+    """A worker catching up on a backlog has windows of several close times ready at once, in
+    whatever order its partials arrived: they are priced in the public order all the same."""
+    in_order = _windows(topo)
+    expected = _run_across_closes(topo, in_order, together=False)
+    assert _run_across_closes(topo, in_order[::-1], together=False) != expected  # order matters
+    for dispatched in (in_order[::-1], in_order[1::2] + in_order[::2], in_order):
+        assert _run_across_closes(topo, dispatched, together=True) == expected

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 __all__ = ["MAX_STALE_QUOTES", "Publish", "MechanismFactory", "Releaser", "sweep"]
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from dpstream.workers.ledger.units import cost_to_units, ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release import faults
 from dpstream.workers.release.ids import release_id as make_release_id
+from dpstream.workers.release.ordering import CanonicalOrder, OrderKey, Ticket
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.record import charged_cost_of, record_bytes, true_values_for
@@ -73,7 +73,7 @@ class Releaser:
         self.ledger = ledger
         self._factory = mechanism_factory or _default_factory()
         self.counts = ReleaseCounts()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._orders: dict[str, CanonicalOrder] = {}
         self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
         self._selection_deltas: dict[str, float] = {}
         self._scope_metrics = {b: topology.metrics_of(b) for b in topology.budgets}
@@ -132,14 +132,19 @@ class Releaser:
         m = self.topology.metrics[metric] if isinstance(metric, str) else metric
         start, end = window
         rid = self.release_id(m.name, start, end)
+        order = self._order_of(m.budget)
+        key = OrderKey(self.topology.publish_time(m, end), m.name, start)
+        ticket = order.enter(key)  # before the first await: releases ready together are priced in order
         try:
-            result = await self._release(m, start, end, rid, true_values, publish)
+            result = await self._release(m, start, end, rid, true_values, publish, order, ticket)
         except LedgerUnavailable:
             self.counts.error(ReleaseOutcome.LEDGER_UNAVAILABLE)
             raise
         except Exception:
             self.counts.error(ReleaseOutcome.FAILED)
             raise
+        finally:
+            order.leave(ticket)
         self.counts.add(result)
         return result
 
@@ -151,19 +156,21 @@ class Releaser:
         rid: str,
         true_values: dict[str, Any],
         publish: Publish,
+        order: CanonicalOrder,
+        ticket: Ticket,
     ) -> ReleaseResult:
         budget = self.topology.budgets[m.budget]
         known = await self.ledger.stored_payload(budget.name, rid)
         if known is not None:  # a retry, a replay or another worker: same bytes, no fresh noise
+            order.leave(ticket)  # nothing to price
             await publish(known, rid.encode())
             await self.ledger.commit(budget.name, rid)
             return ReleaseResult(ReleaseOutcome.DUPLICATE, rid, m.name, start, end, "", known)
-        lock = self._locks.get(budget.name) or self._pricing_lock(budget.name)
-        await lock.acquire()  # = `async with lock`, without its two wrapper calls per release
+        await order.turn(ticket)
         try:
             charged = await self._price_and_charge(m, budget, start, end, rid, true_values)
         finally:
-            lock.release()
+            order.leave(ticket)  # the later releases are priced while this one publishes
         if isinstance(charged, ReleaseResult):
             return charged
         stored = charged.payload
@@ -176,14 +183,15 @@ class Releaser:
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
         return ReleaseResult.of(outcome, rid, m.name, start, end, "", stored)
 
-    def _pricing_lock(self, scope: str) -> asyncio.Lock:
-        """Quote → charge of one scope run one at a time in this process, so its concurrent releases
-        do not make each other's quotes stale; across processes the ledger's spend version does it
-        (a charge quoted at an old version is answered STALE_QUOTE and priced again)."""
-        lock = self._locks.get(scope)
-        if lock is None:
-            lock = self._locks[scope] = asyncio.Lock()
-        return lock
+    def _order_of(self, scope: str) -> CanonicalOrder:
+        """Quote → charge of one scope run one at a time in this process and in the public order of
+        the releases pending (`ordering`), so concurrent releases neither make each other's quotes
+        stale nor change each other's prices; across processes the ledger's spend version answers
+        a charge quoted at an old version STALE_QUOTE, and it is priced again."""
+        order = self._orders.get(scope)
+        if order is None:
+            order = self._orders[scope] = CanonicalOrder()
+        return order
 
     async def _price_and_charge(
         self,
