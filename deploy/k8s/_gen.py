@@ -44,7 +44,7 @@ def main(doc: str, render: Callable[[], str], target: Path, argv: list[str] | No
     if args.check:
         current = target.read_text(encoding="utf-8") if target.exists() else ""
         if current != text:
-            print(f"{target.relative_to(REPO)} is stale: rerun its generator in deploy/k8s/", file=sys.stderr)
+            print(f"{target.relative_to(REPO)} is stale: rerun its generator (named in its first line)", file=sys.stderr)
             return 1
         return 0
     target.write_text(text, encoding="utf-8")
