@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dpstream.workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.release import faults
 from tests.e2e.harness import Deployment, binomial_upper, deploy, event, poll, read_all, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -188,7 +189,8 @@ def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: 
 
     t0 = _t0()
     send(deployment.bootstrap, deployment.source_topic, [event(f"u{i}", t0 + 0.5) for i in range(10)])
-    first = deployment.start_worker("w1", env={"DPSTREAM_FAULT": "kill_before_publish"})
+    armed = {faults.CRASH_ENV: "after_charge@1", faults.ARM_ENV: faults.ARM_PHRASE}  # charged, not published
+    first = deployment.start_worker("w1", env=armed)
     assert poll(lambda: first.poll() is not None, timeout_s=120), deployment.log("w1")[-3000:]
     assert first.returncode == -9
 

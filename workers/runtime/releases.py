@@ -31,13 +31,11 @@ same probe, every `clock_probe_interval_s`); a process running both halves share
 
 from __future__ import annotations
 
-__all__ = ["ReleaseSide", "ReleaseStats", "FAULT_ENV", "PublicTimePublisher"]
+__all__ = ["ReleaseSide", "ReleaseStats", "PublicTimePublisher"]
 
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -73,9 +71,6 @@ KEEP_LATENCIES = 10_000
 
 KEEP_CLOSE_TIMES = 10_000
 """Close times of windows not yet released here; beyond this the oldest half is dropped."""
-
-FAULT_ENV = "DPSTREAM_FAULT"
-"""Test hook: `kill_before_publish` makes the worker SIGKILL itself after a reserve, before publishing."""
 
 
 @dataclass
@@ -518,8 +513,6 @@ class ReleaseSide:
         return self._parking is not None and self._parking.held(window)
 
     async def _publish_release(self, value: bytes, key: bytes, metric: str) -> None:
-        if os.environ.get(FAULT_ENV) == "kill_before_publish":
-            os.kill(os.getpid(), signal.SIGKILL)
         if self._public.missed(value) and key not in self._missed:
             self.stats.publish_misses[metric] += 1
             self._missed.add(key)
