@@ -108,6 +108,15 @@ REGISTER_REFUSED = 2
 """`_register` answer: the change would alter the open period's terms; nothing was written."""
 
 
+def budget_left(cap: int, reserve: int, grant: int, spent: int) -> tuple[int, int]:
+    """(pool left, reserve left) in units: ordinary metrics draw on the pool (cap − reserve, plus
+    what operators granted of the reserve); the reserve left is the rest of what the cap has left,
+    so the two always add up to cap − spent, however much was granted or drawn from the reserve."""
+    left = max(0, cap - spent)
+    pool_left = min(left, max(0, min(cap, cap - reserve + grant) - spent))
+    return pool_left, left - pool_left
+
+
 class ChargeTerms(NamedTuple):
     """The terms a caller's topology gives a scope, sent with every charge: a block it would
     charge refuses it unless it keeps the same accounting and period length and no larger cap."""
@@ -439,6 +448,7 @@ class Ledger(ABC):
         accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
         projected = spent * (pstart + period_s - since) / max(1.0, now - since)
+        pool_left, reserve_left = budget_left(cap, reserve, grant, spent)
         spent_f = units_to_float(spent)
         zcdp = accounting == "zcdp"
         delta_cap = int(period.get("delta_cap", stored.get("delta_cap", 0)))
@@ -458,8 +468,8 @@ class Ledger(ABC):
             state=state_of(spent, warn, breaker is not None),
             granted=int(period.get("granted", 0)),
             refused=int(period.get("refused", 0)),
-            reserve_left=units_to_float(max(0, min(reserve, cap - spent))),
-            pool_left=units_to_float(max(0, min(cap, cap - reserve + grant) - spent)),
+            reserve_left=units_to_float(reserve_left),
+            pool_left=units_to_float(pool_left),
             seconds_to_period_end=int(pstart + period_s - now),
             projected_spend=units_to_float(int(projected)),
             projected_ratio=projected / cap,
