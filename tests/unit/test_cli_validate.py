@@ -111,3 +111,50 @@ def test_schema_command_prints_the_schema(capsys: pytest.CaptureFixture[str]) ->
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["$schema"].endswith("2020-12/schema") and "metric" in schema["$defs"]
+
+
+_THREE_MISTAKES = """version: 1
+sources:
+  clicks: {topic: web.clicks, privacy_unit: user_id}
+budgets:
+  daily: {epsilon: -1.0, delta: 1.0e-6, period: 1d}
+metrics:
+  m1:
+    source: clicks
+    budget: daily
+    weight: 0
+    window: {tumbling: 1m}
+    aggregate: count
+    mechanism: gaussian
+  m2:
+    source: clicks
+    budget: daily
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    contribution: {max_per_key: 0}
+    mechanism: gaussian
+sinks: {releases: web.releases, dead_letter: web.dead-letter}
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_every_mistake_is_its_own_line_in_file_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Three mistakes (ε, a weight, a contribution bound): three stderr lines, in file order, in text
+    mode as with --json (whose `errors` are the same three)."""
+    path = tmp_path / "three.yaml"
+    path.write_text(_THREE_MISTAKES, encoding="utf-8")
+    assert main(["validate", str(path), *(["--json"] if as_json else [])]) == 2
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) == 3, err
+    assert all(re.match(rf"^dpstream: error: {re.escape(str(path))}:\d+: ", line) for line in lines), lines
+    numbers = [int(line.split(f"{path}:", 1)[1].split(":", 1)[0]) for line in lines]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 3
+    assert "epsilon" in lines[0] and "weight" in lines[1] and "max_per_key" in lines[2], lines
+    if as_json:
+        assert [f"dpstream: error: {e}" for e in json.loads(out)["errors"]] == lines
+    else:
+        assert out == ""

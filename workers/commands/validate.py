@@ -1,4 +1,5 @@
-"""`dpstream validate FILE [--json]`: check a topology file; exit 0 (with warnings) or 2 with one line."""
+"""`dpstream validate FILE [--json]`: check a topology file; exit 0 (with warnings) or 2 with one line
+per mistake (all of them, in file order)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `validate` subcommand."""
     parser = subparsers.add_parser(
         "validate",
-        help="check a topology file (exit 2 with FILE:LINE: on the first mistake)",
+        help="check a topology file (exit 2 with one FILE:LINE: line per mistake)",
         description="Check a topology file: every mistake is one line naming FILE:LINE, the entity, "
         "the field, the bad value and the fix (exit 2); warnings are printed and exit 0.",
     )
@@ -27,15 +28,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load and lint `args.file`; print the summary (or JSON). ConfigError propagates to the CLI (exit 2)."""
+    """Load and lint `args.file`; print the summary (or JSON). Every mistake of the topology is one
+    stderr line (exit 2); any other ConfigError (no such file) propagates to the CLI (exit 2)."""
     try:
         topology, warnings = load_with_warnings(args.file)
     except ConfigError as exc:
+        problems = exc.problems if isinstance(exc, TopologyError) else (str(exc),)
         if args.json:
-            problems = exc.problems if isinstance(exc, TopologyError) else (str(exc),)
             json.dump({"ok": False, "file": args.file, "error": str(exc), "errors": list(problems)}, sys.stdout)
             print()
-        raise
+        if not isinstance(exc, TopologyError):
+            raise
+        for problem in problems:
+            print(f"dpstream: error: {problem}", file=sys.stderr)
+        return 2
     if args.json:
         doc = {
             "ok": True,
