@@ -245,9 +245,19 @@ class _Fields:
             if required is None and any(suggest(u, known) == f"did you mean '{key}'?" for u in unknown):
                 continue  # a misspelt key already says "did you mean '<key>'?"
             if required is None:
-                self.fail(line, f"{subject}: missing field '{key}'; {_HINTS[key]}")
+                self.fail(line, f"{subject}: missing field '{key}'; {self._hint(key)}")
             elif is_null(required):
-                self.fail(required.line, f"{subject}: {key} is empty; {_HINTS[key]}")
+                self.fail(required.line, f"{subject}: {key} is empty; {self._hint(key)}")
+
+    def _hint(self, key: str) -> str:
+        """The fix for a missing `key`; a metric's source or budget suggests the names this file declares."""
+        declared = sorted({k[1] for k in self.loader.lines if len(k) == 2 and k[0] == key})
+        if key not in ("source", "budget") or not declared:
+            return _HINTS[key]
+        what = "name the source it reads" if key == "source" else "name the budget it draws on"
+        if len(declared) == 1:
+            return f"{what}, e.g. {key}: {declared[0]}"
+        return f"{what}: one of {', '.join(declared)}"
 
     def fail(self, line: int, text: str) -> None:
         """Record a problem and mark the entity broken."""

@@ -141,5 +141,11 @@ def render_plan(plan: Plan) -> str:
                 "together they give only this (pure ε counts as ε²/2 in ρ)",
                 "",
             ]
-    lines.append("scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.")
+    lines += [
+        "ε-equiv: one release's cost as (ε, δ)-DP at the scope's conversion δ: the record's cost.epsilon_equiv,",
+        "  and budget status converts the spend the same way. part: the noisy part of a release a row",
+        "  describes (value, a mean's sum and count, top-k's key selection). Δ1, Δ2: that part's L1 and",
+        "  L2 sensitivity, what one person can move it by under the contribution bounds.",
+        "scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.",
+    ]
     return "\n".join(lines)

@@ -86,6 +86,10 @@ def read_str(node: Node, subject: str, field: str) -> str:
     )
 
 
+_NUMBER_EXAMPLES = {"reserve": "0.2", "warn_at": "0.8", "delta": "1.0e-6", "weight": "1", "stretch": "1.5"}
+"""A valid example for the numeric fields whose valid range excludes 1.0 or reads better with another value."""
+
+
 def read_number(node: Node, subject: str, field: str) -> float:
     """A finite real number; booleans are not numbers, unquoted `1e-6` is."""
     if isinstance(node, Scalar):
@@ -100,7 +104,15 @@ def read_number(node: Node, subject: str, field: str) -> float:
             if not math.isfinite(number):
                 raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a finite number")
             return number
-    raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a number, e.g. {field}: 1.0")
+    text = node.value.strip() if isinstance(node, Scalar) and isinstance(node.value, str) else ""
+    if text.endswith("%") and _NUMBER_TEXT.match(text[:-1].strip()):
+        fraction = float(text[:-1]) / 100
+        raise FieldProblem(
+            node.line,
+            f"{subject}: {field} {show(node)}: must be a number; write the fraction, e.g. {field}: {fraction:g}",
+        )
+    example = _NUMBER_EXAMPLES.get(field, "1.0")
+    raise FieldProblem(node.line, f"{subject}: {field} {show(node)}: must be a number, e.g. {field}: {example}")
 
 
 MAX_WHOLE = 2**53

@@ -97,3 +97,21 @@ def test_broken_topology_exits_2(capsys, tmp_path):
     assert main(["plan", str(path), "--json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "epsilon" in captured.err and captured.err.count("\n") == 1
+
+
+def test_help_prints_percent_signs_once(capsys):
+    """`plan --help` shows "95 % CI", not argparse's escaped "%%"."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "%%" not in out and "95 % CI" in " ".join(out.split())
+
+
+def test_table_footnote_explains_every_abbreviated_column(capsys):
+    """The table's footnote says what ε-equiv, part, Δ1 and Δ2 mean (one ε-equivalent: the record's)."""
+    assert main(["plan", str(EXAMPLES / "web-analytics.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    notes = " ".join(line.strip() for line in lines[[i for i, x in enumerate(lines) if x.startswith("ε-equiv:")][0] :])
+    for term in ("ε-equiv:", "part:", "Δ1, Δ2:", "scale:"):
+        assert term in notes, notes
+    assert "cost.epsilon_equiv" in notes and "sensitivity" in notes

@@ -158,3 +158,63 @@ def test_every_mistake_is_its_own_line_in_file_order(
         assert [f"dpstream: error: {e}" for e in json.loads(out)["errors"]] == lines
     else:
         assert out == ""
+
+
+_DAILY = "  shop-daily: {epsilon: 1.0, delta: 1.0e-6, period: 1d}\n"
+
+
+def _one_topology(tmp_path: Path, budgets: str, metric_extra: str = "    budget: shop-daily\n") -> Path:
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "version: 1\nsources:\n  clicks: {topic: web.clicks, privacy_unit: user_id}\n"
+        f"budgets:\n{budgets}"
+        "metrics:\n  m1:\n    source: clicks\n"
+        f"{metric_extra}"
+        "    weight: 1\n    window: {tumbling: 1m}\n    aggregate: count\n    mechanism: gaussian\n"
+        "sinks: {releases: web.releases, dead_letter: web.dead-letter}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("budgets", "metric_extra", "wanted", "not_wanted"),
+    [
+        # a percentage: the fraction it means, not the out-of-range 1.0
+        (
+            "  shop-daily: {epsilon: 1.0, delta: 1.0e-6, period: 1d, reserve: 20%}\n",
+            "    budget: shop-daily\n",
+            "reserve: 0.2",
+            "reserve: 1.0",
+        ),
+        (
+            "  shop-daily: {epsilon: 1.0, delta: 1.0e-6, period: 1d, reserve: lots}\n",
+            "    budget: shop-daily\n",
+            "reserve: 0.2",
+            None,
+        ),
+        # a metric without its budget: this file's scope, not the README's
+        (_DAILY, "", "budget: shop-daily", "web-daily"),
+        (
+            _DAILY + _DAILY.replace("daily", "hourly").replace("1d", "1h"),
+            "",
+            "one of shop-daily, shop-hourly",
+            "web-daily",
+        ),
+    ],
+    ids=["percent", "word", "one-budget", "two-budgets"],
+)
+def test_the_suggested_fix_is_valid_for_this_file(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    budgets: str,
+    metric_extra: str,
+    wanted: str,
+    not_wanted: str | None,
+) -> None:
+    """Each one-line error suggests a value that would pass here: a fraction in range for a reserve,
+    the file's own budget names for a missing budget."""
+    assert main(["validate", str(_one_topology(tmp_path, budgets, metric_extra))]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and wanted in err, err
+    assert not_wanted is None or not_wanted not in err, err

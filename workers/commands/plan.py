@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="print the budget plan of a topology (costs, noise scales, 30-day guarantee)",
         description="Per budget scope: cap, reserve, releases per period and the guarantee over 30 days; "
-        "per metric: weight share, per-release cost and ε-equivalent, noise scale, σ, 95%% CI, expected error.",
+        "per metric: weight share, per-release cost and ε-equivalent, noise scale, σ, 95 % CI, expected error.",
     )
     parser.add_argument("file", metavar="FILE", help="topology YAML file")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (shape: topology/plan.py)")
