@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, WarningPolicy, Window
+from dpstream.topology.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -72,18 +73,10 @@ def windows_left(
 
     These are the metric's releases still to come when a window ending at `current_end` is priced.
     With the deployment start S (`schedule_start`), windows starting before S are not counted: the
-    public schedule never releases them. S at or before the period start changes
-    nothing.
+    public schedule never releases them. S at or before the period start changes nothing.
+    (`Schedule.left`, the one rule.)
     """
-    first_start = max(period_start, current_end - window.size_s)
-    if schedule_start is not None and schedule_start > first_start:
-        first_start = schedule_start
-    # first window start ≥ first_start on the window grid
-    first_start = -(-first_start // window.every_s) * window.every_s
-    last_start = period_start + period_s - 1
-    if first_start > last_start:
-        return 0
-    return (last_start - first_start) // window.every_s + 1
+    return Schedule(window.size_s, window.every_s, schedule_start).left(period_start, period_s, current_end)
 
 
 def warning_cost_factor(policy: WarningPolicy, accounting: Accounting) -> float:

@@ -1,0 +1,117 @@
+"""The public schedule of one metric: its windows on the grid, none starting before the deployment start S.
+
+A window is [s, s + size_s) with s a multiple of every_s (the UTC-epoch grid). A deployment that
+starts at S releases only the windows starting at or after S; with no S (`start` None) every grid
+window counts. Every count of "which windows of a period" (pricing, plan gauges, report, verify,
+the pipeline's first window) is one method here, so they cannot drift apart. Pure: no I/O.
+
+Degenerate grids keep the behaviour their callers always had: `starts_in` and `ended` count nothing
+when every_s ≤ 0 (and `ended` when size_s ≤ 0); the other methods divide by every_s.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Schedule"]
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dpstream.topology.model import Metric, Window
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A metric's window grid (size_s, every_s) from the deployment start S (`start`; None: no S)."""
+
+    size_s: int
+    every_s: int
+    start: int | None = None
+
+    @classmethod
+    def of(cls, metric: Metric, schedule_start: int | None = None) -> Schedule:
+        """The public schedule of `metric` for a deployment starting at `schedule_start` (None: no S)."""
+        return cls.of_window(metric.window, schedule_start)
+
+    @classmethod
+    def of_window(cls, window: Window, schedule_start: int | None = None) -> Schedule:
+        """The public schedule of a metric with this window, from `schedule_start` (None: no S)."""
+        return cls(window.size_s, window.every_s, None if schedule_start is None else int(schedule_start))
+
+    def first_start_at_or_after(self, t: float) -> int:
+        """The first grid start at or after `t` (truncated to an int second), S not applied."""
+        every = self.every_s
+        return -(-int(t) // every) * every
+
+    def first_window(self) -> int:
+        """The schedule's first window start: the first grid start at or after S (S must be set)."""
+        if self.start is None:
+            raise ValueError("a schedule without a deployment start has no first window")
+        return self.first_start_at_or_after(self.start)
+
+    def on_grid(self, start: int, end: int) -> bool:
+        """True when [start, end) is a window of the grid (size_s long, on a multiple of every_s); S not applied."""
+        return end - start == self.size_s and start % self.every_s == 0
+
+    def starts(self, since: float | None = None) -> Iterator[int]:
+        """Window starts in order, without end, from the first at or after both S and `since` (one must be set)."""
+        if self.start is None:
+            if since is None:
+                raise ValueError("a schedule without a deployment start needs `since`")
+            return itertools.count(self.first_start_at_or_after(since), self.every_s)
+        first = self.first_window()
+        if since is not None and since > first:
+            first = self.first_start_at_or_after(since)
+        return itertools.count(first, self.every_s)
+
+    def starts_in(self, lo: int, hi: int) -> int:
+        """How many windows start in [max(lo, S), hi); 0 when every_s ≤ 0."""
+        every = self.every_s
+        if self.start is not None and self.start > lo:
+            lo = self.start
+        if every <= 0 or hi <= lo:
+            return 0
+        first = -(-lo // every) * every
+        last = ((hi - 1) // every) * every
+        return 0 if last < first else (last - first) // every + 1
+
+    def left(self, period_start: int, period_s: int, current_end: int) -> int:
+        """Windows starting in the period [period_start, +period_s), not before S, that end at or after
+        `current_end`: a metric's releases still to come when a window ending at `current_end` is priced."""
+        # the ledger's quote path calls this per metric per quote: kept to plain integer steps
+        every = self.every_s
+        first = current_end - self.size_s
+        if first < period_start:
+            first = period_start
+        start = self.start
+        if start is not None and start > first:
+            first = start
+        first = -(-first // every) * every  # the first grid start ≥ first
+        last = period_start + period_s - 1
+        return 0 if first > last else (last - first) // every + 1
+
+    def ended(self, period_start: int, period_end: int, now: float) -> int:
+        """Windows starting in [max(period_start, S), period_end) that have ended by `now` (s + size_s ≤ now);
+        0 when every_s ≤ 0 or size_s ≤ 0."""
+        size, every = self.size_s, self.every_s
+        if self.start is not None and self.start > period_start:
+            period_start = self.start
+        if every <= 0 or size <= 0 or period_end <= period_start:
+            return 0
+        first = -(-period_start // every) * every
+        last_in_period = ((period_end - 1) // every) * every
+        last_ended = (
+            (math.floor(now) - size) // every * every
+        )  # s + size ≤ now ⇔ s + size ≤ ⌊now⌋: exact for a float now
+        last = min(last_in_period, last_ended)
+        return 0 if last < first else int((last - first) // every) + 1
+
+    def touching(self, period_start: int, horizon: int) -> int:
+        """Windows not starting before S that end after `period_start` and at or before `horizon`."""
+        size, every = self.size_s, self.every_s
+        first = -(-(period_start - size + 1) // every) * every  # the first window whose end passes period_start
+        if self.start is not None:
+            first = max(first, self.first_window())
+        last = (horizon - size) // every * every
+        return max(0, (last - first) // every + 1) if last >= first else 0
