@@ -4,12 +4,13 @@ from __future__ import annotations
 
 __all__ = ["DEFAULT_DELTA_CEILING", "lint_topology"]
 
+from collections.abc import Callable
 from fractions import Fraction
 
 from dpstream.topology.composition import unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigWarning
-from dpstream.topology.model import EVENT_LEVEL_LABEL, Accounting, Mechanism, Topology, WindowKind
+from dpstream.topology.model import EVENT_LEVEL_LABEL, Accounting, Budget, Mechanism, Topology, WindowKind
 from dpstream.topology.validation import SourceMap
 
 DEFAULT_DELTA_CEILING = 1e-5
@@ -17,6 +18,10 @@ DEFAULT_DELTA_CEILING = 1e-5
 
 _UNITS_FACTOR = 10
 """With `expected_units: N`, δ must be at least this many times below 1/N."""
+
+
+_Warn = Callable[[tuple[str, ...], str], None]
+"""Records one warning at a topology key (its file line orders the output)."""
 
 
 def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> list[ConfigWarning]:
@@ -27,6 +32,16 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
     def warn(key: tuple[str, ...], message: str) -> None:
         found.append((where.line(*key), ConfigWarning(where.where(*key), message)))
 
+    _lint_sources(topology, warn)
+    for budget in topology.budgets.values():
+        _lint_budget(topology, budget, where, warn)
+    _lint_composition(topology, warn)
+    _lint_windows(topology, warn)
+    return [warning for _, warning in sorted(found, key=lambda item: item[0])]
+
+
+def _lint_sources(topology: Topology, warn: _Warn) -> None:
+    """Event-level units, create_time arrival, and sources no metric reads."""
     for source in topology.sources.values():
         if source.event_level:
             warn(
@@ -44,48 +59,59 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
         if not any(m.source == source.name for m in topology.metrics.values()):
             warn(("source", source.name), f"source '{source.name}': no metric reads it; remove it or add a metric")
 
-    for budget in topology.budgets.values():
-        subject = f"budget '{budget.name}'"
-        if _exact(budget.reserve) < 1 - _exact(budget.warn_at):
-            need_reserve = float(1 - _exact(budget.warn_at))
-            need_warn_at = float(1 - _exact(budget.reserve))
-            warn(
-                ("budget", budget.name, "reserve"),
-                f"{subject}: reserve {budget.reserve:g} < 1 - warn_at ({need_reserve:g}): the plan alone "
-                f"spends past warn_at every period; raise reserve to {need_reserve:g} or warn_at to {need_warn_at:g}",
-            )
-        selecting = [m for m in topology.metrics_of(budget.name) if m.needs_partition_selection]
-        if budget.accounting is Accounting.PURE and budget.delta > 0 and not selecting:
-            warn(
-                ("budget", budget.name, "delta"),
-                f"{subject}: delta {budget.delta:g}: pure accounting uses δ only for partition selection of "
-                "data-derived keys, and no metric of this budget selects keys; remove delta",
-            )
-        if budget.accounting is Accounting.ZCDP:
-            units = where.expected_units.get(budget.name)
-            if units is not None and budget.delta * units * _UNITS_FACTOR > 1:
-                warn(
-                    ("budget", budget.name, "delta"),
-                    f"{subject}: delta {budget.delta:g} is not far below 1/expected_units (1/{units}); "
-                    f"use delta <= {1 / (units * _UNITS_FACTOR):.1g}",
-                )
-            elif units is None and budget.delta > DEFAULT_DELTA_CEILING:
-                warn(
-                    ("budget", budget.name, "delta"),
-                    f"{subject}: delta {budget.delta:g} is large: δ should be far below 1/number of units; "
-                    f"use e.g. 1.0e-6 (or declare expected_units: N)",
-                )
-            mechanisms = {m.mechanism for m in topology.metrics_of(budget.name)}
-            if {Mechanism.LAPLACE, Mechanism.GAUSSIAN} <= mechanisms:
-                laplace = [m.name for m in topology.metrics_of(budget.name) if m.mechanism is Mechanism.LAPLACE]
-                warn(
-                    ("metric", laplace[0], "mechanism"),
-                    f"{subject}: mixes laplace ({', '.join(laplace)}) and gaussian metrics under zcdp; a Laplace "
-                    "release costs ε²/2, usually more than a Gaussian of the same error; prefer gaussian throughout",
-                )
-        if not topology.metrics_of(budget.name):
-            warn(("budget", budget.name), f"{subject}: no metric draws on it; remove it or add a metric")
 
+def _lint_budget(topology: Topology, budget: Budget, where: SourceMap, warn: _Warn) -> None:
+    """One budget: its reserve against warn_at, a δ it does not use or sizes too large, and no metric."""
+    subject = f"budget '{budget.name}'"
+    if _exact(budget.reserve) < 1 - _exact(budget.warn_at):
+        need_reserve = float(1 - _exact(budget.warn_at))
+        need_warn_at = float(1 - _exact(budget.reserve))
+        warn(
+            ("budget", budget.name, "reserve"),
+            f"{subject}: reserve {budget.reserve:g} < 1 - warn_at ({need_reserve:g}): the plan alone "
+            f"spends past warn_at every period; raise reserve to {need_reserve:g} or warn_at to {need_warn_at:g}",
+        )
+    selecting = [m for m in topology.metrics_of(budget.name) if m.needs_partition_selection]
+    if budget.accounting is Accounting.PURE and budget.delta > 0 and not selecting:
+        warn(
+            ("budget", budget.name, "delta"),
+            f"{subject}: delta {budget.delta:g}: pure accounting uses δ only for partition selection of "
+            "data-derived keys, and no metric of this budget selects keys; remove delta",
+        )
+    if budget.accounting is Accounting.ZCDP:
+        _lint_zcdp_budget(topology, budget, where, warn)
+    if not topology.metrics_of(budget.name):
+        warn(("budget", budget.name), f"{subject}: no metric draws on it; remove it or add a metric")
+
+
+def _lint_zcdp_budget(topology: Topology, budget: Budget, where: SourceMap, warn: _Warn) -> None:
+    """A zCDP budget: δ against expected_units (or the default ceiling), and Laplace mixed with Gaussian."""
+    subject = f"budget '{budget.name}'"
+    units = where.expected_units.get(budget.name)
+    if units is not None and budget.delta * units * _UNITS_FACTOR > 1:
+        warn(
+            ("budget", budget.name, "delta"),
+            f"{subject}: delta {budget.delta:g} is not far below 1/expected_units (1/{units}); "
+            f"use delta <= {1 / (units * _UNITS_FACTOR):.1g}",
+        )
+    elif units is None and budget.delta > DEFAULT_DELTA_CEILING:
+        warn(
+            ("budget", budget.name, "delta"),
+            f"{subject}: delta {budget.delta:g} is large: δ should be far below 1/number of units; "
+            f"use e.g. 1.0e-6 (or declare expected_units: N)",
+        )
+    mechanisms = {m.mechanism for m in topology.metrics_of(budget.name)}
+    if {Mechanism.LAPLACE, Mechanism.GAUSSIAN} <= mechanisms:
+        laplace = [m.name for m in topology.metrics_of(budget.name) if m.mechanism is Mechanism.LAPLACE]
+        warn(
+            ("metric", laplace[0], "mechanism"),
+            f"{subject}: mixes laplace ({', '.join(laplace)}) and gaussian metrics under zcdp; a Laplace "
+            "release costs ε²/2, usually more than a Gaussian of the same error; prefer gaussian throughout",
+        )
+
+
+def _lint_composition(topology: Topology, warn: _Warn) -> None:
+    """Budgets that compose for one privacy unit (together more than any one of them promises)."""
     for unit in unit_guarantees(topology):
         if unit.composes:
             scopes = ", ".join(f"'{s.scope}' ({format_duration(s.period_s)})" for s in unit.scopes)
@@ -97,6 +123,9 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
                 "to one budget",
             )
 
+
+def _lint_windows(topology: Topology, warn: _Warn) -> None:
+    """Hopping windows that straddle a period boundary (charged to both periods)."""
     for metric in topology.metrics.values():
         window = metric.window
         scope = topology.budgets.get(metric.budget)
@@ -108,8 +137,6 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
                 f"{format_duration(window.every_s)}}}: {straddling} window(s) per period straddle the "
                 f"{format_duration(scope.period_s)} period boundary and are charged to both periods",
             )
-
-    return [warning for _, warning in sorted(found, key=lambda item: item[0])]
 
 
 def _exact(value: float) -> Fraction:

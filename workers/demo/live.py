@@ -169,12 +169,7 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
             say(line)
         by_period: dict[tuple[str, str], Expectation] = {(e.period_id, name): e for name, e in expected.items()}
         if setup.webhook_port is not None:
-
-            def on_alert(receiver: str, status: str, name: str, scope: str) -> None:
-                result.notifications += 1
-                say(f"  Alertmanager → {receiver}: {name} {status}{f' (scope {scope})' if scope else ''}")
-
-            webhook = WebhookReceiver(setup.webhook_port, on_alert)
+            webhook = _alert_receiver(setup.webhook_port, result, say)
             await webhook.start()
         await consumer.start()
 
@@ -188,26 +183,13 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
         generator = EventGenerator(topology, None, population.generator_config())
         feed_s = setup.duration_s + 5 if setup.duration_s is not None else 7 * 86_400
         feed = asyncio.create_task(produce_async(setup.bootstrap, generator, population.rate, feed_s, stop, on_sent))
-        first_close = min(w[1] for w in windows.values()) + min(s.allowed_lateness_s for s in topology.sources.values())
-        say(
-            f"feeding {population.rate:,.0f} events/s from {population.users:,} synthetic users (event time = wall "
-            f"clock); the public schedule starts {time.strftime('%H:%M:%S', time.gmtime(setup.schedule_start))} UTC, "
-            f"the first windows close at {time.strftime('%H:%M:%S', time.gmtime(first_close))}"
-        )
-        say("")
-        for line in header_lines():
-            say(line)
+        _say_feed_start(setup, windows, say)
         started = time.monotonic()
         next_budget = started + setup.budget_every_s
         shown: set[tuple[str, int]] = set()
 
         async def consume_once() -> None:
-            problem = setup.died()
-            if problem:
-                raise DpstreamError(problem)
-            if feed.done():
-                feed.result()  # raises what stopped the feed
-                raise DpstreamError("the synthetic feed stopped early")
+            _raise_if_stopped(setup, feed)
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for message in records:
@@ -243,6 +225,40 @@ async def run_live(setup: LiveSetup, say: Say, result: LiveResult) -> LiveResult
             await webhook.stop()
         await ledger.close()
     return result
+
+
+def _alert_receiver(port: int, result: LiveResult, say: Say) -> WebhookReceiver:
+    """Alertmanager's webhook on `port` (not started): each notification printed and counted into `result`."""
+
+    def on_alert(receiver: str, status: str, name: str, scope: str) -> None:
+        result.notifications += 1
+        say(f"  Alertmanager → {receiver}: {name} {status}{f' (scope {scope})' if scope else ''}")
+
+    return WebhookReceiver(port, on_alert)
+
+
+def _say_feed_start(setup: LiveSetup, windows: dict[str, tuple[int, int]], say: Say) -> None:
+    """The feed's rate and population, when the schedule starts and the first windows close; the table header."""
+    topology, population = setup.topology, setup.population
+    first_close = min(w[1] for w in windows.values()) + min(s.allowed_lateness_s for s in topology.sources.values())
+    say(
+        f"feeding {population.rate:,.0f} events/s from {population.users:,} synthetic users (event time = wall "
+        f"clock); the public schedule starts {time.strftime('%H:%M:%S', time.gmtime(setup.schedule_start))} UTC, "
+        f"the first windows close at {time.strftime('%H:%M:%S', time.gmtime(first_close))}"
+    )
+    say("")
+    for line in header_lines():
+        say(line)
+
+
+def _raise_if_stopped(setup: LiveSetup, feed: asyncio.Task[Any]) -> None:
+    """A child process that exited with an error, or a feed that stopped early, ends the demo with that error."""
+    problem = setup.died()
+    if problem:
+        raise DpstreamError(problem)
+    if feed.done():
+        feed.result()  # raises what stopped the feed
+        raise DpstreamError("the synthetic feed stopped early")
 
 
 async def _show(
