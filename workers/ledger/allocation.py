@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["Snapshot", "state_of", "price", "price_in_order"]
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from functools import lru_cache
@@ -26,8 +26,9 @@ from dpstream.topology.allocation import (
     static_release_cost,
     thinned_out,
     warning_cost_factor,
-    windows_left,
 )
+from dpstream.topology.model import Window
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
@@ -77,8 +78,11 @@ class _Shape(NamedTuple):
     (then the Fraction rule runs, exactly as before, errors included)."""
     plans: dict[str, MetricShare]
     """Metric name → its plan (the first of that name, as `ScopeConfig.metric` finds it)."""
-    rows: tuple[tuple[str, int, int, int], ...]
-    """(name, k_j, window size s, window every s) per metric, when `ks` is set (else empty)."""
+    rows: tuple[tuple[str, int, Window], ...]
+    """(name, k_j, window) per metric, when `ks` is set (else empty)."""
+    schedules: dict[int | None, tuple[tuple[str, int, Callable[[int, int, int], int]], ...]]
+    """Per deployment start S: (name, k_j, `Schedule.left` of the metric's schedule from S) per row,
+    built on first use (the bound method, so the quote's loop looks nothing up)."""
 
 
 _SHAPES: dict[int, _Shape] = {}
@@ -98,11 +102,25 @@ def _shape_of(cfg: ScopeConfig) -> _Shape:
     plans: dict[str, MetricShare] = {}
     for p in cfg.metrics:
         plans.setdefault(p.name, p)
-    rows = tuple((p.name, ks[p.name], p.window.size_s, p.window.every_s) for p in cfg.metrics) if ks else ()
+    rows = tuple((p.name, ks[p.name], p.window) for p in cfg.metrics) if ks else ()
     if len(_SHAPES) >= 256:
         _SHAPES.clear()
-    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans, rows)
+    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans, rows, {})
     return entry
+
+
+def _schedules_of(
+    shape: _Shape, schedule_start: int | None
+) -> tuple[tuple[str, int, Callable[[int, int, int], int]], ...]:
+    """The shape's rows with each metric's `Schedule.left` from S, memoised per S (one S per deployment)."""
+    rows = shape.schedules.get(schedule_start)
+    if rows is None:
+        if len(shape.schedules) >= 16:
+            shape.schedules.clear()
+        rows = shape.schedules[schedule_start] = tuple(
+            (name, k, Schedule.of_window(window, schedule_start).left) for name, k, window in shape.rows
+        )
+    return rows
 
 
 def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
@@ -137,20 +155,14 @@ def _adaptive_units_of(
     if ks is not None:
         if pool_left <= 0:
             return 0
-        # Σ_j k_j·n_j with n_j = windows_left(window_j, period_start, period_s, window_end, S) minus
-        # what is charged already, the window-grid arithmetic of `windows_left` written out
-        # (called per metric per quote, this loop is the quote's cost in a wide scope)
+        # Σ_j k_j·n_j with n_j = the windows of metric j's public schedule still to come
+        # (`Schedule.left`) minus what is charged already; per metric per quote, this loop is the
+        # quote's cost in a wide scope
         charged = snap.charged_after
-        last = period_start + cfg.period_s - 1
-        # no window starting before S is released (the public schedule): none is still to come
-        lo = schedule_start if schedule_start is not None and schedule_start > period_start else period_start
+        period_s = cfg.period_s
         total = 0
-        for name, k, size, every in shape.rows:
-            first = window_end - size
-            if first < lo:
-                first = lo
-            first = -(-first // every) * every
-            left = ((last - first) // every + 1 if first <= last else 0) - charged.get(name, 0)
+        for name, k, windows_left in _schedules_of(shape, schedule_start):
+            left = windows_left(period_start, period_s, window_end) - charged.get(name, 0)
             if left < 1 and name == metric:  # already charged: reserve will answer DUPLICATE
                 left = 1
             if left > 0:
@@ -178,9 +190,8 @@ def _demands(
     plan = cfg.metric(metric)
     demands: dict[str, MetricDemand] = {}
     for p in cfg.metrics:
-        left = windows_left(p.window, period_start, cfg.period_s, window_end, schedule_start) - snap.charged_after.get(
-            p.name, 0
-        )
+        schedule = Schedule.of_window(p.window, schedule_start)
+        left = schedule.left(period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
         demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]  # exact Fraction weight
     if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
         demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]  # exact Fraction weight
