@@ -292,7 +292,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "stack: error: --redis-port 9092: already used by --kafka-port: give each service its own port",
-        "stack: error: service 'nope': unknown: choose from redis, kafka, alertmanager, prometheus",
+        "stack: error: service 'nope': unknown: choose from redis, kafka, exporter, alertmanager, prometheus",
     ]
 
 

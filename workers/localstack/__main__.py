@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = ["main", "build_parser"]
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from dpstream.topology.errors import ConfigError, DpstreamError
 from dpstream.workers.localstack.monitoring import EXPORTER_PORT, check_user_configs
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import Ports
-from dpstream.workers.localstack.stack import CORE, MONITORING, Service, Stack, StackConfig
+from dpstream.workers.localstack.stack import CORE, MONITORING, Service, ServiceStatus, Stack, StackConfig
 
 _DEFAULTS = Ports()
 _PORT_HELP = {
@@ -38,12 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
         "services",
         nargs="*",
         metavar="SERVICE",
-        help="kafka, redis, prometheus, alertmanager (default for up: kafka redis; for status/down: all)",
+        help="kafka, redis, exporter, prometheus, alertmanager (default for up: kafka redis; for status/down: all)",
     )
     parser.add_argument(
         "--home", type=Path, default=None, help="state directory (default $DPSTREAM_HOME or ~/.cache/dpstream)"
     )
-    parser.add_argument("--with-monitoring", action="store_true", help="up: also Prometheus and Alertmanager")
+    parser.add_argument(
+        "--with-monitoring",
+        action="store_true",
+        help="up: also `dpstream exporter` (needs --topology), Prometheus scraping it, and Alertmanager",
+    )
+    parser.add_argument(
+        "--topology",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="up: the topology whose budgets the exporter serves (read with DPSTREAM_KAFKA / DPSTREAM_REDIS set "
+        "to the stack's addresses)",
+    )
     parser.add_argument(
         "--brokers",
         type=int,
@@ -59,12 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
             flag, dest=f"{name}_port", type=int, default=default, metavar="N", help=f"{note} (default {default})"
         )
     parser.add_argument(
+        "--exporter-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the exporter's port (default: a free one picked at start); the default prometheus.yml scrapes the "
+        f"running exporter, else this port, else {EXPORTER_PORT}",
+    )
+    parser.add_argument(
         "--prometheus-config",
         type=Path,
         default=None,
         metavar="FILE",
         help="prometheus.yml to use instead of the default (which loads deploy/prometheus/rules.yml and scrapes "
-        f"jobs dpstream-worker and dpstream-exporter, the latter on the exporter's default port {EXPORTER_PORT})",
+        "jobs dpstream-worker on --worker-metrics-port and dpstream-exporter on the exporter's port)",
     )
     parser.add_argument(
         "--alertmanager-config",
@@ -96,6 +117,10 @@ def _run(args: argparse.Namespace) -> int:
     services = _services(args)
     if args.action == "up":  # before anything starts: a bad path must not leave earlier services running
         check_user_configs(args.prometheus_config, args.alertmanager_config)
+        if args.topology is not None and Service.EXPORTER not in services:
+            raise ConfigError(
+                f"--topology {args.topology}: only the exporter reads it: add --with-monitoring (or service exporter)"
+            )
     ports = Ports(
         kafka=args.kafka_port,
         kafka_controller=args.kafka_controller_port,
@@ -103,12 +128,14 @@ def _run(args: argparse.Namespace) -> int:
         prometheus=args.prometheus_port,
         alertmanager=args.alertmanager_port,
         worker_metrics=args.worker_metrics_port,
+        exporter=args.exporter_port,
     )
     config = StackConfig(
         home=(args.home.expanduser().resolve() if args.home else default_home()),
         ports=ports,
         prometheus_config=args.prometheus_config,
         alertmanager_config=args.alertmanager_config,
+        topology=args.topology,
     )
     stack = Stack(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True), brokers=args.brokers)
     action = {"up": stack.up, "status": stack.status, "down": stack.down}[args.action]
@@ -117,9 +144,26 @@ def _run(args: argparse.Namespace) -> int:
     print(f"# {args.action}: state in {config.home} ({time.monotonic() - started:.1f} s)")
     for status in statuses:
         print(status.line())
-    if len(stack.kafka_cluster.nodes) > 1 and args.action != "down":
-        print(f"# kafka bootstrap: {stack.kafka_cluster.bootstrap}")
+    if args.action != "down":
+        for line in _after_lines(stack, statuses):
+            print(line)
     return 0
+
+
+def _after_lines(stack: Stack, statuses: list[ServiceStatus]) -> list[str]:
+    """What `up` and `status` print after the table: the Prometheus URL, and the exports to paste (for the
+    running Kafka and Redis) under the names the example topologies read."""
+    running = {s.service for s in statuses if s.up}
+    lines = []
+    if len(stack.kafka_cluster.nodes) > 1 and Service.KAFKA in running:
+        lines.append(f"# kafka bootstrap: {stack.kafka_cluster.bootstrap}")
+    if Service.PROMETHEUS in running:
+        lines.append(f"# prometheus: {stack.prometheus.url} (targets: {stack.prometheus.url}/targets)")
+    exports = stack.exports(running)
+    if exports:
+        lines.append("# paste into your shell (topology/examples read these):")
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

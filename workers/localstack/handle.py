@@ -69,7 +69,7 @@ class ServiceHandle(ABC):
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._prepare()
-        self._process.spawn(self._argv(), self._port, cwd=self.data_dir)
+        self._process.spawn(self._argv(), self._port, cwd=self.data_dir, env=self._env())
         self._wait_ready()
         return True
 
@@ -89,6 +89,10 @@ class ServiceHandle(ABC):
         """Last lines of every non-empty log of the service, for error messages."""
         parts = [tail(path, lines) for path in self.log_files() if path.exists() and path.stat().st_size > 0]
         return "\n".join(parts) if parts else f"(no log output in {self.data_dir})"
+
+    def _env(self) -> dict[str, str] | None:
+        """The child's environment; None inherits this process's (every service but the exporter)."""
+        return None
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

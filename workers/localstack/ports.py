@@ -14,7 +14,7 @@ HOST = "127.0.0.1"
 
 @dataclass(frozen=True)
 class Ports:
-    """One port per service, all on 127.0.0.1; checked to be valid and distinct."""
+    """One port per service, all on 127.0.0.1; checked to be valid and distinct (the exporter's when given)."""
 
     kafka: int = 9092
     kafka_controller: int = 19093
@@ -22,11 +22,15 @@ class Ports:
     prometheus: int = 9090
     alertmanager: int = 9093
     worker_metrics: int = 6066
+    exporter: int | None = None
+    """`dpstream exporter`'s port when the stack runs it; None picks a free one at start."""
 
     def __post_init__(self) -> None:
         seen: dict[int, str] = {}
         for field in fields(self):
             value = getattr(self, field.name)
+            if value is None and field.name == "exporter":
+                continue
             flag = "--" + field.name.replace("_", "-") + "-port"
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
                 raise ConfigError(f"{flag} {value!r}: not a TCP port: use an integer in 1..65535")

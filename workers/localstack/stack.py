@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["Service", "CORE", "MONITORING", "ServiceStatus", "StackConfig", "Stack"]
+__all__ = ["Service", "CORE", "MONITORING", "KAFKA_ENV", "REDIS_ENV", "ServiceStatus", "StackConfig", "Stack"]
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
+from dpstream.workers.localstack.exporter import ExporterHandle
 from dpstream.workers.localstack.handle import Progress, ServiceHandle, no_progress
 from dpstream.workers.localstack.kafka import KafkaCluster, KafkaHandle
-from dpstream.workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
+from dpstream.workers.localstack.monitoring import EXPORTER_PORT, AlertmanagerHandle, PrometheusHandle
 from dpstream.workers.localstack.paths import default_home
 from dpstream.workers.localstack.ports import HOST, Ports
 from dpstream.workers.localstack.redis import RedisHandle
@@ -25,6 +27,8 @@ class Service(Enum):
     """Budget ledger store (AOF, fsync always)."""
     KAFKA = "kafka"
     """Event source, partials and releases topics."""
+    EXPORTER = "exporter"
+    """`dpstream exporter`: the budget gauges of the stack's Redis for one topology (needs `topology`)."""
     ALERTMANAGER = "alertmanager"
     """Receives the budget alerts (the webhook receivers of the monitored stack)."""
     PROMETHEUS = "prometheus"
@@ -32,7 +36,11 @@ class Service(Enum):
 
 
 CORE: tuple[Service, ...] = (Service.REDIS, Service.KAFKA)
-MONITORING: tuple[Service, ...] = (Service.ALERTMANAGER, Service.PROMETHEUS)
+MONITORING: tuple[Service, ...] = (Service.EXPORTER, Service.ALERTMANAGER, Service.PROMETHEUS)
+
+KAFKA_ENV = "DPSTREAM_KAFKA"
+REDIS_ENV = "DPSTREAM_REDIS"
+"""The variables the example topologies read (`${DPSTREAM_KAFKA:-...}`): `up` and `status` print them to paste."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,9 @@ class ServiceStatus:
     def line(self) -> str:
         """One aligned line: service, up/down, pid, port, address, note."""
         pid = str(self.pid) if self.pid is not None else "-"
+        port = str(self.port) if self.port else "-"  # 0: picked at start (the exporter without --exporter-port)
         name = self.name or self.service.value
-        text = f"{name:<13} {'up' if self.up else 'down':<5} pid {pid:<8} port {self.port:<6} {self.address}"
+        text = f"{name:<13} {'up' if self.up else 'down':<5} pid {pid:<8} port {port:<6} {self.address}"
         return f"{text}  ({self.note})" if self.note else text
 
 
@@ -66,6 +75,8 @@ class StackConfig:
     alertmanager_config: Path | None = None
     kafka_libs: Path | None = None
     """Kafka's jars; default `<home>/kafka/libs` (a second home can share the first one's download)."""
+    topology: Path | None = None
+    """The topology the exporter serves the budgets of (required to start the exporter)."""
 
 
 class Stack:
@@ -89,6 +100,13 @@ class Stack:
         self._handles: dict[Service, ServiceHandle] = {
             Service.REDIS: RedisHandle(ports.redis, home / "redis", progress=progress),
             Service.KAFKA: self._cluster.nodes[0],
+            Service.EXPORTER: ExporterHandle(
+                ports.exporter,
+                home / "exporter",
+                self.config.topology,
+                avoid=frozenset(p for p in dataclasses.astuple(ports) if p is not None),
+                progress=progress,
+            ),
             Service.ALERTMANAGER: AlertmanagerHandle(
                 ports.alertmanager, home / "alertmanager", self.config.alertmanager_config, progress=progress
             ),
@@ -125,12 +143,48 @@ class Stack:
         assert isinstance(handle, RedisHandle)
         return handle
 
+    @property
+    def exporter(self) -> ExporterHandle:
+        """The exporter handle (`.url`)."""
+        handle = self._handles[Service.EXPORTER]
+        assert isinstance(handle, ExporterHandle)
+        return handle
+
+    @property
+    def prometheus(self) -> PrometheusHandle:
+        """The Prometheus handle (`.url`)."""
+        handle = self._handles[Service.PROMETHEUS]
+        assert isinstance(handle, PrometheusHandle)
+        return handle
+
+    def exports(self, services: Iterable[Service] = CORE) -> dict[str, str]:
+        """`KAFKA_ENV` / `REDIS_ENV` and their values, for those of `services` that are running (live ports)."""
+        wanted = set(services)
+        out = {}
+        if Service.KAFKA in wanted and self.kafka.is_running():
+            out[KAFKA_ENV] = self._cluster.bootstrap
+        if Service.REDIS in wanted and self.redis.is_running():
+            out[REDIS_ENV] = self.redis.url
+        return out
+
+    def exporter_scrape_port(self) -> int:
+        """The port the default prometheus.yml scrapes as dpstream-exporter: the running exporter's, else
+        the configured `--exporter-port`, else the exporter's own default."""
+        if self.exporter.is_running():
+            return self.exporter.port
+        return self.config.ports.exporter or EXPORTER_PORT
+
     def up(self, services: Iterable[Service] = CORE) -> list[ServiceStatus]:
-        """Start the services that are not running, in dependency order; running ones are left alone."""
+        """Start the services that are not running, in dependency order; running ones are left alone.
+        Everything that can be refused (the exporter's topology) is refused before anything starts."""
+        ordered = _ordered(services)
+        if Service.EXPORTER in ordered and not self.exporter.is_running():
+            self.exporter.check(self._child_env())
         statuses = []
-        for service in _ordered(services):
+        for service in ordered:
             handle = self._handles[service]
             started_at = time.monotonic()
+            self._wire(service)
             if service is Service.KAFKA and len(self._cluster.nodes) > 1:
                 note = f"cluster started in {time.monotonic() - started_at:.1f} s" if self._cluster.start() else ""
                 statuses += [replace(s, note=note or "already up") for s in self._kafka_statuses()]
@@ -140,7 +194,7 @@ class Stack:
             else:
                 note = "already up"
                 wanted = self._configured_port(service)
-                if handle.port != wanted:
+                if wanted is not None and handle.port != wanted:
                     note += f" on port {handle.port}, not {wanted}: run `down` first to move it"
             statuses.append(self._status(service, note))
         return statuses
@@ -178,8 +232,21 @@ class Stack:
             out.append(ServiceStatus(Service.KAFKA, pid is not None, pid, node.port, f"{HOST}:{node.port}", name=name))
         return out
 
-    def _configured_port(self, service: Service) -> int:
-        return int(getattr(self.config.ports, service.value))
+    def _child_env(self) -> dict[str, str]:
+        """The stack's addresses under the variables topologies read (live ports, else configured ones)."""
+        return {KAFKA_ENV: self._cluster.bootstrap, REDIS_ENV: self.redis.url}
+
+    def _wire(self, service: Service) -> None:
+        """Give a service the live addresses of the ones started before it."""
+        if service is Service.EXPORTER:
+            self.exporter.redis_url = self.redis.url
+            self.exporter.env = self._child_env()
+        elif service is Service.PROMETHEUS:
+            self.prometheus.exporter_port = self.exporter_scrape_port()
+
+    def _configured_port(self, service: Service) -> int | None:
+        port = getattr(self.config.ports, service.value)
+        return int(port) if port is not None else None
 
     def _status(self, service: Service, note: str = "") -> ServiceStatus:
         handle = self._handles[service]
@@ -188,7 +255,10 @@ class Stack:
         address = {
             Service.KAFKA: f"{HOST}:{port}",
             Service.REDIS: f"redis://{HOST}:{port}/0",
+            Service.EXPORTER: f"http://{HOST}:{port}/metrics",
         }.get(service, f"http://{HOST}:{port}")
+        if not port:  # the exporter's port is picked when it starts
+            address = "-"
         return ServiceStatus(service=service, up=pid is not None, pid=pid, port=port, address=address, note=note)
 
 
