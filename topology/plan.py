@@ -66,6 +66,8 @@ unrounded; `null` marks a value that does not apply.
               "partition_selection": bool,   # data-derived keys pass DP partition selection
               "selection_delta": float,      # δ of one release's partition selection (0 if keys are declared)
               "k": int | null,               # top-k only
+              "typical": {...} | absent,     # only with `plan --typical` / `--sample`: `TypicalComparison`
+                                             # {value, origin, ci95_half_width, ci_over_typical, exceeds, warning}
               "components": [                # noisy parts of one release ('value'; 'sum'+'count' of a noisy
                                              # mean; 'selection'+'value' of a top-k over data-derived keys)
                 {
@@ -107,12 +109,17 @@ __all__ = [
     "HorizonGuarantee",
     "ScopePlan",
     "Plan",
+    "TypicalComparison",
+    "compare_typical",
+    "typical_warning",
+    "format_ratio",
     "build_plan",
     "scope_plan",
     "plan_to_json",
 ]
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -427,6 +434,62 @@ def build_plan(topology: Topology) -> Plan:
     )
 
 
+@dataclass(frozen=True)
+class TypicalComparison:
+    """A metric's 95 % CI half-width against a typical true value per window (`plan --typical/--sample`)."""
+
+    metric: str
+    value: float
+    """The typical true value of one release (per key: see `plan --help`)."""
+    origin: str
+    """Where it came from: 'typical' (given on the command line) or 'sample' (computed from events)."""
+    ci95_half_width: float | None
+    """The release's own 95 % half-width in value units; None when the plan has none (top-k, a ratio mean)."""
+
+    @property
+    def ratio(self) -> float | None:
+        """CI / |typical| (inf for a typical value of 0); None when there is no CI to compare."""
+        if self.ci95_half_width is None:
+            return None
+        return self.ci95_half_width / abs(self.value) if self.value else math.inf
+
+    @property
+    def exceeds(self) -> bool:
+        """True when the noise's 95 % interval is wider than the value itself: noise swamps the signal."""
+        return self.ratio is not None and self.ratio > 1.0
+
+
+def compare_typical(metric: MetricPlan, value: float, origin: str) -> TypicalComparison:
+    """`metric`'s CI against `value`: counts, sums and public-denominator means compare their one 'value'
+    part; a mean over a noisy count has no CI of its own in the plan and top-k has none (n/a)."""
+    parts = {c.component: c for c in metric.components}
+    value_part = parts.get("value")
+    ci = value_part.ci95_half_width if metric.aggregate != "top_k" and value_part is not None else None
+    return TypicalComparison(metric.name, value, origin, ci)
+
+
+def format_ratio(ratio: float | None) -> str:
+    """CI / typical as text: three significant digits, whole numbers from 1000 on, '∞', or 'n/a' (no CI)."""
+    if ratio is None:
+        return "n/a"
+    if not math.isfinite(ratio):
+        return "∞"
+    return f"{ratio:,.0f}" if ratio >= 1000 else f"{ratio:.3g}"
+
+
+def typical_warning(metric: MetricPlan, t: TypicalComparison) -> str | None:
+    """The one-line warning when the 95 % CI exceeds the typical value (None otherwise), with what would
+    narrow it. The topology has no `contribution.max_windows` yet: the line says "(when available)"."""
+    if not t.exceeds:
+        return None
+    return (
+        f"WARNING {metric.name}: 95% CI ±{t.ci95_half_width:.4g} is {format_ratio(t.ratio)}× "
+        f"its typical value {t.value:.4g} per window (noise swamps the signal); "
+        f"try a longer window (now {format_duration(metric.window_size_s)}), "
+        f"a larger weight (now {metric.weight_share:.3f} of the scope), or contribution.max_windows (when available)"
+    )
+
+
 def _component_json(c: NoiseComponentPlan) -> dict[str, Any]:
     return {
         "component": c.component,
@@ -441,8 +504,20 @@ def _component_json(c: NoiseComponentPlan) -> dict[str, Any]:
     }
 
 
-def _metric_json(m: MetricPlan) -> dict[str, Any]:
+def _typical_json(t: TypicalComparison, warning: str | None) -> dict[str, Any]:
+    ratio = t.ratio
     return {
+        "value": t.value,
+        "origin": t.origin,
+        "ci95_half_width": t.ci95_half_width,
+        "ci_over_typical": ratio if ratio is None or math.isfinite(ratio) else None,
+        "exceeds": t.exceeds,
+        "warning": warning,
+    }
+
+
+def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dict[str, Any]:
+    doc = {
         "name": m.name,
         "aggregate": m.aggregate,
         "mechanism": m.mechanism.value,
@@ -471,9 +546,13 @@ def _metric_json(m: MetricPlan) -> dict[str, Any]:
         "k": m.k,
         "components": [_component_json(c) for c in m.components],
     }
+    t = typical.get(m.name)
+    if t is not None:
+        doc["typical"] = _typical_json(t, typical_warning(m, t))
+    return doc
 
 
-def _scope_json(s: ScopePlan) -> dict[str, Any]:
+def _scope_json(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> dict[str, Any]:
     h = s.horizon
     return {
         "name": s.name,
@@ -505,18 +584,20 @@ def _scope_json(s: ScopePlan) -> dict[str, Any]:
             "naive_epsilon": h.naive_epsilon,
             "naive_delta": h.naive_delta,
         },
-        "metrics": [_metric_json(m) for m in s.metrics],
+        "metrics": [_metric_json(m, typical) for m in s.metrics],
     }
 
 
-def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """The plan as plain JSON data, in the documented shape of this module's docstring."""
+def plan_to_json(plan: Plan, typical: Mapping[str, TypicalComparison] | None = None) -> dict[str, Any]:
+    """The plan as plain JSON data, in the documented shape of this module's docstring; `typical`
+    (metric → comparison) adds each named metric's `typical` object."""
+    typical = typical or {}
     return {
         "plan_version": PLAN_JSON_VERSION,
         "topology": plan.topology_path,
         "topology_version": plan.topology_version,
         "publish_delay_s": plan.publish_delay_s,
-        "scopes": [_scope_json(s) for s in plan.scopes],
+        "scopes": [_scope_json(s, typical) for s in plan.scopes],
         "privacy_units": [_unit_json(u) for u in plan.privacy_units],
     }
 

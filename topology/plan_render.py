@@ -4,9 +4,11 @@ from __future__ import annotations
 
 __all__ = ["render_plan"]
 
+from collections.abc import Mapping
+
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import EVENT_LEVEL_LABEL
-from dpstream.topology.plan import MetricPlan, Plan, ScopePlan
+from dpstream.topology.plan import MetricPlan, Plan, ScopePlan, TypicalComparison, format_ratio, typical_warning
 
 
 def _num(x: float | None) -> str:
@@ -35,7 +37,14 @@ def _window(m: MetricPlan) -> str:
     return f"hopping {format_duration(m.window_size_s)}/{format_duration(m.window_every_s)} (x{m.overlap})"
 
 
-def _scope_lines(s: ScopePlan) -> list[str]:
+def _ratio(t: TypicalComparison | None) -> str:
+    """CI / typical as text: '-' without a typical value, 'n/a' when the plan has no CI to compare."""
+    if t is None:
+        return "-"
+    return format_ratio(t.ratio)
+
+
+def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list[str]:
     cur = "ρ" if s.currency == "rho" else "ε"
     promise = f"ε={_num(s.epsilon)}" + (f", δ={s.delta:g}" if s.delta else " (pure)")
     lines = [
@@ -82,6 +91,9 @@ def _scope_lines(s: ScopePlan) -> list[str]:
         "95% CI ±",
         "E|err|",
     ]
+    compare = any(m.name in typical for m in s.metrics)
+    if compare:
+        header += ["typical", "CI/typ"]
     rows: list[list[str]] = []
     for m in s.metrics:
         label = m.name + (f" [{EVENT_LEVEL_LABEL}]" if m.event_level else "")
@@ -114,15 +126,25 @@ def _scope_lines(s: ScopePlan) -> list[str]:
                     _num(c.expected_abs_error),
                 ]
             )
+            if compare:
+                t = typical.get(m.name)
+                rows[-1] += [_num(t.value) if t is not None else "-", _ratio(t)] if i == 0 else ["", ""]
     if rows:
         lines += ["  " + r for r in _table(header, rows)]
     else:
         lines.append("  (no metric draws on this scope)")
+    for m in s.metrics:
+        t = typical.get(m.name)
+        warning = typical_warning(m, t) if t is not None else None
+        if warning:
+            lines.append("  " + warning)
     return lines
 
 
-def render_plan(plan: Plan) -> str:
-    """The plan as a text report: one block per scope, one row per noisy part of a release."""
+def render_plan(plan: Plan, typical: Mapping[str, TypicalComparison] | None = None) -> str:
+    """The plan as a text report: one block per scope, one row per noisy part of a release; with
+    `typical` (metric → comparison), columns typical and CI/typ and a warning line where CI > typical."""
+    typical = typical or {}
     lines = [
         f"plan of {plan.topology_path or '<topology>'} (version {plan.topology_version})",
         f"releases: published at P(w) = close time + publish_delay {format_duration(plan.publish_delay_s)}, "
@@ -130,7 +152,7 @@ def render_plan(plan: Plan) -> str:
         "",
     ]
     for s in plan.scopes:
-        lines += _scope_lines(s) + [""]
+        lines += _scope_lines(s, typical) + [""]
     for unit in plan.privacy_units:
         if unit.composes:
             scopes = ", ".join(s.scope for s in unit.scopes)
@@ -148,4 +170,9 @@ def render_plan(plan: Plan) -> str:
         "  L2 sensitivity, what one person can move it by under the contribution bounds.",
         "scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.",
     ]
+    if typical:
+        lines.append(
+            "CI/typ: the 95% CI half-width over the typical true value per window (n/a: top-k, or a mean "
+            "whose count is noisy, has no CI of its own here)."
+        )
     return "\n".join(lines)
