@@ -18,6 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.periods import period_id
 from dpstream.topology.plan import build_plan
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger import LedgerUnavailable, Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import REASONS
@@ -31,7 +32,6 @@ from dpstream.workers.telemetry.budget import (
     planned_ratio,
     planned_spend_rate,
     planned_spent,
-    windows_ended,
 )
 from dpstream.workers.telemetry.histogram import LabelledHistogram
 from dpstream.workers.telemetry.ledger_proxy import LEDGER_OPS, LedgerTimings, TimedLedger
@@ -84,23 +84,23 @@ def _topology(accounting: str = "zcdp"):
 # ---- plan arithmetic --------------------------------------------------------------------------------
 
 
-def test_windows_ended_tumbling_hopping_and_the_period_edges() -> None:
+def test_schedule_ended_tumbling_hopping_and_the_period_edges() -> None:
     end = P0 + DAY
-    assert windows_ended(P0, end, HOUR, HOUR, P0) == 0
-    assert windows_ended(P0, end, HOUR, HOUR, P0 + HOUR - 0.001) == 0
-    assert windows_ended(P0, end, HOUR, HOUR, P0 + HOUR) == 1  # [P0, P0+1h) has just ended
-    assert windows_ended(P0, end, HOUR, HOUR, P0 + 12.5 * HOUR) == 12
-    assert windows_ended(P0, end, HOUR, HOUR, end) == 24
-    assert windows_ended(P0, end, HOUR, HOUR, end + 5 * DAY) == 24  # only this period's windows
-    assert windows_ended(P0, end, DAY, DAY, end - 1) == 0 and windows_ended(P0, end, DAY, DAY, end) == 1
+    assert Schedule(HOUR, HOUR).ended(P0, end, P0) == 0
+    assert Schedule(HOUR, HOUR).ended(P0, end, P0 + HOUR - 0.001) == 0
+    assert Schedule(HOUR, HOUR).ended(P0, end, P0 + HOUR) == 1  # [P0, P0+1h) has just ended
+    assert Schedule(HOUR, HOUR).ended(P0, end, P0 + 12.5 * HOUR) == 12
+    assert Schedule(HOUR, HOUR).ended(P0, end, end) == 24
+    assert Schedule(HOUR, HOUR).ended(P0, end, end + 5 * DAY) == 24  # only this period's windows
+    assert Schedule(DAY, DAY).ended(P0, end, end - 1) == 0 and Schedule(DAY, DAY).ended(P0, end, end) == 1
     # hopping 2h every 1h: 24 windows start in the period; the last one ends an hour into the next period
-    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + HOUR) == 0
-    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + 2 * HOUR) == 1
-    assert windows_ended(P0, end, 2 * HOUR, HOUR, end) == 23
-    assert windows_ended(P0, end, 2 * HOUR, HOUR, end + HOUR) == 24
+    assert Schedule(2 * HOUR, HOUR).ended(P0, end, P0 + HOUR) == 0
+    assert Schedule(2 * HOUR, HOUR).ended(P0, end, P0 + 2 * HOUR) == 1
+    assert Schedule(2 * HOUR, HOUR).ended(P0, end, end) == 23
+    assert Schedule(2 * HOUR, HOUR).ended(P0, end, end + HOUR) == 24
     # the window starting an hour before the period belongs to the previous period, not this one
-    assert windows_ended(P0, end, 2 * HOUR, HOUR, P0 + HOUR + 1) == 0
-    assert windows_ended(P0, end, HOUR, HOUR, P0 - HOUR) == 0
+    assert Schedule(2 * HOUR, HOUR).ended(P0, end, P0 + HOUR + 1) == 0
+    assert Schedule(HOUR, HOUR).ended(P0, end, P0 - HOUR) == 0
 
 
 def test_planned_ratio_spreads_the_pool_by_weight_over_each_metrics_releases() -> None:

@@ -49,7 +49,6 @@ __all__ = [
     "planned_ratio",
     "planned_spend_rate",
     "planned_spent",
-    "windows_ended",
 ]
 
 import asyncio
@@ -67,6 +66,7 @@ from prometheus_client.registry import Collector
 from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.allocation import state_of
 from dpstream.workers.ledger.types import AuditKind, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, share_of_units, units_to_float
@@ -107,32 +107,11 @@ _KNOWN_TIMES = 4096
 # ---- plan arithmetic (pure) -------------------------------------------------------------------
 
 
-def windows_ended(period_start: int, period_end: int, size_s: int, every_s: int, now: float) -> int:
-    """How many of one metric's windows belonging to the period [period_start, period_end) have
-    ended by `now`. A window belongs to the period its start lies in (the period it is charged to);
-    starts are multiples of `every_s` (the public schedule's grid); window [s, s + size_s) has ended
-    when s + size_s <= now."""
-    if every_s <= 0 or size_s <= 0 or period_end <= period_start:
-        return 0
-    first = -(-period_start // every_s) * every_s
-    last_in_period = ((period_end - 1) // every_s) * every_s
-    last_ended = math.floor((now - size_s) / every_s) * every_s
-    last = min(last_in_period, last_ended)
-    return 0 if last < first else int((last - first) // every_s) + 1
-
-
-def _windows_from(first_start: int, period_end: int, every_s: int) -> int:
-    """How many grid windows (starts multiples of `every_s`) start in [first_start, period_end)."""
-    if every_s <= 0 or period_end <= first_start:
-        return 0
-    first = -(-first_start // every_s) * every_s
-    last = ((period_end - 1) // every_s) * every_s
-    return 0 if last < first else (last - first) // every_s + 1
-
-
-def _first_period_start(period_start: int, schedule_start: int | None) -> int | None:
-    """S when it lies after the period start (the deployment's first period), else None."""
-    return int(schedule_start) if schedule_start is not None and schedule_start > period_start else None
+def _schedules(scope_plan: Any, schedule_start: int | None) -> list[tuple[float, Schedule]]:
+    """(per-release cost, public schedule from S) of each metric of the plan."""
+    return [
+        (m.per_release_cost, Schedule(m.window_size_s, m.window_every_s, schedule_start)) for m in scope_plan.metrics
+    ]
 
 
 def planned_spent(
@@ -148,21 +127,13 @@ def planned_spent(
     (c_j the per-release cost above, n_j the windows the period releases from S), so the plan
     counts only those windows too and still reaches the pool. S at or before the period start
     changes nothing."""
-    start = _first_period_start(period_start, schedule_start)
-    if start is None:
-        return math.fsum(
-            m.per_release_cost * windows_ended(period_start, period_end, m.window_size_s, m.window_every_s, now)
-            for m in scope_plan.metrics
-        )
-    released = math.fsum(
-        m.per_release_cost * _windows_from(start, period_end, m.window_every_s) for m in scope_plan.metrics
-    )
+    schedules = _schedules(scope_plan, schedule_start)
+    if schedule_start is None or schedule_start <= period_start:
+        return math.fsum(cost * s.ended(period_start, period_end, now) for cost, s in schedules)
+    released = math.fsum(cost * s.starts_in(period_start, period_end) for cost, s in schedules)
     if released <= 0:
         return 0.0  # no window of this period is released: the plan spends nothing in it
-    ended = math.fsum(
-        m.per_release_cost * windows_ended(start, period_end, m.window_size_s, m.window_every_s, now)
-        for m in scope_plan.metrics
-    )
+    ended = math.fsum(cost * s.ended(period_start, period_end, now) for cost, s in schedules)
     return float(scope_plan.pool) * ended / released
 
 
@@ -191,12 +162,11 @@ def planned_spend_rate(
     have no series, as for a scope with nothing planned). From the next period on it is the pool
     over the period's length again."""
     period_s = float(scope_plan.period_s)
-    start = _first_period_start(period_start, schedule_start) if period_start is not None else None
-    if start is None or period_end is None:
+    if period_start is None or period_end is None or schedule_start is None or schedule_start <= period_start:
         return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
-    if not any(_windows_from(start, period_end, m.window_every_s) for m in scope_plan.metrics):
+    if not any(s.starts_in(period_start, period_end) for _, s in _schedules(scope_plan, schedule_start)):
         return 0.0
-    return float(scope_plan.pool) / (period_end - start)
+    return float(scope_plan.pool) / (period_end - int(schedule_start))
 
 
 def as_published(status: Any, unpublished_units: int) -> Any:
