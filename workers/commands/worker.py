@@ -7,14 +7,22 @@ __all__ = ["register"]
 import argparse
 import contextlib
 import errno
+import logging
 import os
 import socket
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dpstream.topology.model import Topology
+
+LIBRARY_LOGGERS = ("faust", "mode", "aiokafka", "kafka", "aiohttp")
+"""Faust's, its service library's, the Kafka clients' and the web server's loggers: at WARNING unless
+`--loglevel DEBUG` (their INFO is a page per start and a line per rebalance or scrape)."""
+
+DEFAULT_LEVEL = logging.INFO
+"""dpstream's own level without `--loglevel`: one line per published release (and little else)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created when missing")
     parser.add_argument("--datadir", default=None, help="Faust data directory (default: a per-worker temp dir)")
-    parser.add_argument("--loglevel", default="WARNING", help="log level (default WARNING)")
+    parser.add_argument(
+        "--loglevel",
+        "--log-level",
+        dest="loglevel",
+        default=None,
+        metavar="LEVEL",
+        help="dpstream's log level (default INFO: one line per published release, from its public record); "
+        "Faust's, aiokafka's and mode's stay at WARNING unless LEVEL is DEBUG",
+    )
     parser.add_argument(
         "--role",
         choices=("all", "ingest", "release"),
@@ -74,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--web-port {args.web_port}: out of range; give 1-65535")
     if args.curator_metrics and args.web_port is None:
         raise ConfigError("--curator-metrics: no /metrics to serve them on; give --web-port N too")
+    handler_level, logging_config = worker_logging(args.loglevel)
     if args.nice:
         os.nice(args.nice)
 
@@ -105,7 +122,34 @@ def _run(args: argparse.Namespace) -> int:
             datadir=datadir,
             kafka_security=KafkaSecurity.from_env(kafka=topology.kafka),
         )
-        return run_worker(build_runtime(topology, settings, role), loglevel=args.loglevel)
+        runtime = build_runtime(topology, settings, role)
+        runtime.app.conf.logging_config = logging_config  # faust.Worker merges it into its own setup
+        return run_worker(runtime, loglevel=handler_level)
+
+
+def worker_logging(given: str | None) -> tuple[str, dict[str, Any]]:
+    """(the level of Faust's log handler, the `logging_config` faust.Worker merges into its own) for
+    `--loglevel given`: dpstream at `given` (default INFO), the root and `LIBRARY_LOGGERS` at
+    WARNING or higher, unless `given` is DEBUG (then everything at DEBUG). Only levels change here;
+    what dpstream logs is its own choice (release lines come from public records only)."""
+    from dpstream.topology.errors import ConfigError
+
+    names = logging.getLevelNamesMapping()
+    if given is not None and given.upper() not in names:
+        choices = ", ".join(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+        raise ConfigError(f"--loglevel {given}: not a log level; give one of {choices}")
+    ours = names[given.upper()] if given is not None else DEFAULT_LEVEL
+    theirs = ours if ours <= logging.DEBUG else max(ours, logging.WARNING)
+    name = logging.getLevelName
+    config = {
+        "merge": True,  # mode keeps its handler (at `ours`, the lowest level here) and formatter
+        "root": {"level": name(theirs)},
+        "loggers": {
+            "dpstream": {"level": name(ours)},
+            **{library: {"level": name(theirs)} for library in LIBRARY_LOGGERS},
+        },
+    }
+    return name(ours), config
 
 
 _LISTEN_FIXES = {

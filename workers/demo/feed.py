@@ -17,36 +17,23 @@ __all__ = [
 
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from dpstream.workers.release.display import (
+    grouped_cells,
+    half_width,
+    is_grouped,
+    number,
+    release_cell,
+    release_head,
+)
 
 TRUTH_LABEL = "(truth shown only in the demo)"
 
 _METRIC_W = 16
 _WINDOW_W = 17
 _RATIO_W = 7
-
-
-def _hms(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%H:%M:%S")
-
-
-def _window(window: dict[str, Any]) -> str:
-    return f"{_hms(window['start_epoch'])}–{_hms(window['end_epoch'])}"
-
-
-def _decimals(half_width: float | None) -> int:
-    """Digits worth showing next to a ± of this size: none for ±10 and more, else 1 or 2."""
-    if half_width is None or not math.isfinite(half_width) or half_width >= 10:
-        return 0
-    return 1 if half_width >= 1 else 2
-
-
-def number(value: float | None, half_width: float | None = None) -> str:
-    """A value with the precision its CI deserves (thousands separated); '–' for none."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:,.{_decimals(half_width)}f}"
+"""Column widths of the heads; the rows' own widths live in `workers.release.display`."""
 
 
 def header_lines() -> list[str]:
@@ -58,41 +45,31 @@ def header_lines() -> list[str]:
     ]
 
 
-def _half(record: dict[str, Any], key: str) -> float | None:
-    half = (record.get("ci") or {}).get("half_width")
-    return half.get(key) if isinstance(half, dict) else half
-
-
 def format_release(record: dict[str, Any], truth: dict[str, float] | None = None, note: str = "") -> list[str]:
-    """Rows of one release record: one for an ungrouped metric, two (noisy, then truth) for a grouped one."""
+    """Rows of one release record: one for an ungrouped metric, two (noisy, then truth) for a grouped one.
+    The noisy part is `workers.release.display`'s (the worker logs the same row, without the truth)."""
     if record.get("charge_only"):
         return []
-    ratio = (record.get("budget") or {}).get("ratio_after")
-    ratio_text = f"{100 * ratio:5.2f} %" if isinstance(ratio, (int, float)) else "-"
-    head = f"{record['metric']:<{_METRIC_W}} {_window(record['window']):<{_WINDOW_W}} {ratio_text:>{_RATIO_W}}  "
+    head = release_head(record)
     tail = f"   [{note}]" if note else ""
     if record.get("keys") is not None:  # top-k: a ranking, no CI
         keys = record["keys"]
-        line = "top: " + (", ".join(keys) if keys else "(no key passed selection)")
+        line = release_cell(record)
         if truth:
             ranked = sorted(truth.items(), key=lambda kv: -kv[1])[: len(keys) or 1]
             line += "   truth: " + ", ".join(k for k, _ in ranked)
         return [head + line + tail]
-    values: dict[str, float] = record.get("values") or {}
-    if list(values) in ([], [""]):
-        v, h = values.get(""), _half(record, "")
-        t = (truth or {}).get("")
+    if not is_grouped(record):
+        h = half_width(record, "")
         unit = " s" if record.get("aggregate") == "mean" else ""
-        return [head + f"{number(v, h)} ±{number(h, h)}{unit}   truth {number(t, h)}{unit}" + tail]
+        t = (truth or {}).get("")
+        return [head + release_cell(record) + f"   truth {number(t, h)}{unit}" + tail]
+    pm, noisy_cells = grouped_cells(record)
     cells = []
-    for key, v in values.items():
-        h = _half(record, key)
-        noisy = f"{key} {number(v, h)}"
-        true = f"{key} {number((truth or {}).get(key), h)}"
+    for key, noisy in zip(record["values"], noisy_cells, strict=True):
+        true = f"{key} {number((truth or {}).get(key), half_width(record, key))}"
         width = max(len(noisy), len(true))
         cells.append((noisy.ljust(width), true.ljust(width)))
-    h0 = _half(record, next(iter(values)))
-    pm = f"±{number(h0, h0)}"
     first = head + f"{pm:<8} " + "  ".join(n for n, _ in cells) + tail
     second = " " * len(head) + f"{'truth':<8} " + "  ".join(t for _, t in cells)
     return [first, second.rstrip()]
@@ -128,7 +105,7 @@ class ReleaseTally:
         name = record["metric"]
         self.per_metric[name] = self.per_metric.get(name, 0) + 1
         for key, value in (record.get("values") or {}).items():
-            h, t = _half(record, key), (truth or {}).get(key)
+            h, t = half_width(record, key), (truth or {}).get(key)
             if h is None or t is None or math.isnan(t):
                 continue
             self.compared += 1

@@ -35,6 +35,7 @@ __all__ = ["ReleaseSide", "ReleaseStats", "PublicTimePublisher"]
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -52,6 +53,7 @@ from dpstream.workers.pipeline.merger import MergedWindow, PartitionCountChanged
 from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.release import Releaser, ReleaseResult, sweep
 from dpstream.workers.release.dispatch import MetricReleaseState, ReleaseDispatcher
+from dpstream.workers.release.display import release_line
 from dpstream.workers.release.outcomes import ReleaseOutcome
 from dpstream.workers.release.parking import Parking, is_transient
 from dpstream.workers.release.record import publish_time_of
@@ -204,6 +206,8 @@ class ReleaseSide:
         )
         self._missed: set[bytes] = set()
         """release_ids counted in `publish_misses` (each release once; bounded like `_closed_at`)."""
+        self._logged: set[str] = set()
+        """release_ids whose INFO line this process logged (each release once; bounded like `_missed`)."""
         self._dispatcher = ReleaseDispatcher(
             self._release,
             self._finished,
@@ -478,9 +482,18 @@ class ReleaseSide:
         if result.payload:
             self.stats.last_payload[merged.metric] = result.payload
         closed = self._closed_at.pop((merged.metric, merged.start), None)
-        _log.info(
-            "release %s [%d, %d): %s %s", merged.metric, merged.start, merged.end, result.outcome.value, result.reason
-        )
+        if result.payload:  # published now, or the stored bytes again (duplicate)
+            again = result.outcome is ReleaseOutcome.DUPLICATE
+            self._log_published(result.release_id, result.payload, "republished" if again else "")
+        else:  # refused or expired: no record, the outcome and the ledger's reason
+            _log.info(
+                "release %s [%d, %d): %s %s",
+                merged.metric,
+                merged.start,
+                merged.end,
+                result.outcome.value,
+                result.reason,
+            )
         self.stats.last.append(result)
         del self.stats.last[:-100]
         if result.payload and closed:
@@ -521,6 +534,32 @@ class ReleaseSide:
         async with self._dispatcher.outside_slot():  # the hold until P(w) takes no release slot
             await self._publish(value, key)
 
+    def _log_published(self, release_id: str, payload: bytes, note: str = "") -> None:
+        """One INFO line per release this process published (`display.release_line`, the demo's row, read
+        from the published record: public values, CI and budget ratio only); a release logged once is not
+        logged again, so a retry or sweep of the same stored bytes adds no line."""
+        if release_id in self._logged:
+            return
+        if len(self._logged) >= KEEP_CLOSE_TIMES:
+            self._logged.clear()  # an old release published again later logs a second, 'republished' line
+        self._logged.add(release_id)
+        if not _log.isEnabledFor(logging.INFO):
+            return
+        try:
+            line = release_line(json.loads(payload), note)
+        except (ValueError, KeyError, TypeError) as exc:  # not a release record: a log line must not fail a release
+            _log.warning(
+                "release %s published; its record is unreadable for the log (%s)", release_id, type(exc).__name__
+            )
+            return
+        if line is not None:
+            _log.info("published %s", line)
+
+    async def _publish_swept(self, value: bytes, key: bytes) -> None:
+        """The sweeper's publication of stored bytes, logged as republished once it went out."""
+        await self._publish(value, key)
+        self._log_published(key.decode(), value, "republished")
+
     async def _publish(self, value: bytes, key: bytes) -> None:
         """Every publication of stored bytes (first, retry, sweeper): held until P(w), stamped P(w)."""
         await self._public.publish(value, key)
@@ -535,7 +574,7 @@ class ReleaseSide:
             return
         try:
             skip = self._parking.held_id if self._parking is not None else None
-            await sweep(self._timed_ledger, self._publish, self.settings.sweep_age_s, self._releaser.counts, skip)
+            await sweep(self._timed_ledger, self._publish_swept, self.settings.sweep_age_s, self._releaser.counts, skip)
         except Exception as exc:  # the sweeper retries next round; never crash the worker
             _log.warning("sweeper: round failed (%s); retrying", type(exc).__name__)
         try:

@@ -1,0 +1,92 @@
+"""A release record as one readable row: metric, window (UTC), budget ratio after, noisy value ± 95 % CI.
+
+One home for the row the demo prints and the worker logs (`release_line`). Everything comes from the
+public record (its noisy values, CI and `budget.ratio_after`); nothing here sees a true value (the
+demo adds its truth beside the row itself, `workers.demo.feed`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["grouped_cells", "half_width", "is_grouped", "number", "release_cell", "release_head", "release_line"]
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+_METRIC_W = 16
+_WINDOW_W = 17
+_RATIO_W = 7
+
+
+def _hms(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%H:%M:%S")
+
+
+def _window(window: dict[str, Any]) -> str:
+    return f"{_hms(window['start_epoch'])}–{_hms(window['end_epoch'])}"
+
+
+def _decimals(half: float | None) -> int:
+    """Digits worth showing next to a ± of this size: none for ±10 and more, else 1 or 2."""
+    if half is None or not math.isfinite(half) or half >= 10:
+        return 0
+    return 1 if half >= 1 else 2
+
+
+def number(value: float | None, half: float | None = None) -> str:
+    """A value with the precision its CI deserves (thousands separated); '–' for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{_decimals(half)}f}"
+
+
+def half_width(record: dict[str, Any], key: str) -> float | None:
+    """The 95 % CI half-width of `key`'s value (one number for all keys, or a per-key dict)."""
+    half = (record.get("ci") or {}).get("half_width")
+    return half.get(key) if isinstance(half, dict) else half
+
+
+def release_head(record: dict[str, Any], *, labelled: bool = False) -> str:
+    """The row's fixed columns: metric, window, budget ratio after; `labelled` (a log line, no column
+    heads above it) says UTC after the window and 'budget' before the ratio."""
+    ratio = (record.get("budget") or {}).get("ratio_after")
+    ratio_text = f"{100 * ratio:5.2f} %" if isinstance(ratio, (int, float)) else "-"
+    window = _window(record["window"]) + (" UTC" if labelled else "")
+    budget = "budget " if labelled else ""
+    width = _WINDOW_W + (4 if labelled else 0)
+    return f"{record['metric']:<{_METRIC_W}} {window:<{width}} {budget}{ratio_text:>{_RATIO_W}}  "
+
+
+def release_cell(record: dict[str, Any]) -> str:
+    """The noisy part of a top-k or ungrouped record: 'top: a, b' or 'value ±half' (' s' for a mean)."""
+    keys = record.get("keys")
+    if keys is not None:  # top-k: a ranking, no CI
+        return "top: " + (", ".join(keys) if keys else "(no key passed selection)")
+    values: dict[str, float] = record.get("values") or {}
+    v, h = values.get(""), half_width(record, "")
+    unit = " s" if record.get("aggregate") == "mean" else ""
+    return f"{number(v, h)} ±{number(h, h)}{unit}"
+
+
+def grouped_cells(record: dict[str, Any]) -> tuple[str, list[str]]:
+    """A grouped record's '±half' (of its first key) and one 'key value' cell per key."""
+    values: dict[str, float] = record.get("values") or {}
+    h0 = half_width(record, next(iter(values)))
+    return f"±{number(h0, h0)}", [f"{key} {number(v, half_width(record, key))}" for key, v in values.items()]
+
+
+def is_grouped(record: dict[str, Any]) -> bool:
+    """Whether the record's values are per key (not top-k, not the ungrouped '' alone)."""
+    return record.get("keys") is None and list(record.get("values") or {}) not in ([], [""])
+
+
+def release_line(record: dict[str, Any], note: str = "") -> str | None:
+    """The record as one log line (no truth, UTC and 'budget' labelled), or None for a charge-only marker."""
+    if record.get("charge_only"):
+        return None
+    tail = f"   [{note}]" if note else ""
+    head = release_head(record, labelled=True)
+    if not is_grouped(record):
+        return head + release_cell(record) + tail
+    pm, cells = grouped_cells(record)
+    return head + f"{pm:<8} " + "  ".join(cells) + tail
