@@ -97,12 +97,7 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
         clean_sup = Supervisor(clean_path, bootstrap, servers.clean_redis.url, [Slot("clean", 0)], rng)
         sup.start()
         clean_sup.start()
-        deadline = time.monotonic() + 180
-        while not _ready(bootstrap, chaos.sinks.releases) and time.monotonic() < deadline:
-            sup.tend()
-            clean_sup.tend()
-            time.sleep(1)
-        assert _ready(bootstrap, chaos.sinks.releases), _tail(chaos_path.parent / "w1.log")
+        _wait_first_release(bootstrap, chaos.sinks.releases, chaos_path, sup, clean_sup)
 
         watcher = ReleaseWatcher(bootstrap, chaos.sinks.releases).begin()  # lags by receive time, not Kafka time
         feed_start = time.time()
@@ -111,105 +106,24 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
         producer.start()
         outages: list[tuple[float, float]] = []
         kafka_down: list[tuple[float, float]] = []
-        plan: list[tuple[float, str]] = []
-        c = settings.cycle_s
         long_run = settings.feed_s > 120
-        k = 0
-        while k * c < settings.feed_s - 0.5 * c or k == 0:
-            base = feed_start + k * c
-            plan += [(base, "arm"), (base + 0.12 * c, "worker_sigkill"), (base + 0.88 * c, "worker_sigkill")]
-            if sentinel:
-                plan += [(base + 0.35 * c, "redis_failover")]
-                plan += [(base + 0.70 * c, "kafka_restart")] if long_run else []
-            else:
-                plan += [(base + 0.25 * c, "redis_sigkill"), (base + 0.40 * c, "redis_stop")]
-                plan += [(base + 0.70 * c, "kafka_restart")]
-            k += 1
-        plan.sort()
-        redis_back_at: float | None = None
-        down_since = 0.0
-        while time.time() < feed_end or redis_back_at is not None or plan:
-            now = time.time()
-            if redis_back_at is not None and now >= redis_back_at:
-                servers.redis.start()
-                outages.append((down_since, time.time()))
-                redis_back_at = None
-                sup.paused = False
-            while plan and plan[0][0] <= now and redis_back_at is None:
-                _, action = plan.pop(0)
-                if action == "arm":
-                    for step in ("after_charge", "after_publish"):
-                        sup.arm[step] = sup.arm.get(step, 0) + 1
-                elif action == "worker_sigkill":
-                    sup.kill_random()
-                elif action == "redis_sigkill":
-                    sup.paused = True
-                    t0 = time.time()
-                    servers.redis.kill()
-                    sup.injections.append(Injection("redis_sigkill", t0))
-                    servers.redis.start()
-                    outages.append((t0, time.time()))
-                    sup.paused = False
-                elif action == "redis_failover":
-                    sup.paused = True
-                    t0, t1 = servers.failover()
-                    outages.append((t0, t1))
-                    sup.injections.append(Injection("redis_failover", t0, f"promoted after {t1 - t0:.1f} s"))
-                    sup.paused = False
-                elif action == "redis_stop":
-                    sup.paused = True
-                    servers.redis.stop()
-                    # the outage starts when Redis has exited: after SIGTERM it serves until its next cron tick
-                    # (up to 100 ms), so a charge then is made before the outage, and its publish is legitimate
-                    down_since = time.time()
-                    sup.injections.append(Injection("redis_stop", down_since, f"{settings.redis_pause_s:g} s"))
-                    redis_back_at = down_since + settings.redis_pause_s
-                elif action == "kafka_restart":
-                    sup.paused = clean_sup.paused = True
-                    t0 = time.time()
-                    servers.kafka.stop()
-                    servers.kafka.start()
-                    kafka_down.append((t0, time.time()))
-                    sup.injections.append(Injection("kafka_restart", t0, f"{time.time() - t0:.1f} s down"))
-                    sup.paused = clean_sup.paused = False
-            sup.tend()
-            clean_sup.tend()
-            time.sleep(0.2)
+        plan, rounds = _injection_plan(settings, feed_start, sentinel, long_run)
+        _run_plan(plan, settings, feed_end, servers, sup, clean_sup, outages, kafka_down)
         sup.arm = {}  # the feed is over: restarts are no longer armed
         producer.join(timeout=240)
         assert producer.error is None, repr(producer.error)
 
         # drain: every window closing by the feed's end comes out (both deployments)
         until = feed_end
-        deadline = time.monotonic() + settings.drain_s
-        done_chaos = done_clean = None
-        while time.monotonic() < deadline:
-            sup.tend()
-            clean_sup.tend()
-            done_chaos = done_chaos or _verify_ok(chaos, bootstrap, servers.ledger_url, until, outages)
-            if done_chaos is not None and not done_chaos.ok:
-                done_chaos = None
-            done_clean = done_clean or _verify_ok(clean, bootstrap, servers.clean_redis.url, until, [])
-            if done_clean is not None and not done_clean.ok:
-                done_clean = None
-            if done_chaos and done_clean:
-                break
-            time.sleep(3)
+        _drain(settings, bootstrap, servers, sup, clean_sup, chaos, clean, until, outages)
         drained_at = time.time()
 
-        argv = [sys.executable, "-m", "dpstream.workers.cli", "verify", "--topology", str(chaos_path)]
-        argv += ["--bootstrap", bootstrap, "--redis", servers.ledger_url, "--grace", "0", "--until", f"{until:.3f}"]
-        argv += [arg for a, b in outages for arg in ("--outage", f"{a:.3f}/{b:.3f}")]
-        argv += ["--compare-to", clean.sinks.releases]
-        verdict = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
-        doc = json.loads(verdict.stdout)
+        verdict, doc = _verify_cli(chaos_path, clean.sinks.releases, bootstrap, servers.ledger_url, until, outages)
         lines = [f"VIOLATION {v['kind']}: {v['message']}" for v in doc["violations"]]
 
         watcher.stop()
         lags = release_lags(watcher.received, feed_start, feed_end)
-        kinds: dict[str, int] = {}
-        for inj in sup.injections:
-            kinds[inj.kind] = kinds.get(inj.kind, 0) + 1
+        kinds = _injection_kinds(sup)
         worker_kills = sum(n for kind, n in kinds.items() if kind.startswith(("worker_sigkill", "worker_crash_")))
         unplanned = kinds.pop("worker_exit", 0)  # a worker that exited by itself (e.g. ledger down at start)
         figures = {
@@ -241,9 +155,7 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
             "verify_exit": verdict.returncode,
             "timeline": [[round(i.at - feed_start, 1), i.kind, i.detail] for i in sup.injections],
         }
-        (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
-        if os.environ.get("DPSTREAM_CHAOS_FIGURES"):
-            Path(os.environ["DPSTREAM_CHAOS_FIGURES"]).write_text(json.dumps(figures, indent=2))
+        _write_figures(tmp_path, figures)
         print("\nCHAOS FIGURES " + json.dumps(figures))
         print("\n".join(lines) or "verify: ok")
 
@@ -254,20 +166,196 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
         # every window scheduled up to --until was compared with the clean run (both keep releasing empty windows
         # after that on their own clocks, so the releases past it may be in one topic and not yet the other)
         assert doc["counts"]["compared_windows"] >= doc["counts"]["windows_checked"]
-        rounds = k
-        required = ["worker_sigkill", *(["redis_failover"] if sentinel else ["redis_sigkill", "redis_stop"])]
-        required += ["kafka_restart"] if long_run or not sentinel else []
-        for kind in required:
-            assert kinds.get(kind, 0) >= rounds, (kind, kinds)
-        for step in ("after_charge", "after_publish"):
-            assert kinds.get(f"worker_crash_{step}", 0) >= 1, (step, kinds)
-        if long_run:
-            assert worker_kills >= 20, kinds
+        _assert_injected(kinds, rounds, worker_kills, sentinel, long_run)
     finally:
         for s in (sup, clean_sup):
             if s is not None:
                 s.stop()
         servers.stop()
+
+
+def _wait_first_release(bootstrap: str, topic: str, chaos_path: Path, sup: Supervisor, clean_sup: Supervisor) -> None:
+    """Both deployments tended until the chaos one has released (at most 180 s)."""
+    deadline = time.monotonic() + 180
+    while not _ready(bootstrap, topic) and time.monotonic() < deadline:
+        sup.tend()
+        clean_sup.tend()
+        time.sleep(1)
+    assert _ready(bootstrap, topic), _tail(chaos_path.parent / "w1.log")
+
+
+def _injection_plan(
+    settings: ChaosSettings, feed_start: float, sentinel: bool, long_run: bool
+) -> tuple[list[tuple[float, str]], int]:
+    """The injections of every round, in time order, and the number of rounds."""
+    plan: list[tuple[float, str]] = []
+    c = settings.cycle_s
+    k = 0
+    while k * c < settings.feed_s - 0.5 * c or k == 0:
+        base = feed_start + k * c
+        plan += [(base, "arm"), (base + 0.12 * c, "worker_sigkill"), (base + 0.88 * c, "worker_sigkill")]
+        if sentinel:
+            plan += [(base + 0.35 * c, "redis_failover")]
+            plan += [(base + 0.70 * c, "kafka_restart")] if long_run else []
+        else:
+            plan += [(base + 0.25 * c, "redis_sigkill"), (base + 0.40 * c, "redis_stop")]
+            plan += [(base + 0.70 * c, "kafka_restart")]
+        k += 1
+    plan.sort()
+    return plan, k
+
+
+def _run_plan(
+    plan: list[tuple[float, str]],
+    settings: ChaosSettings,
+    feed_end: float,
+    servers: Servers,
+    sup: Supervisor,
+    clean_sup: Supervisor,
+    outages: list[tuple[float, float]],
+    kafka_down: list[tuple[float, float]],
+) -> None:
+    """Each injection at its time while the feed runs (none while Redis is stopped), Redis started again
+    after its pause; outages and broker downtimes appended as they end."""
+    redis_back_at: float | None = None
+    down_since = 0.0
+    while time.time() < feed_end or redis_back_at is not None or plan:
+        now = time.time()
+        if redis_back_at is not None and now >= redis_back_at:
+            servers.redis.start()
+            outages.append((down_since, time.time()))
+            redis_back_at = None
+            sup.paused = False
+        while plan and plan[0][0] <= now and redis_back_at is None:
+            _, action = plan.pop(0)
+            stopped_at = _inject(action, settings, servers, sup, clean_sup, outages, kafka_down)
+            if stopped_at is not None:
+                down_since = stopped_at
+                redis_back_at = down_since + settings.redis_pause_s
+        sup.tend()
+        clean_sup.tend()
+        time.sleep(0.2)
+
+
+def _inject(
+    action: str,
+    settings: ChaosSettings,
+    servers: Servers,
+    sup: Supervisor,
+    clean_sup: Supervisor,
+    outages: list[tuple[float, float]],
+    kafka_down: list[tuple[float, float]],
+) -> float | None:
+    """One planned injection; for `redis_stop`, the time Redis has exited (the caller starts it again)."""
+    if action == "arm":
+        for step in ("after_charge", "after_publish"):
+            sup.arm[step] = sup.arm.get(step, 0) + 1
+    elif action == "worker_sigkill":
+        sup.kill_random()
+    elif action == "redis_sigkill":
+        sup.paused = True
+        t0 = time.time()
+        servers.redis.kill()
+        sup.injections.append(Injection("redis_sigkill", t0))
+        servers.redis.start()
+        outages.append((t0, time.time()))
+        sup.paused = False
+    elif action == "redis_failover":
+        sup.paused = True
+        t0, t1 = servers.failover()
+        outages.append((t0, t1))
+        sup.injections.append(Injection("redis_failover", t0, f"promoted after {t1 - t0:.1f} s"))
+        sup.paused = False
+    elif action == "redis_stop":
+        sup.paused = True
+        servers.redis.stop()
+        # the outage starts when Redis has exited: after SIGTERM it serves until its next cron tick
+        # (up to 100 ms), so a charge then is made before the outage, and its publish is legitimate
+        down_since = time.time()
+        sup.injections.append(Injection("redis_stop", down_since, f"{settings.redis_pause_s:g} s"))
+        return down_since
+    elif action == "kafka_restart":
+        sup.paused = clean_sup.paused = True
+        t0 = time.time()
+        servers.kafka.stop()
+        servers.kafka.start()
+        kafka_down.append((t0, time.time()))
+        sup.injections.append(Injection("kafka_restart", t0, f"{time.time() - t0:.1f} s down"))
+        sup.paused = clean_sup.paused = False
+    return None
+
+
+def _drain(
+    settings: ChaosSettings,
+    bootstrap: str,
+    servers: Servers,
+    sup: Supervisor,
+    clean_sup: Supervisor,
+    chaos: Any,
+    clean: Any,
+    until: float,
+    outages: list[tuple[float, float]],
+) -> None:
+    """Both deployments tended until in-process verify passes for each (at most `settings.drain_s`)."""
+    deadline = time.monotonic() + settings.drain_s
+    done_chaos = done_clean = None
+    while time.monotonic() < deadline:
+        sup.tend()
+        clean_sup.tend()
+        done_chaos = done_chaos or _verify_ok(chaos, bootstrap, servers.ledger_url, until, outages)
+        if done_chaos is not None and not done_chaos.ok:
+            done_chaos = None
+        done_clean = done_clean or _verify_ok(clean, bootstrap, servers.clean_redis.url, until, [])
+        if done_clean is not None and not done_clean.ok:
+            done_clean = None
+        if done_chaos and done_clean:
+            break
+        time.sleep(3)
+
+
+def _verify_cli(
+    chaos_path: Path,
+    clean_releases: str,
+    bootstrap: str,
+    ledger_url: str,
+    until: float,
+    outages: list[tuple[float, float]],
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """`dpstream verify --json` (a subprocess) on the chaos deployment, compared to the clean run's releases."""
+    argv = [sys.executable, "-m", "dpstream.workers.cli", "verify", "--topology", str(chaos_path)]
+    argv += ["--bootstrap", bootstrap, "--redis", ledger_url, "--grace", "0", "--until", f"{until:.3f}"]
+    argv += [arg for a, b in outages for arg in ("--outage", f"{a:.3f}/{b:.3f}")]
+    argv += ["--compare-to", clean_releases]
+    verdict = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300)
+    return verdict, json.loads(verdict.stdout)
+
+
+def _injection_kinds(sup: Supervisor) -> dict[str, int]:
+    """How many injections (and crash-hook kills, and unplanned exits) of each kind."""
+    kinds: dict[str, int] = {}
+    for inj in sup.injections:
+        kinds[inj.kind] = kinds.get(inj.kind, 0) + 1
+    return kinds
+
+
+def _write_figures(tmp_path: Path, figures: dict[str, Any]) -> None:
+    """figures.json in the test's directory, and at $DPSTREAM_CHAOS_FIGURES if set."""
+    (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
+    if os.environ.get("DPSTREAM_CHAOS_FIGURES"):
+        Path(os.environ["DPSTREAM_CHAOS_FIGURES"]).write_text(json.dumps(figures, indent=2))
+
+
+def _assert_injected(kinds: dict[str, int], rounds: int, worker_kills: int, sentinel: bool, long_run: bool) -> None:
+    """Every planned kind of injection happened in every round, both crash hooks fired (and the long run
+    killed workers at least 20 times)."""
+    required = ["worker_sigkill", *(["redis_failover"] if sentinel else ["redis_sigkill", "redis_stop"])]
+    required += ["kafka_restart"] if long_run or not sentinel else []
+    for kind in required:
+        assert kinds.get(kind, 0) >= rounds, (kind, kinds)
+    for step in ("after_charge", "after_publish"):
+        assert kinds.get(f"worker_crash_{step}", 0) >= 1, (step, kinds)
+    if long_run:
+        assert worker_kills >= 20, kinds
 
 
 @pytest.mark.unit

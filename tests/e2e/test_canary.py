@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -291,29 +292,8 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
         # events: units over WINDOWS windows from T0; the canary's amounts are the only ones in window T0 + 2·WINDOW
         t0 = (int(time.time()) // WINDOW + 2) * WINDOW
         canary_window = t0 + 2 * WINDOW
-        events: list[tuple[bytes, bytes]] = []
-        for w in range(WINDOWS):
-            ws = t0 + w * WINDOW
-            for i, unit in enumerate(units):
-                for j in range(3):
-                    doc: dict[str, Any] = {
-                        "user_id": unit,
-                        "ts": ws + 0.1 + 0.3 * j,
-                        "page": ("home", "cart")[(i + j) % 2],
-                    }
-                    doc["ref"] = f"r{(i + w) % 3}"
-                    if ws != canary_window:
-                        doc["basket_eur"] = 10 + i + j
-                    events.append((unit.encode(), json.dumps(doc).encode()))
-        for amount in (raw_value, other_value):
-            doc = {
-                "user_id": canary_unit,
-                "ts": canary_window + 0.5,
-                "page": "home",
-                "ref": canary_key,
-                "basket_eur": amount,
-            }
-            events.append((canary_unit.encode(), json.dumps(doc).encode()))
+        events = _plain_events(t0, units, canary_window)
+        events += _canary_events(canary_window, canary_unit, canary_key, (raw_value, other_value))
         bad_value = {"user_id": canary_unit, "ts": canary_window + 0.6, "ref": canary_key, "basket_eur": str(raw_value)}
         events.append((canary_unit.encode(), json.dumps(bad_value).encode()))  # the ingest dead-letters it
         events.append(
@@ -364,32 +344,16 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
         assert numbers[-1].search(b"\n".join(partials).decode())
 
         def clean_of(blob: bytes | str, strings: list[str], where: str, values: bool = True) -> None:
-            text = blob.decode("utf-8", "replace") if isinstance(blob, bytes) else blob
-            for s in strings:
-                assert s not in text, f"{s!r} in {where}"
-            for pattern in numbers if values else ():
-                assert not pattern.search(text), f"{pattern.pattern} in {where}"
+            _assert_clean(blob, strings, where, numbers if values else [])
 
         topics = {t for t in _all_topics(bootstrap) if not t.startswith("__")}
         dlq, rel = topology.sinks.dead_letter, topology.sinks.releases
         assert {dlq, rel, topology.sinks.partials_topic} <= topics
         assert set(topic_names(topology).all) <= topics  # the by-unit hop topic among them
-        letters = 0
-        for topic in sorted(topics - {source_topic}):
-            for key, value, headers in _records(bootstrap, topic):
-                where = f"topic {topic}"
-                clean_of(key or b"", raw_ids + canary, f"a key of {where}")
-                for name, hv in headers:
-                    clean_of(name.encode() + b"=" + hv, raw_ids + canary, f"a header of {where}")
-                if topic == dlq:  # only the raw payload may hold the event
-                    letter = json.loads(value or b"{}")
-                    letter.pop("raw_b64", None)
-                    letters += 1
-                    clean_of(json.dumps(letter), raw_ids + canary, f"a dead letter's metadata in {where}")
-                elif topic == rel:
-                    clean_of(value or b"", raw_ids + canary, where)
-                else:  # internal topics (hop, partials, changelogs) hold true aggregates and keys, never raw ids
-                    clean_of(value or b"", raw_ids, where, values=False)
+        letters = sum(
+            _topic_letters_clean(bootstrap, topic, dlq, rel, raw_ids, canary, clean_of)
+            for topic in sorted(topics - {source_topic})
+        )
         assert letters == 2, letters
 
         clean_of(_ledger_dump(fresh_redis.url), raw_ids + canary, "the ledger")
@@ -411,15 +375,94 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
         assert samples[("dpstream_dead_letters_total", "bad_value")] == 1, samples
         assert procs[0].poll() is None and "Traceback" not in worker_log.read_text(errors="replace")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(procs)
+
+
+def _plain_events(t0: int, units: list[str], canary_window: int) -> list[tuple[bytes, bytes]]:
+    """Three events per unit and window over WINDOWS windows from `t0`; no amounts in the canary's window."""
+    events: list[tuple[bytes, bytes]] = []
+    for w in range(WINDOWS):
+        ws = t0 + w * WINDOW
+        for i, unit in enumerate(units):
+            for j in range(3):
+                doc: dict[str, Any] = {
+                    "user_id": unit,
+                    "ts": ws + 0.1 + 0.3 * j,
+                    "page": ("home", "cart")[(i + j) % 2],
+                }
+                doc["ref"] = f"r{(i + w) % 3}"
+                if ws != canary_window:
+                    doc["basket_eur"] = 10 + i + j
+                events.append((unit.encode(), json.dumps(doc).encode()))
+    return events
+
+
+def _canary_events(
+    canary_window: int, canary_unit: str, canary_key: str, amounts: tuple[float, ...]
+) -> list[tuple[bytes, bytes]]:
+    """The canary unit's events: one per amount, in its window, under the canary key."""
+    events: list[tuple[bytes, bytes]] = []
+    for amount in amounts:
+        doc = {
+            "user_id": canary_unit,
+            "ts": canary_window + 0.5,
+            "page": "home",
+            "ref": canary_key,
+            "basket_eur": amount,
+        }
+        events.append((canary_unit.encode(), json.dumps(doc).encode()))
+    return events
+
+
+def _assert_clean(blob: bytes | str, strings: list[str], where: str, numbers: list[re.Pattern[str]]) -> None:
+    """None of `strings` in `blob`, and no match of `numbers`."""
+    text = blob.decode("utf-8", "replace") if isinstance(blob, bytes) else blob
+    for s in strings:
+        assert s not in text, f"{s!r} in {where}"
+    for pattern in numbers:
+        assert not pattern.search(text), f"{pattern.pattern} in {where}"
+
+
+def _topic_letters_clean(
+    bootstrap: str,
+    topic: str,
+    dlq: str,
+    rel: str,
+    raw_ids: list[str],
+    canary: list[str],
+    clean_of: Callable[..., None],
+) -> int:
+    """Every record of `topic` checked (keys and headers: no raw id or canary string; dead letters: none
+    outside the raw payload; releases: none; internal topics: no raw id); the number of dead letters."""
+    letters = 0
+    for key, value, headers in _records(bootstrap, topic):
+        where = f"topic {topic}"
+        clean_of(key or b"", raw_ids + canary, f"a key of {where}")
+        for name, hv in headers:
+            clean_of(name.encode() + b"=" + hv, raw_ids + canary, f"a header of {where}")
+        if topic == dlq:  # only the raw payload may hold the event
+            letter = json.loads(value or b"{}")
+            letter.pop("raw_b64", None)
+            letters += 1
+            clean_of(json.dumps(letter), raw_ids + canary, f"a dead letter's metadata in {where}")
+        elif topic == rel:
+            clean_of(value or b"", raw_ids + canary, where)
+        else:  # internal topics (hop, partials, changelogs) hold true aggregates and keys, never raw ids
+            clean_of(value or b"", raw_ids, where, values=False)
+    return letters
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running, then wait for each (killed after 20 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass(frozen=True)

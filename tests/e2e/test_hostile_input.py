@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pytest
@@ -276,7 +276,7 @@ POOL = 25
 
 
 @st.composite
-def _events(draw: st.DrawFn, big: collections.Counter[str]) -> list[Sent]:  # one branch per kind
+def _events(draw: st.DrawFn, big: collections.Counter[str]) -> list[Sent]:
     """PER_EXAMPLE events, composed by a seeded random source from POOL hypothesis-drawn values of each
     strategy (a hypothesis draw costs ~0.3 ms, so 10,000 events drawn value by value take minutes);
     `big` caps the ~1 MB ones per run."""
@@ -293,6 +293,7 @@ def _events(draw: st.DrawFn, big: collections.Counter[str]) -> list[Sent]:  # on
         big[kind] += 1
         return big[kind] <= MAX_BIG
 
+    src = _Source(pick, rnd, big_allowed)
     out: list[Sent] = []
     for _ in range(PER_EXAMPLE):
         kind = pick(_KINDS)
@@ -300,94 +301,135 @@ def _events(draw: st.DrawFn, big: collections.Counter[str]) -> list[Sent]:  # on
         key = _unit_key(unit)
         fields = _fields(pick, rnd, unit)
         good = _doc(fields, _good_ts(pick, rnd))
-        if kind == "good":
-            out.append(Sent(kind, key, good, good=True))
-        elif kind == "oversized_good":  # well-formed, ~1 MB: no reason refuses it, so it counts
-            pad = "p" * (BIG if big_allowed(kind) else 20_000)
-            out.append(Sent(kind, key, _doc({**fields, "pad": pad}, _good_ts(pick, rnd)), good=True))
-        elif kind == "far_past":  # accepted and counted late: before S, no window of the schedule holds it
-            out.append(Sent(kind, key, _doc(fields, pick(_FAR_PAST))))
-        elif kind == "not_json":
-            raw = pick(_NOT_JSON_HEADS) + pick(_BINARY)
-            out.append(Sent(kind, key, _const(raw), _garbage_reasons(raw)))
-        elif kind == "truncated":
-            out.append(Sent(kind, key, _patched(good, lambda raw: raw[:-1]), frozenset({"not_json"})))
-        elif kind == "non_utf8":
-            junk = pick(_NOT_UTF8)
-
-            def insert(raw: bytes, junk: bytes = junk) -> bytes:
-                at = raw.index(b'"user_id"') + 1
-                return raw[:at] + junk + raw[at:]
-
-            out.append(Sent(kind, key, _patched(good, insert), frozenset({"not_json"})))
-        elif kind == "not_object":
-            out.append(Sent(kind, key, _const(json.dumps(pick(_NOT_OBJECT)).encode()), frozenset({"not_object"})))
-        elif kind in ("nan_value", "nan_ts"):
-            literal = pick(_NON_FINITE)
-            if kind == "nan_value":
-                render = _doc({**fields, "basket_eur": "@@"}, _good_ts(pick, rnd))
-                reason = "bad_value"
-            else:
-                render = _doc(fields, "@@")
-                reason = "bad_timestamp"
-            out.append(
-                Sent(
-                    kind,
-                    key,
-                    _patched(render, partial(_replace_marker, literal=literal)),
-                    frozenset({"not_json", reason}),
-                )
-            )
-        elif kind == "future_ts":
-            if rnd.random() < 0.5:
-                out.append(Sent(kind, key, _doc(fields, pick(_FUTURE_ABS)), frozenset({"future_timestamp"})))
-                continue
-
-            def after_send(t: Times, ahead: float = pick(_FUTURE_AHEAD_S)) -> float:
-                return t.now + ahead
-
-            out.append(Sent(kind, key, _doc(fields, after_send), frozenset({"future_timestamp"})))
-        elif kind == "negative_ts":
-            negative = pick(_NEGATIVE_TS)
-            # orjson refuses an integer beyond the float range
-            fits = not isinstance(negative, int) or negative > -(2**1023)
-            reasons = frozenset({"bad_timestamp"} if fits else {"bad_timestamp", "not_json"})
-            out.append(Sent(kind, key, _doc(fields, negative), reasons))
-        elif kind == "bad_ts_type":
-            out.append(Sent(kind, key, _doc(fields, pick(_BAD_TS)), frozenset({"bad_timestamp"})))
-        elif kind == "missing_unit":
-            how = pick(_MISSING)
-            changed = {k: v for k, v in fields.items() if k != "user_id"}
-            if how != "absent":
-                changed["user_id"] = None if how == "null" else ""
-            out.append(Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"missing_unit"})))
-        elif kind == "bad_unit":
-            changed = {**fields, "user_id": pick(_BAD_UNITS)}
-            out.append(Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_unit"})))
-        elif kind == "huge_unit":  # a 1 MB unit id (the Kafka key is the unit too): dead-lettered as bad_unit
-            huge = pick(_HUGE_CHARS) * (BIG if big_allowed(kind) else 5000)
-            changed = {**fields, "user_id": huge}
-            out.append(Sent(kind, _unit_key(huge), _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_unit"})))
-        elif kind == "bad_value":
-            changed = {**fields, "basket_eur": pick(_BAD_VALUES)}
-            out.append(Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_value"})))
-        elif kind == "bad_key":
-            changed = {**fields, "page": pick(_BAD_KEYS)}
-            out.append(Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_key"})))
-        elif kind == "key_mismatch":
-            other = key.upper() if key.upper() != key else b"X"
-            wrong = rnd.choice((None, b"", b"\xff", key + b" ", other, b"u9", b"042" if key == b"42" else b"42"))
-            out.append(Sent(kind, wrong, good, frozenset({"key_mismatch"})))
-        elif kind == "oversized_garbage":
-            size = BIG if big_allowed(kind) else 20_000
-            if rnd.random() < 0.5:
-                out.append(Sent(kind, key, _const(b"x" * size), frozenset({"not_json"})))
-            else:
-                out.append(Sent(kind, key, _const(json.dumps([0] * (size // 2)).encode()), frozenset({"not_object"})))
-        else:
-            assert kind == "tombstone"
-            out.append(Sent(kind, key, _const(None), frozenset({"not_json"})))
+        out.append(_event(src, kind, key, fields, good))
     return out
+
+
+class _Source(NamedTuple):
+    """An example's random source: picks from the pools, the seeded random, the cap on ~1 MB events."""
+
+    pick: Pick
+    rnd: random.Random
+    big_allowed: Callable[[str], bool]
+
+
+_ACCEPTED_KINDS = ("good", "oversized_good", "far_past")
+_BAD_TIME_KINDS = ("future_ts", "negative_ts", "bad_ts_type")
+_BAD_FIELD_KINDS = ("missing_unit", "bad_unit", "huge_unit", "bad_value", "bad_key", "key_mismatch")
+
+
+def _event(src: _Source, kind: str, key: bytes, fields: dict[str, Any], good: Render) -> Sent:
+    """One event of `kind` (unit key `key`, good fields `fields`, rendered well as `good`): one branch per kind."""
+    if kind in _ACCEPTED_KINDS:
+        return _accepted_event(src, kind, key, fields, good)
+    if kind in _BAD_TIME_KINDS:
+        return _bad_time_event(src, kind, key, fields)
+    if kind in _BAD_FIELD_KINDS:
+        return _bad_field_event(src, kind, key, fields, good)
+    return _undecodable_event(src, kind, key, fields, good)
+
+
+def _accepted_event(src: _Source, kind: str, key: bytes, fields: dict[str, Any], good: Render) -> Sent:
+    """Events no reason refuses: good, ~1 MB good, and far in the past (counted late)."""
+    pick, rnd, big_allowed = src
+    if kind == "good":
+        return Sent(kind, key, good, good=True)
+    if kind == "oversized_good":  # well-formed, ~1 MB: no reason refuses it, so it counts
+        pad = "p" * (BIG if big_allowed(kind) else 20_000)
+        return Sent(kind, key, _doc({**fields, "pad": pad}, _good_ts(pick, rnd)), good=True)
+    assert kind == "far_past"  # accepted and counted late: before S, no window of the schedule holds it
+    return Sent(kind, key, _doc(fields, pick(_FAR_PAST)))
+
+
+def _undecodable_event(src: _Source, kind: str, key: bytes, fields: dict[str, Any], good: Render) -> Sent:
+    """Values that are not a JSON object a decoder reads: garbage, truncated, non-UTF-8, not an object,
+    raw non-finite numbers, ~1 MB of garbage, tombstones."""
+    pick, rnd, big_allowed = src
+    if kind == "not_json":
+        raw = pick(_NOT_JSON_HEADS) + pick(_BINARY)
+        return Sent(kind, key, _const(raw), _garbage_reasons(raw))
+    if kind == "truncated":
+        return Sent(kind, key, _patched(good, lambda raw: raw[:-1]), frozenset({"not_json"}))
+    if kind == "non_utf8":
+        junk = pick(_NOT_UTF8)
+
+        def insert(raw: bytes, junk: bytes = junk) -> bytes:
+            at = raw.index(b'"user_id"') + 1
+            return raw[:at] + junk + raw[at:]
+
+        return Sent(kind, key, _patched(good, insert), frozenset({"not_json"}))
+    if kind == "not_object":
+        return Sent(kind, key, _const(json.dumps(pick(_NOT_OBJECT)).encode()), frozenset({"not_object"}))
+    if kind in ("nan_value", "nan_ts"):
+        literal = pick(_NON_FINITE)
+        if kind == "nan_value":
+            render = _doc({**fields, "basket_eur": "@@"}, _good_ts(pick, rnd))
+            reason = "bad_value"
+        else:
+            render = _doc(fields, "@@")
+            reason = "bad_timestamp"
+        return Sent(
+            kind,
+            key,
+            _patched(render, partial(_replace_marker, literal=literal)),
+            frozenset({"not_json", reason}),
+        )
+    if kind == "oversized_garbage":
+        size = BIG if big_allowed(kind) else 20_000
+        if rnd.random() < 0.5:
+            return Sent(kind, key, _const(b"x" * size), frozenset({"not_json"}))
+        return Sent(kind, key, _const(json.dumps([0] * (size // 2)).encode()), frozenset({"not_object"}))
+    assert kind == "tombstone"
+    return Sent(kind, key, _const(None), frozenset({"not_json"}))
+
+
+def _bad_time_event(src: _Source, kind: str, key: bytes, fields: dict[str, Any]) -> Sent:
+    """Event times the ingest refuses: in the future (absolute, or ahead of the send), negative, of a bad type."""
+    pick, rnd, _ = src
+    if kind == "future_ts":
+        if rnd.random() < 0.5:
+            return Sent(kind, key, _doc(fields, pick(_FUTURE_ABS)), frozenset({"future_timestamp"}))
+
+        def after_send(t: Times, ahead: float = pick(_FUTURE_AHEAD_S)) -> float:
+            return t.now + ahead
+
+        return Sent(kind, key, _doc(fields, after_send), frozenset({"future_timestamp"}))
+    if kind == "negative_ts":
+        negative = pick(_NEGATIVE_TS)
+        # orjson refuses an integer beyond the float range
+        fits = not isinstance(negative, int) or negative > -(2**1023)
+        reasons = frozenset({"bad_timestamp"} if fits else {"bad_timestamp", "not_json"})
+        return Sent(kind, key, _doc(fields, negative), reasons)
+    assert kind == "bad_ts_type"
+    return Sent(kind, key, _doc(fields, pick(_BAD_TS)), frozenset({"bad_timestamp"}))
+
+
+def _bad_field_event(src: _Source, kind: str, key: bytes, fields: dict[str, Any], good: Render) -> Sent:
+    """A unit, value or key the ingest refuses, or a Kafka key that is not the event's unit."""
+    pick, rnd, big_allowed = src
+    if kind == "missing_unit":
+        how = pick(_MISSING)
+        changed = {k: v for k, v in fields.items() if k != "user_id"}
+        if how != "absent":
+            changed["user_id"] = None if how == "null" else ""
+        return Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"missing_unit"}))
+    if kind == "bad_unit":
+        changed = {**fields, "user_id": pick(_BAD_UNITS)}
+        return Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_unit"}))
+    if kind == "huge_unit":  # a 1 MB unit id (the Kafka key is the unit too): dead-lettered as bad_unit
+        huge = pick(_HUGE_CHARS) * (BIG if big_allowed(kind) else 5000)
+        changed = {**fields, "user_id": huge}
+        return Sent(kind, _unit_key(huge), _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_unit"}))
+    if kind == "bad_value":
+        changed = {**fields, "basket_eur": pick(_BAD_VALUES)}
+        return Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_value"}))
+    if kind == "bad_key":
+        changed = {**fields, "page": pick(_BAD_KEYS)}
+        return Sent(kind, key, _doc(changed, _good_ts(pick, rnd)), frozenset({"bad_key"}))
+    assert kind == "key_mismatch"
+    other = key.upper() if key.upper() != key else b"X"
+    wrong = rnd.choice((None, b"", b"\xff", key + b" ", other, b"u9", b"042" if key == b"42" else b"42"))
+    return Sent(kind, wrong, good, frozenset({"key_mismatch"}))
 
 
 def generate_events(n: int) -> list[Sent]:

@@ -35,72 +35,105 @@ _TYPES = {
 }
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_VALUE_KEYWORDS = ("type", "enum", "const", "minLength", "pattern", *_BOUNDS)
+_OBJECT_KEYWORDS = ("properties", "patternProperties", "additionalProperties", "required", "minProperties")
+_ARRAY_KEYWORDS = ("items", "minItems", "maxItems", "uniqueItems")
+_APPLICATORS = ("$ref", "anyOf", "oneOf", "allOf", "not", "if")
+
+
 def _errors(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
     """A tiny draft 2020-12 validator for exactly the keywords topology_schema uses (unknown ones fail)."""
     out: list[str] = []
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     for key, arg in schema.items():
-        if key in _ANNOTATIONS:
+        if key in _ANNOTATIONS or key in ("then", "$defs"):
             continue
-        if key == "$ref":
-            assert arg.startswith("#/$defs/"), arg
-            out += _errors(value, SCHEMA["$defs"][arg.removeprefix("#/$defs/")], where)
-        elif key == "type":
-            if not _TYPES[arg](value):
-                out.append(f"{where}: not {arg}")
-        elif key == "enum":
-            if value not in arg:
-                out.append(f"{where}: {value!r} not in {arg}")
-        elif key == "const":
-            if value != arg or isinstance(value, bool) != isinstance(arg, bool):
-                out.append(f"{where}: {value!r} != {arg!r}")
-        elif key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            if number:
-                ok = {
-                    "minimum": value >= arg,
-                    "maximum": value <= arg,
-                    "exclusiveMinimum": value > arg,
-                    "exclusiveMaximum": value < arg,
-                }[key]
-                if not ok or not math.isfinite(value):
-                    out.append(f"{where}: {value!r} fails {key} {arg}")
-        elif key == "minLength":
-            if isinstance(value, str) and len(value) < arg:
-                out.append(f"{where}: shorter than {arg}")
-        elif key == "pattern":
-            if isinstance(value, str) and not re.search(arg, value):
-                out.append(f"{where}: {value!r} does not match {arg}")
-        elif key in ("properties", "patternProperties", "additionalProperties", "required", "minProperties"):
+        if key in _APPLICATORS:
+            out += _applicator_errors(value, schema, key, arg, where)
+        elif key in _VALUE_KEYWORDS:
+            out += _value_errors(value, key, arg, where)
+        elif key in _OBJECT_KEYWORDS:
             if isinstance(value, dict):
                 out += _object_errors(value, schema, key, where)
-        elif key in ("items", "minItems", "maxItems", "uniqueItems"):
+        elif key in _ARRAY_KEYWORDS:
             if isinstance(value, list):
-                if key == "items":
-                    for i, item in enumerate(value):
-                        out += _errors(item, arg, f"{where}[{i}]")
-                elif key == "minItems" and len(value) < arg or key == "maxItems" and len(value) > arg:
-                    out.append(f"{where}: {len(value)} items fails {key} {arg}")
-                elif key == "uniqueItems" and arg and len(set(map(repr, value))) != len(value):
-                    out.append(f"{where}: items not unique")
-        elif key == "anyOf":
-            if not any(not _errors(value, sub, where) for sub in arg):
-                out.append(f"{where}: matches none of anyOf")
-        elif key == "oneOf":
-            if sum(not _errors(value, sub, where) for sub in arg) != 1:
-                out.append(f"{where}: does not match exactly one of oneOf")
-        elif key == "allOf":
-            for sub in arg:
-                out += _errors(value, sub, where)
-        elif key == "not":
-            if not _errors(value, arg, where):
-                out.append(f"{where}: matches a 'not' schema")
-        elif key == "if":
-            if not _errors(value, arg, where) and "then" in schema:
-                out += _errors(value, schema["then"], where)
-        elif key in ("then", "$defs"):
-            continue
+                out += _array_errors(value, key, arg, where)
         else:
             raise AssertionError(f"validator does not know keyword {key!r}")
+    return out
+
+
+def _applicator_errors(value: Any, schema: dict[str, Any], key: str, arg: Any, where: str) -> list[str]:
+    """$ref, anyOf, oneOf, allOf, not and if (with its then): the keywords that apply subschemas."""
+    out: list[str] = []
+    if key == "$ref":
+        assert arg.startswith("#/$defs/"), arg
+        out += _errors(value, SCHEMA["$defs"][arg.removeprefix("#/$defs/")], where)
+    elif key == "anyOf":
+        if not any(not _errors(value, sub, where) for sub in arg):
+            out.append(f"{where}: matches none of anyOf")
+    elif key == "oneOf":
+        if sum(not _errors(value, sub, where) for sub in arg) != 1:
+            out.append(f"{where}: does not match exactly one of oneOf")
+    elif key == "allOf":
+        for sub in arg:
+            out += _errors(value, sub, where)
+    elif key == "not":
+        if not _errors(value, arg, where):
+            out.append(f"{where}: matches a 'not' schema")
+    elif key == "if" and not _errors(value, arg, where) and "then" in schema:
+        out += _errors(value, schema["then"], where)
+    return out
+
+
+def _value_errors(value: Any, key: str, arg: Any, where: str) -> list[str]:
+    """type, enum, const, minLength, pattern and the numeric bounds: checks of the value itself."""
+    out: list[str] = []
+    if key == "type":
+        if not _TYPES[arg](value):
+            out.append(f"{where}: not {arg}")
+    elif key == "enum":
+        if value not in arg:
+            out.append(f"{where}: {value!r} not in {arg}")
+    elif key == "const":
+        if value != arg or isinstance(value, bool) != isinstance(arg, bool):
+            out.append(f"{where}: {value!r} != {arg!r}")
+    elif key in _BOUNDS:
+        out += _bound_errors(value, key, arg, where)
+    elif key == "minLength":
+        if isinstance(value, str) and len(value) < arg:
+            out.append(f"{where}: shorter than {arg}")
+    elif key == "pattern" and isinstance(value, str) and not re.search(arg, value):
+        out.append(f"{where}: {value!r} does not match {arg}")
+    return out
+
+
+def _bound_errors(value: Any, key: str, arg: Any, where: str) -> list[str]:
+    """minimum, maximum, exclusiveMinimum, exclusiveMaximum: numbers only (and finite)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number:
+        return []
+    ok = {
+        "minimum": value >= arg,
+        "maximum": value <= arg,
+        "exclusiveMinimum": value > arg,
+        "exclusiveMaximum": value < arg,
+    }[key]
+    if not ok or not math.isfinite(value):
+        return [f"{where}: {value!r} fails {key} {arg}"]
+    return []
+
+
+def _array_errors(value: list[Any], key: str, arg: Any, where: str) -> list[str]:
+    """items, minItems, maxItems, uniqueItems."""
+    out: list[str] = []
+    if key == "items":
+        for i, item in enumerate(value):
+            out += _errors(item, arg, f"{where}[{i}]")
+    elif key == "minItems" and len(value) < arg or key == "maxItems" and len(value) > arg:
+        out.append(f"{where}: {len(value)} items fails {key} {arg}")
+    elif key == "uniqueItems" and arg and len(set(map(repr, value))) != len(value):
+        out.append(f"{where}: items not unique")
     return out
 
 
