@@ -1,4 +1,5 @@
-"""The real local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) as child processes on 127.0.0.1.
+"""The real local stack (Kafka KRaft, Redis, `dpstream exporter`, Prometheus, Alertmanager) as child processes
+on 127.0.0.1.
 
 Used by `python -m dpstream.workers.localstack up|status|down`, `deploy/local/stack`, the test
 fixtures, `dpstream demo` and `dpstream bench`.
@@ -13,6 +14,7 @@ reverse (tests/unit/test_layering.py).
 from __future__ import annotations
 
 from dpstream.workers.localstack.errors import ServiceStartError
+from dpstream.workers.localstack.exporter import ExporterHandle
 from dpstream.workers.localstack.kafka import KafkaHandle, start_kafka
 from dpstream.workers.localstack.monitoring import AlertmanagerHandle, PrometheusHandle
 from dpstream.workers.localstack.paths import default_home
@@ -23,6 +25,7 @@ from dpstream.workers.runtime.admin import create_topics, create_topics_async
 
 __all__ = [
     "AlertmanagerHandle",
+    "ExporterHandle",
     "KafkaHandle",
     "Ports",
     "PrometheusHandle",

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Parser of the stack command: an action, optional service names, home and ports."""
     parser = argparse.ArgumentParser(
         prog="deploy/local/stack",
-        description="Run dpstream's local stack (Kafka KRaft, Redis, Prometheus, Alertmanager) on 127.0.0.1.",
+        description="Run dpstream's local stack (Kafka KRaft, Redis; the exporter, Prometheus, Alertmanager) on "
+        "127.0.0.1; up and status end with the DPSTREAM_KAFKA / DPSTREAM_REDIS exports to paste.",
     )
     parser.add_argument("action", choices=("up", "status", "down"))
     parser.add_argument(
