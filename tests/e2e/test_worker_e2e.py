@@ -13,6 +13,7 @@ import pytest
 
 from dpstream.workers.pipeline.fixed_point import value_exponent
 from dpstream.workers.release import faults
+from dpstream.workers.release.display import release_line
 from tests.e2e.harness import Deployment, binomial_upper, deploy, event, poll, read_all, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -91,6 +92,10 @@ def test_ground_truth_every_window_once_values_within_ci(deployment: Deployment)
     recs = poll(lambda: _released_all(deployment, starts), timeout_s=120)
     assert recs, deployment.log("w1")[-3000:]
     _assert_exactly_once(recs)
+    deployment.stop_all()  # its log complete: one INFO line per published window, from the record
+    lines = deployment.log("w1").splitlines()
+    for r in (r for r in recs if r["window"]["start_epoch"] in starts):
+        assert sum("[INFO]" in ln and f"published {release_line(r)}" in ln for ln in lines) == 1, lines[-40:]
     merged = _partials(deployment)
     for s in starts:
         assert merged[("views", s)].get("home", 0) == truth[("views", s, "home")]
