@@ -41,9 +41,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from dpstream.topology.loader import load_topology, load_topology_text
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.localstack import free_port
 from dpstream.workers.pipeline.fixed_point import to_units, value_exponent
-from dpstream.workers.pipeline.partition import PartitionPipeline, first_window_start
+from dpstream.workers.pipeline.partition import PartitionPipeline
 from dpstream.workers.pipeline.unit_ids import UNIT_HMAC_KEY_ENV
 from dpstream.workers.runtime.topics import ensure_topics, topic_names
 from tests.e2e.harness import poll, releases
@@ -319,7 +320,7 @@ def test_canary_and_raw_unit_ids_appear_nowhere_they_must_not(
         windows = {
             (m.name, s)
             for m in topology.metrics.values()
-            for s in range(first_window_start(m, start), last + 1, WINDOW)
+            for s in range(Schedule.of(m, start).first_window(), last + 1, WINDOW)
         }
         assert windows <= set(live) and windows <= set(clean)
         mismatched = [(w, live[w], clean[w]) for w in sorted(windows) if live[w] != clean[w]]

@@ -51,9 +51,10 @@ from hypothesis import strategies as st
 from kafka import KafkaProducer
 
 from dpstream.topology.loader import load_topology
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.cli import main
 from dpstream.workers.pipeline.events import REASONS
-from dpstream.workers.pipeline.partition import PartitionPipeline, first_window_start
+from dpstream.workers.pipeline.partition import PartitionPipeline
 from dpstream.workers.runtime.admin import create_topics
 from dpstream.workers.runtime.topics import APPEND_TIME, topic_names
 from tests.e2e.harness import TOPOLOGY, Deployment, poll, read_all
@@ -568,7 +569,7 @@ def _windows_through(dep: Deployment, start: int, last_start: int) -> set[tuple[
     return {
         (m.name, s)
         for m in dep.topology.metrics.values()
-        for s in range(first_window_start(m, start), last_start + 1, m.window.every_s)
+        for s in range(Schedule.of(m, start).first_window(), last_start + 1, m.window.every_s)
     }
 
 

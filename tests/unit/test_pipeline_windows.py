@@ -8,9 +8,10 @@ from typing import NamedTuple
 import pytest
 
 from dpstream.topology.loader import load_topology_text
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline import PartitionPipeline
 from dpstream.workers.pipeline.partials import WindowPartial
-from dpstream.workers.pipeline.partition import MAX_WINDOWS_PER_CLOSE, first_window_start
+from dpstream.workers.pipeline.partition import MAX_WINDOWS_PER_CLOSE
 
 _YAML = """
 version: 1
@@ -68,8 +69,8 @@ def _pipe(topo, **kw):
 
 def test_schedule_starts_at_the_first_window_at_or_after_s(topo):
     """S is public: the first window of each metric is the first grid window starting at or after it."""
-    assert first_window_start(topo.metrics["tumble"], S) == 1_000_080
-    assert first_window_start(topo.metrics["tumble"], 1_000_080) == 1_000_080
+    assert Schedule.of(topo.metrics["tumble"], S).first_window() == 1_000_080
+    assert Schedule.of(topo.metrics["tumble"], 1_000_080).first_window() == 1_000_080
     pipe = _pipe(topo)
     assert pipe.next_close_time() == 1_000_080 + 60 + 10
 

@@ -20,7 +20,7 @@ comes next, so it rebuilds exactly the same partials (recovery by replay).
 
 from __future__ import annotations
 
-__all__ = ["RecordLike", "BatchOutput", "PartitionPipeline", "first_window_start", "MAX_WINDOWS_PER_CLOSE"]
+__all__ = ["RecordLike", "BatchOutput", "PartitionPipeline", "MAX_WINDOWS_PER_CLOSE"]
 
 import math
 from collections.abc import Iterable, Mapping
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dpstream.topology.errors import EventError
-from dpstream.topology.model import Metric, Topology
+from dpstream.topology.model import Topology
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.colocation import home_partition
 from dpstream.workers.pipeline.copies import SeenCopies, position_order, source_position_of
@@ -60,12 +61,6 @@ class BatchOutput:
 
     partials: list[WindowPartial]
     dead_letters: list[DeadLetter]
-
-
-def first_window_start(metric: Metric, schedule_start: int) -> int:
-    """The first window of the metric's public schedule: the first grid window starting at or after S."""
-    every = metric.window.every_s
-    return -(-int(schedule_start) // every) * every
 
 
 class PartitionPipeline:
@@ -105,7 +100,7 @@ class PartitionPipeline:
                 m,
                 self.source,
                 # max of an int and -inf is that int
-                int(max(first_window_start(m, schedule_start), resume.get(m.name, -math.inf))),
+                int(max(Schedule.of(m, schedule_start).first_window(), resume.get(m.name, -math.inf))),
                 until=until,
             )
             for m in metrics

@@ -12,21 +12,16 @@ from collections import Counter
 from typing import Any
 
 from dpstream.topology.model import Metric
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
-from dpstream.workers.pipeline.partition import first_window_start
 from dpstream.workers.report.collect import PeriodData
 
 
 def scheduled_windows(metric: Metric, period_start: int, horizon: int, schedule_start: int | None = None) -> int:
     """Windows of `metric` that touch the period from `period_start` and end by `horizon`, none starting
     before the deployment start S (`schedule_start`): the schedule's first window is the first grid
-    window starting at or after S (`pipeline.partition.first_window_start`)."""
-    size, every = metric.window.size_s, metric.window.every_s
-    first = -(-(period_start - size + 1) // every) * every  # first window start whose end passes period_start
-    if schedule_start is not None:
-        first = max(first, first_window_start(metric, schedule_start))
-    last = (horizon - size) // every * every
-    return max(0, (last - first) // every + 1) if last >= first else 0
+    window starting at or after S (`Schedule.touching`)."""
+    return Schedule.of(metric, schedule_start).touching(period_start, horizon)
 
 
 def fairness_section(data: PeriodData) -> list[dict[str, Any]]:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.model import Topology
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.types import PeriodSummary, ReconcileReport
 from dpstream.workers.pipeline.events import REASONS
-from dpstream.workers.pipeline.partition import first_window_start
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.verify.report import Violation, iso
 from dpstream.workers.verify.sources import RELEASE_STATES, LedgerRelease, TopicRecord
@@ -184,9 +184,9 @@ def check_this_version(
                     {"release_id": pub.release_id},
                 )
             )
-        size, every = metric.window.size_s, metric.window.every_s
-        first = first_window_start(metric, start_s) if start_s is not None else None
-        if w[1] - w[0] != size or w[0] % every or (first is not None and w[0] < first):
+        schedule = Schedule.of(metric, start_s)
+        first = schedule.first_window() if start_s is not None else None
+        if not schedule.on_grid(w[0], w[1]) or (first is not None and w[0] < first):
             why = "before the deployment start" if first is not None and w[0] < first else "off the window grid"
             violations.append(
                 Violation(
@@ -314,15 +314,13 @@ def scheduled_windows(
     version = topology.topology_version
     for metric in topology.metrics.values():
         lateness = int(topology.sources[metric.source].allowed_lateness_s)
-        size, every = metric.window.size_s, metric.window.every_s
-        s = first_window_start(metric, start_s)
-        if since_s is not None and since_s > s:
-            s = -(-int(since_s) // every) * every
-        while s + size + lateness <= until_s:
+        size = metric.window.size_s
+        for s in Schedule.of(metric, start_s).starts(since_s):
+            if s + size + lateness > until_s:
+                break
             yield ScheduledWindow(
                 metric.name, s, s + size, s + size + lateness, make_release_id(version, metric.name, s, s + size)
             )
-            s += every
 
 
 def check_schedule(
