@@ -282,7 +282,7 @@ def test_advice_predicts_the_fall_of_the_weighted_error(
     exact = [n for n in rows if topo.metrics[n].aggregate.value in _EXACT]
     importance = {n: rows[n]["importance"] for n in exact}
     mags = {n: rows[n]["typical_magnitude"] for n in exact}
-    predicted_now = sum(importance[n] * rows[n]["c"] / rows[n]["epsilon_now_planned"] / mags[n] for n in exact)
+    predicted_now = sum(importance[n] * rows[n]["c"] / rows[n]["noise_multiplier_now_planned"] / mags[n] for n in exact)
     predicted_adv = sum(importance[n] * rows[n]["expected_abs_error_advised"] / mags[n] for n in exact)
     assert predicted_adv < predicted_now
     advised = tmp_path / "advised.yaml"

@@ -14,7 +14,7 @@ from dpstream.topology.model import Accounting
 from dpstream.topology.plan import build_plan
 from dpstream.workers.cli import main
 from dpstream.workers.report.advice import advice_section, with_weights
-from dpstream.workers.report.utility import MetricUtility, release_epsilon
+from dpstream.workers.report.utility import MetricUtility, noise_multiplier
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "topology" / "examples" / "web-analytics.yaml"
 
@@ -25,7 +25,7 @@ def _util(c: dict[str, float], mag: dict[str, float]) -> dict[str, MetricUtility
     for name in ("page_views", "active_users_5m", "basket_value", "session_seconds", "top_referrers"):
         u = MetricUtility(name, "x", 1)
         if name in c:
-            u.eps, u.errors, u.sigmas, u.values = [0.01], [c[name] / 0.01], [1.0], [mag[name]]
+            u.multipliers, u.errors, u.sigmas, u.values = [0.01], [c[name] / 0.01], [1.0], [mag[name]]
         out[name] = u
     return out
 
@@ -42,7 +42,7 @@ def test_advice_satisfies_the_closed_form_and_keeps_the_pool() -> None:
     ratios = []
     for n in c:
         w = topo.metrics[n].weight
-        eps = release_epsilon(Accounting.ZCDP, plan.metric(n).per_release_cost)
+        eps = noise_multiplier(Accounting.ZCDP, plan.metric(n).per_release_cost)
         ratios.append(eps**3 * mag[n] * plan.metric(n).releases_per_period / (w * c[n]))
     assert max(ratios) / min(ratios) < 1.002  # equal up to the 4-digit rounding of the weights
     j = adv["weighted_relative_error"]

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from typing import Any
+
+import pytest
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Topology
@@ -41,15 +44,15 @@ async def _publish(value: bytes, key: bytes) -> None:
     return None
 
 
-async def _report(spans: list[tuple[int, int]]) -> tuple[dict[str, Any], Topology]:
-    """Release every window of the schedule from S over `spans` (no events: empty windows are released
-    too) through the Releaser and the in-process ledger, then build the report of the first period."""
+async def _report(spans: list[tuple[int, int]], start: int = S) -> tuple[dict[str, Any], Topology]:
+    """Release every window of the schedule from `start` (S) over `spans` (no events: empty windows are
+    released too) through the Releaser and the in-process ledger, then build the report of the first period."""
     topo = load_topology_text(_YAML)
-    ledger = await open_ledger("memory", topo, clock=ManualClock(S), schedule_start=S)
+    ledger = await open_ledger("memory", topo, clock=ManualClock(start), schedule_start=start)
     for lo, hi in spans:
         await replay_lines(topo, [], ledger, _publish, start=lo, end=hi)
     data = await collect_period(ledger, topo, "b", period_id(HOUR, P0))
-    assert data.period_start == P0 and data.schedule_start == S
+    assert data.period_start == P0 and data.schedule_start == start
     return build_report(data), topo
 
 
@@ -124,3 +127,106 @@ def test_the_report_reads_the_deployment_start_from_the_topology_or_the_ledger()
 
     none, own, declared = asyncio.run(run())
     assert none is None and own == S and declared == 1_796_083_200  # 2026-12-01T00:00:00Z
+
+
+def test_first_period_advice_compares_plan_with_plan_over_the_span_from_the_deployment_start() -> None:
+    """On-plan charges of a first period starting at :41:40 (every window from S released): the realised E
+    equals the plan's E priced over the windows from S, as the ledger priced them (a third of the period's
+    windows share the whole pool), and the advised weights priced over the same span do not look worse;
+    only a whole next period is set against a whole period's plan."""
+    late = P0 + 2_500
+    rep, _ = asyncio.run(_report([(late, P0 + HOUR + 120)], start=late))
+    adv = rep["advice"]
+    assert adv["span"] == {"from_epoch": late, "first_period": True, "note": adv["span"]["note"]}
+    for row in adv["metrics"]:
+        realised, planned = row["expected_abs_error_this_period"], row["expected_abs_error_planned"]
+        assert math.isclose(realised, planned, rel_tol=2e-3), row["metric"]  # grants floored to the unit
+    j = adv["weighted_relative_error"]
+    assert math.isclose(j["this_period"], j["this_plan"], rel_tol=2e-3)
+    assert j["advised"] <= j["this_plan"] * (1 + 1e-9) and j["predicted_change"] <= 1.0 + 1e-9
+    assert j["verdict"] != "worse"
+    # set against a whole period's plan (the report's old comparison), this boosted part would look better
+    # than any plan: the advice "worse" for want of the windows before S alone
+    assert j["next_period"]["advised"] > 1.2 * j["this_period"]
+
+
+def test_a_few_minutes_of_a_first_period_give_no_worse_advice() -> None:
+    """Only minutes of charges after S (the replay stops at :15): still on plan, still no "worse" verdict."""
+    rep, _ = asyncio.run(_report([(S, P0 + 900)]))
+    j = rep["advice"]["weighted_relative_error"]
+    assert j["verdict"] != "worse" and j["predicted_change"] <= 1.0 + 1e-9
+
+
+def test_a_metric_with_no_release_yet_is_labelled_by_its_aggregate() -> None:
+    """Minutes into a first period a count_units and a top_k metric of ten-minute windows have no release
+    yet: the count_units one says so by its aggregate and only the top_k one gets the top-k wording, in the
+    JSON (utility and advice) and on the page."""
+    yaml = _YAML.replace(
+        "  ten: {source: s, budget: b, weight: 3, window: {tumbling: 10m}, aggregate: count, mechanism: gaussian}",
+        "  users: {source: s, budget: b, weight: 3, window: {tumbling: 10m}, aggregate: count_units,"
+        " mechanism: gaussian}\n"
+        "  top: {source: s, budget: b, weight: 1, window: {tumbling: 10m}, aggregate: top_k, k: 3, group_by: ref,"
+        " contribution: {max_keys: 1, max_per_key: 1}, mechanism: exponential}",
+    )
+
+    async def run() -> dict[str, Any]:
+        topo = load_topology_text(yaml)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(S), schedule_start=S)
+        await replay_lines(topo, [], ledger, _publish, start=S, end=P0 + 900)
+        return build_report(await collect_period(ledger, topo, "b", period_id(HOUR, P0)))
+
+    rep = asyncio.run(run())
+    util = _rows(rep, "utility")
+    assert util["users"]["releases"] == util["top"]["releases"] == 0 and "fit" in util["minute"]
+    assert util["users"]["note"].startswith("count_units: no release yet") and "top-k" not in util["users"]["note"]
+    assert util["top"]["note"].startswith("top-k: keys")
+    notes = rep["advice"]["not_advised_notes"]
+    assert set(notes) == {"users", "top"} and "top-k" not in notes["users"] and "top-k" in notes["top"]
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import render_page
+
+    page = render_page(rep)
+    assert "count_units: no release yet" in page and page.count("top-k: keys") == 1
+
+
+def _path_xs(svg: str, gid: str) -> list[float]:
+    """The x coordinates of the first path drawn inside the SVG group `gid` (matplotlib writes an
+    artist's gid as its group's id)."""
+    group = svg[svg.index(f'<g id="{gid}">') :]
+    d = re.search(r'<path d="([^"]+)"', group)
+    assert d, gid
+    nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", d[1])]
+    return nums[0::2]
+
+
+def test_the_time_axis_zooms_to_the_minutes_with_charges() -> None:
+    """Eight minutes of charges in the first period (S at :06:40, the replay stops at :15): on the page the
+    spend line's first and last charge lie most of the plot's width apart (not one vertical line of the
+    hour), the whole period is drawn below as context, and the burn rate has a bar per few minutes."""
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import render_page
+
+    rep, _ = asyncio.run(_report([(S, P0 + 900)]))
+    page = render_page(rep)
+    spend = page[page.index("<figure data-plot='spend'>") :]
+    spend = spend[: spend.index("</figure>")]
+    line, area = _path_xs(spend, "spend-line"), _path_xs(spend, "spend-plot-area")
+    width = max(area) - min(area)
+    assert max(line) - min(line) > 0.8 * width
+    assert min(area) <= min(line) and max(line) <= max(area)
+    assert '<g id="period-overview">' in spend and "the whole period, 0–1 h" in spend
+    assert "zoomed to" in spend and "minutes into the period" in spend
+    burn = page[page.index("<figure data-plot='burn_rate'>") :]
+    burn = burn[: burn.index("</figure>")]
+    assert '<g id="period-overview">' in burn
+    assert len(re.findall(r'<g id="burn-bar-\d+">', burn)) >= 5  # minutes-wide bins, not one hour
+
+
+def test_a_whole_period_of_charges_keeps_the_whole_axis() -> None:
+    """Charges over the whole first period from S: no zoom (the span is most of the period), no overview bar."""
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import render_page
+
+    rep, _ = asyncio.run(_report([(S, P0 + HOUR + 120)]))
+    page = render_page(rep)
+    assert '<g id="period-overview">' not in page and "zoomed to" not in page

@@ -17,7 +17,7 @@ __all__ = ["GAP_REASON", "accounting_section", "checks_of"]
 
 from typing import Any
 
-from dpstream.topology.accounting import epsilon_from_rho
+from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.model import Accounting
 from dpstream.topology.selection import conversion_delta
 from dpstream.workers.ledger.units import DELTA_UNITS_PER_DELTA, UNITS_PER_CURRENCY
@@ -50,7 +50,7 @@ def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str,
     spent = data.spent_units / UNITS_PER_CURRENCY
     audited_units = sum(c.cost_units for c in data.charges)
     selection_delta = data.delta_spent_units / DELTA_UNITS_PER_DELTA
-    charged_eps = (epsilon_from_rho(spent, conv_delta) if spent else 0.0) if zcdp else spent
+    charged_eps = epsilon_equivalent(zcdp, spent, conv_delta).epsilon
     components: list[Component] = [p for chk in checks if chk.ok for p in chk.components]
     flagged = [c for c in checks if not c.ok]
     section: dict[str, Any] = {

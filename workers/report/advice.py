@@ -1,32 +1,44 @@
 """Allocation advice for the next period: the weights that minimise the sum of importance ×
-relative error under the same cap, from the fitted E_j = c_j/ε_j, and the errors they predict.
+relative error under the same cap, from the fitted E_j = c_j/m_j, and the errors they predict.
 
 What is minimised. The topology's weight w_j of metric j is read as its importance; the relative
-error of j is r_j = E_j / m_j, its expected |error| over its typical released magnitude m_j
-(`utility.MetricUtility.magnitude`), so J = Σ_j w_j·c_j/(m_j·ε_j) over the numeric metrics S.
-Each of j's N_j releases per period costs ε_j²/2 in a zCDP scope (ε_j is the pure-ε equivalent
-√(2ρ_j)) or ε_j in a pure one, and S keeps the pool share it has now: Σ_S N_j·cost(ε_j) = B_S.
-Lagrange (∂/∂ε_j: w_j c_j/(m_j ε_j²) = λ·N_j·cost′(ε_j)) gives
+error of j is r_j = E_j / g_j, its expected |error| over its typical released magnitude g_j
+(`utility.MetricUtility.magnitude`), so J = Σ_j w_j·c_j/(g_j·m_j) over the numeric metrics S, m_j the
+noise multiplier of a release (`utility.noise_multiplier`: √(2ρ_j) in a zCDP scope, ε_j in a pure
+one; the scale factor of the error model, not an ε-equivalent). Each of j's N_j releases per period costs
+m_j²/2 (zCDP) or m_j (pure), and S keeps the pool share it has now: Σ_S N_j·cost(m_j) = B_S.
+Lagrange (∂/∂m_j: w_j c_j/(g_j m_j²) = λ·N_j·cost′(m_j)) gives
 
-    pure:  ε_j ∝ √(w_j c_j / (m_j N_j))        (the textbook ε_j ∝ √(w_j c_j) when N_j = 1, m_j = 1)
-    zCDP:  ε_j ∝ (w_j c_j / (m_j N_j))^(1/3)   (the cost is quadratic in ε)
+    pure:  m_j ∝ √(w_j c_j / (g_j N_j))        (the textbook ε_j ∝ √(w_j c_j) when N_j = 1, g_j = 1)
+    zCDP:  m_j ∝ (w_j c_j / (g_j N_j))^(1/3)   (the cost is quadratic in m)
 
 and, since the allocation gives metric j the pool share W_j/ΣW spread over its N_j releases, the
-advised weights are W′_j ∝ N_j·cost(ε_j), scaled so S keeps its total weight (top-k and other
-non-numeric metrics keep theirs). The prediction runs the ordinary plan under W′ (what
-`dpstream plan FILE --weights-from REPORT.json` shows): E′_j = c_j/ε′_j.
+advised weights are W′_j ∝ N_j·cost(m_j), scaled so S keeps its total weight (top-k and other
+non-numeric metrics keep theirs). The weights are for the next, whole period (N_j its releases).
+
+What is compared. The realised E of this period against the plans priced over the same span as this
+period (`planned.planned_over`): a whole period, or in a deployment's first period the windows from the
+deployment start S with the pool spread over them, as the ledger priced them. So a partial first period's
+boosted per-release share is never set against a whole period's plan. E′_j = c_j/m′_j under the advised
+weights over that span; the whole next period's figures (what `dpstream plan FILE --weights-from
+REPORT.json` shows) are beside them (`*_next_period`).
 """
 
 from __future__ import annotations
 
-__all__ = ["advice_section", "with_weights"]
+__all__ = ["CHANGE_TOLERANCE", "advice_section", "verdict", "with_weights"]
 
 import dataclasses
 from typing import Any
 
 from dpstream.topology.model import Accounting, Topology
 from dpstream.topology.plan import build_plan
-from dpstream.workers.report.utility import MetricUtility, release_epsilon
+from dpstream.workers.report.planned import Span, planned_of_plan
+from dpstream.workers.report.utility import MetricUtility, noise_multiplier, unfitted_note
+
+CHANGE_TOLERANCE = 0.01
+"""A predicted change of the weighted relative error within 1 % is "no change" (the weights are rounded to
+4 digits and the ledger floors each grant to its unit)."""
 
 
 def with_weights(topology: Topology, weights: dict[str, float]) -> Topology:
@@ -42,40 +54,77 @@ def _round(x: float) -> float:
     return float(f"{x:.4g}")
 
 
+def verdict(change: float | None) -> str | None:
+    """ "better", "worse" or "no change" for a predicted ratio advised / this period (None: nothing to compare)."""
+    if change is None:
+        return None
+    if change < 1.0 - CHANGE_TOLERANCE:
+        return "better"
+    return "worse" if change > 1.0 + CHANGE_TOLERANCE else "no change"
+
+
+def _not_advised(metrics: list[Any], numeric: list[Any], util: dict[str, MetricUtility]) -> dict[str, str]:
+    return {
+        m.name: unfitted_note(util[m.name].aggregate, util[m.name].releases)
+        if not util[m.name].numeric
+        else "fitted c = 0: no error to trade; kept out of the advice"
+        for m in metrics
+        if m not in numeric
+    }
+
+
 def advice_section(
-    topology: Topology, scope: str, accounting: Accounting, util: dict[str, MetricUtility]
+    topology: Topology,
+    scope: str,
+    accounting: Accounting,
+    util: dict[str, MetricUtility],
+    span: Span | None = None,
 ) -> dict[str, Any]:
-    """The advice section (JSON-able): advised weights, predicted ε and E per metric, objective."""
+    """The advice section (JSON-able): advised weights, predicted multiplier and E per metric, objective.
+    `span`: the part of the period this period's plan spent on (`planned.span_of`; None: a whole period)."""
     metrics = topology.metrics_of(scope)
     plan_now = build_plan(topology)
     numeric = [m for m in metrics if util[m.name].numeric and (util[m.name].c or 0) > 0]
     if not numeric:
-        return {"weights": {m.name: m.weight for m in metrics}, "metrics": [], "note": "no numeric metric released"}
+        return {
+            "weights": {m.name: m.weight for m in metrics},
+            "metrics": [],
+            "note": "no numeric metric released",
+            "not_advised": [m.name for m in metrics],
+            "not_advised_notes": _not_advised(metrics, numeric, util),
+        }
+    span = span or Span(0, topology.budgets[scope].period_s)
     power = 1.0 / 3.0 if accounting is Accounting.ZCDP else 0.5
     raw: dict[str, float] = {}
     for m in numeric:
         u = util[m.name]
         n = plan_now.metric(m.name).releases_per_period
-        eps = (m.weight * (u.c or 0.0) / ((u.magnitude or 1.0) * n)) ** power  # up to the common λ
-        raw[m.name] = n * (eps * eps / 2.0 if accounting is Accounting.ZCDP else eps)
+        mult = (m.weight * (u.c or 0.0) / ((u.magnitude or 1.0) * n)) ** power  # up to the common λ
+        raw[m.name] = n * (mult * mult / 2.0 if accounting is Accounting.ZCDP else mult)
     keep = sum(m.weight for m in numeric)
     total_raw = sum(raw.values())
     weights = {m.name: m.weight for m in metrics}
     for name, r in raw.items():
         weights[name] = _round(keep * r / total_raw)
     plan_new = build_plan(with_weights(topology, weights))
+    now = planned_of_plan(span, topology, plan_now, scope)  # both plans over this period's span
+    new = planned_of_plan(span, topology, plan_new, scope)
     rows = []
-    j_now = j_plan = j_new = 0.0
+    j_now = j_plan = j_new = j_next_plan = j_next_new = 0.0
     for m in numeric:
         u = util[m.name]
         c, mag = u.c or 0.0, u.magnitude or 1.0
-        eps_plan = release_epsilon(accounting, plan_now.metric(m.name).per_release_cost)
-        eps_new = release_epsilon(accounting, plan_new.metric(m.name).per_release_cost)
+        m_plan = noise_multiplier(accounting, now[m.name].cost)
+        m_new = noise_multiplier(accounting, new[m.name].cost)
+        e_next_plan = c / noise_multiplier(accounting, plan_now.metric(m.name).per_release_cost)
+        e_next = c / noise_multiplier(accounting, plan_new.metric(m.name).per_release_cost)
         e_now = u.mean_error or 0.0
-        e_new = c / eps_new
+        e_plan, e_new = c / m_plan, c / m_new
         j_now += m.weight * e_now / mag
-        j_plan += m.weight * (c / eps_plan) / mag
+        j_plan += m.weight * e_plan / mag
         j_new += m.weight * e_new / mag
+        j_next_plan += m.weight * e_next_plan / mag
+        j_next_new += m.weight * e_next / mag
         rows.append(
             {
                 "metric": m.name,
@@ -84,26 +133,45 @@ def advice_section(
                 "weight_advised": weights[m.name],
                 "c": c,
                 "typical_magnitude": mag,
-                "epsilon_now_planned": eps_plan,
-                "epsilon_advised": eps_new,
+                "noise_multiplier_now_planned": m_plan,
+                "noise_multiplier_advised": m_new,
                 "expected_abs_error_this_period": e_now,
+                "expected_abs_error_planned": e_plan,
                 "expected_abs_error_advised": e_new,
                 "relative_error_this_period": e_now / mag,
                 "relative_error_advised": e_new / mag,
+                "expected_abs_error_advised_next_period": e_next,
+                # the plan's own ε-equivalent of one release (`epsilon_equivalent` at the conversion δ)
+                "epsilon_equivalent_advised_next_period": plan_new.metric(m.name).per_release_epsilon,
             }
         )
+    change = (j_new / j_now) if j_now else None
+    first = span.start is not None
     return {
         "objective": "sum over numeric metrics of importance (the topology weight) x relative error "
         "(expected |error| / typical released magnitude), same cap and pool share",
-        "closed_form": "zCDP: eps_j ∝ (w_j c_j / (m_j N_j))^(1/3); pure: eps_j ∝ (w_j c_j / (m_j N_j))^(1/2); "
-        "advised weight ∝ N_j cost(eps_j)",
+        "closed_form": "zCDP: m_j ∝ (w_j c_j / (g_j N_j))^(1/3); pure: m_j ∝ (w_j c_j / (g_j N_j))^(1/2), "
+        "m the noise multiplier (sqrt(2 rho) or eps), E = c/m; advised weight ∝ N_j cost(m_j)",
+        "span": {
+            "from_epoch": span.start if first else span.period_start,
+            "first_period": first,
+            "note": (
+                "first period: this period's figures are compared with both plans priced over the windows "
+                "from the deployment start, as the ledger priced them; *_next_period: a whole period"
+                if first
+                else "a whole period: this period's figures are compared with both plans over it"
+            ),
+        },
         "weights": weights,
         "metrics": rows,
         "weighted_relative_error": {
             "this_period": j_now,
             "this_plan": j_plan,
             "advised": j_new,
-            "predicted_change": (j_new / j_now) if j_now else None,
+            "predicted_change": change,
+            "verdict": verdict(change),
+            "next_period": {"this_plan": j_next_plan, "advised": j_next_new},
         },
         "not_advised": [m.name for m in metrics if m not in numeric],
+        "not_advised_notes": _not_advised(metrics, numeric, util),
     }

@@ -14,7 +14,7 @@ from dpstream.workers.report.accounting import accounting_section, checks_of
 from dpstream.workers.report.advice import advice_section
 from dpstream.workers.report.collect import PeriodData
 from dpstream.workers.report.fairness import fairness_section
-from dpstream.workers.report.planned import planned_of
+from dpstream.workers.report.planned import planned_of_plan, span_of
 from dpstream.workers.report.utility import utility_of
 
 REPORT_VERSION = 1
@@ -60,7 +60,8 @@ def build_report(data: PeriodData) -> dict[str, Any]:
     accounting = Accounting(data.accounting)
     plan = build_plan(data.topology)
     scope_plan = next(s for s in plan.scopes if s.name == data.scope)
-    planned = planned_of(data, {m.name: m for m in scope_plan.metrics}, scope_plan.pool)
+    span = span_of(data)
+    planned = planned_of_plan(span, data.topology, plan, data.scope)
     checks = checks_of(data)
     util, util_rows = utility_of(data, accounting, planned)
     budget = data.topology.budgets[data.scope]
@@ -94,6 +95,6 @@ def build_report(data: PeriodData) -> dict[str, Any]:
         "accounting": accounting_section(data, checks),
         "utility": util_rows,
         "fairness": fairness_section(data),
-        "advice": advice_section(data.topology, data.scope, accounting, util),
+        "advice": advice_section(data.topology, data.scope, accounting, util, span),
         "timeline": _timeline(data),
     }

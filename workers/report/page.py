@@ -1,10 +1,12 @@
 """The report page: one self-contained HTML file (no network, no JavaScript) whose plots are drawn
 by matplotlib and embedded as inline SVG.
 
-Plots: spend against the plan over the period with the warn and cap lines and the breaker events;
-burn rate (spend per hour against the plan's); each numeric metric's expected error against its
-per-release ε with the fitted c/ε curve; spend share against weight share. Each figure is an
-`<svg>` inside a `<figure data-plot="…">`, so a browser test can check that every one rendered.
+Plots: spend against the plan with the warn and cap lines and the breaker events; burn rate (spend
+per time bin against the plan's); each numeric metric's expected error against its per-release noise
+multiplier (√(2ρ) or ε, `utility.noise_multiplier`) with the fitted c/m curve; spend share against
+weight share. The time axis of the first two zooms to the span that has charges (`_view`), with the
+whole period below as context, so minutes of charges in a day are not one vertical line. Each figure
+is an `<svg>` inside a `<figure data-plot="…">`, so a browser test can check that every one rendered.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ __all__ = ["PLOTS", "render_page", "write_page"]
 import html
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpstream.topology.model import event_level_note
 
-PLOTS = ("spend", "burn_rate", "error_vs_epsilon", "share_vs_weight")
+PLOTS = ("spend", "burn_rate", "error_vs_noise_multiplier", "share_vs_weight")
 """The figures every page has (`data-plot` names)."""
 
 
@@ -31,6 +34,85 @@ def _figure() -> tuple[Any, Any]:
 
     fig, ax = plt.subplots(figsize=(7.2, 3.6), dpi=96)
     return fig, ax
+
+
+ZOOM_MARGIN = 0.05
+"""Margin each side of the zoomed time axis, as a share of the span shown."""
+ZOOM_MIN = 0.02
+"""The narrowest zoom, as a share of the period (a single charge is not an axis of zero width)."""
+ZOOM_WHOLE = 0.9
+"""A zoom covering this share of the period or more shows the whole period instead."""
+_BIN_HOURS = (1 / 60, 2 / 60, 5 / 60, 10 / 60, 15 / 60, 0.5, 1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
+"""Burn-rate bin widths (hours): the narrowest giving at most 30 bins over the view."""
+
+
+@dataclass(frozen=True)
+class _View:
+    """The time axis of the spend and burn plots: [lo, hi] hours into the period, drawn in minutes
+    (`scale` 60) when it spans 3 h or less, else in hours."""
+
+    lo: float
+    hi: float
+    period_h: float
+
+    @property
+    def zoomed(self) -> bool:
+        return self.lo > 0.0 or self.hi < self.period_h
+
+    @property
+    def scale(self) -> float:
+        return 60.0 if self.hi - self.lo <= 3.0 else 1.0
+
+    @property
+    def unit(self) -> str:
+        return "minutes" if self.scale == 60.0 else "hours"
+
+
+def _view(rep: dict[str, Any]) -> _View:
+    """The span that has charges (first to last window end) with a margin; the whole period when there
+    is no charge or the span covers most of it."""
+    period_h = rep["period"]["seconds"] / 3600
+    xs, _ = _hours(rep)
+    if not xs:
+        return _View(0.0, period_h, period_h)
+    lo, hi = min(xs), max(xs)
+    shown = max(hi - lo, ZOOM_MIN * period_h)
+    pad = (shown - (hi - lo)) / 2 + ZOOM_MARGIN * shown
+    lo, hi = max(0.0, lo - pad), min(period_h, hi + pad)
+    if hi <= lo or hi - lo >= ZOOM_WHOLE * period_h:
+        return _View(0.0, period_h, period_h)
+    return _View(lo, hi, period_h)
+
+
+def _timed_figure(view: _View, schedule_start: float | None) -> tuple[Any, Any]:
+    """A figure for a plot over time: when zoomed, a thin overview bar of the whole period below it
+    with the zoomed span shaded and the deployment start S (`schedule_start`, hours; in a first period) marked."""
+    if not view.zoomed:
+        return _figure()
+    _figure()  # selects the Agg backend
+    import matplotlib.pyplot as plt
+
+    plt.close()
+    fig, (ax, ov) = plt.subplots(2, 1, figsize=(7.2, 4.0), dpi=96, gridspec_kw={"height_ratios": [12, 1]})
+    ov.set_gid("period-overview")
+    ov.axvspan(0.0, view.period_h, color="#e4e4e4")
+    ov.axvspan(view.lo, view.hi, color="#1f5fa8")
+    if schedule_start is not None:
+        ov.axvline(schedule_start, color="#222", linewidth=1)
+        ov.text(schedule_start, 0.5, "S ", fontsize=7, va="center", ha="right")
+    ov.set_xlim(0.0, view.period_h)
+    ov.set_yticks([])
+    ov.tick_params(labelsize=7)
+    start = "; S: the deployment start" if schedule_start is not None else ""
+    ov.set_xlabel(
+        f"the whole period, 0–{view.period_h:g} h (hours); shaded: the span shown above, the one with charges{start}",
+        fontsize=7,
+    )
+    return fig, ax
+
+
+def _time_label(view: _View, what: str) -> str:
+    return f"{view.unit} into the period ({what})"
 
 
 def _svg(fig: Any) -> str:
@@ -68,11 +150,15 @@ def _plan_from(rep: dict[str, Any]) -> float:
 
 
 def _spend_plot(rep: dict[str, Any]) -> str:
-    fig, ax = _figure()
+    view = _view(rep)
+    fig, ax = _timed_figure(view, _plan_from(rep) or None)
+    k = view.scale
     xs, ys = _hours(rep)
     hours = rep["period"]["seconds"] / 3600
-    ax.plot(xs, ys, drawstyle="steps-post", color="#1f5fa8", label="spent / cap")
-    ax.plot([_plan_from(rep), hours], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
+    (line,) = ax.plot([x * k for x in xs], ys, drawstyle="steps-post", color="#1f5fa8", label="spent / cap")
+    line.set_gid("spend-line")  # named in the SVG: the page test reads the charges' x positions
+    ax.patch.set_gid("spend-plot-area")
+    ax.plot([_plan_from(rep) * k, hours * k], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
     ax.axhline(rep["terms"]["warn_at"], color="#d08000", linewidth=1, label=f"warn ({rep['terms']['warn_at']:g})")
     ax.axhline(1.0, color="#b00000", linewidth=1.2, label="cap")
     start = rep["period"]["start_epoch"]
@@ -80,38 +166,53 @@ def _spend_plot(rep: dict[str, Any]) -> str:
     for ev in rep["timeline"]["events"]:
         if ev["kind"] in ("breaker_open", "breaker_close", "grant"):
             x = (ev.get("window_time", ev["at_ms"] / 1000) - start) / 3600
-            if 0 <= x <= hours:
+            if view.lo <= x <= view.hi:
                 colour = {"breaker_open": "#b00000", "breaker_close": "#2a8a2a", "grant": "#7a3db8"}[ev["kind"]]
                 name = ev["kind"].replace("_", " ")
-                ax.axvline(x, color=colour, linestyle=":", label=None if name in labelled else name)
+                ax.axvline(x * k, color=colour, linestyle=":", label=None if name in labelled else name)
                 labelled.add(name)
-    ax.set_xlim(0, hours)
+    ax.set_xlim(view.lo * k, view.hi * k)
     ax.set_ylim(0, 1.1)
-    ax.set_xlabel("hours into the period (window end)")
+    ax.set_xlabel(_time_label(view, "window end"))
     ax.set_ylabel("spent / cap")
-    ax.set_title("Spend against the plan")
+    ax.set_title("Spend against the plan" + (" (zoomed to the span with charges)" if view.zoomed else ""))
     ax.legend(fontsize=7, loc="upper left")
     return _svg(fig)
 
 
 def _burn_plot(rep: dict[str, Any]) -> str:
-    fig, ax = _figure()
+    view = _view(rep)
+    fig, ax = _timed_figure(view, _plan_from(rep) or None)
+    k = view.scale
     xs, ys = _hours(rep)
-    hours = max(1, math.ceil(rep["period"]["seconds"] / 3600))
-    per_hour = [0.0] * hours
+    width = next((w for w in _BIN_HOURS if (view.hi - view.lo) / w <= 30), _BIN_HOURS[-1])
+    first = math.floor(view.lo / width + 1e-9) * width
+    bins = max(1, math.ceil((view.hi - first) / width - 1e-9))
+    spent = [0.0] * bins
     prev = 0.0
     for x, y in sorted(zip(xs, ys, strict=True)):
-        h = min(hours - 1, max(0, int(x - 1e-9)))
-        per_hour[h] += y - prev
+        b = min(bins - 1, max(0, math.floor((x - first) / width - 1e-9)))  # a charge at a bin's end is in it
+        spent[b] += y - prev
         prev = y
     # the plan spends its ratio evenly from S (the period start after the first period) to the end
     span_h, lo = rep["period"]["seconds"] / 3600, _plan_from(rep)
     rate = _plan_ratio(rep) / (span_h - lo) if span_h > lo else 0.0
-    plan = [rate * max(0.0, min(h + 1, span_h) - max(h, lo)) for h in range(hours)]
-    burn = [p / q if q else 0.0 for p, q in zip(per_hour, plan, strict=True)]
-    ax.bar([h + 0.5 for h in range(hours)], burn, width=0.9, color="#1f5fa8", label="burn rate (spend ÷ plan)")
+    edges = [first + i * width for i in range(bins + 1)]
+    plan = [rate * max(0.0, min(b1, span_h) - max(b0, lo)) for b0, b1 in zip(edges, edges[1:], strict=False)]
+    burn = [p / q if q else 0.0 for p, q in zip(spent, plan, strict=True)]
+    bars = ax.bar(
+        [(e + width / 2) * k for e in edges[:-1]],
+        burn,
+        width=0.9 * width * k,
+        color="#1f5fa8",
+        label="burn rate (spend ÷ plan)",
+    )
+    for i, bar in enumerate(bars):
+        bar.set_gid(f"burn-bar-{i}")  # named in the SVG: the page test reads the bars
     ax.axhline(1.0, color="#888", linestyle="--", label="on plan")
-    ax.set_xlabel("hour of the period")
+    ax.set_xlim(edges[0] * k, edges[-1] * k)
+    bin_text = f"{width * 60:g} min" if width < 1 else f"{width:g} h"
+    ax.set_xlabel(_time_label(view, f"bins of {bin_text}"))
     ax.set_ylabel("× planned spend rate")
     ax.set_title("Burn rate")
     ax.legend(fontsize=7)
@@ -125,21 +226,21 @@ def _error_plot(rep: dict[str, Any]) -> str:
         pts = u.get("points")
         if not pts or "fit" not in u:
             continue
-        eps = [p[0] for p in pts]
+        mult = [p[0] for p in pts]
         err = [p[1] for p in pts]
-        scale = u["fit"]["c"] / min(eps)  # plot E relative to the metric's largest fitted error
-        line = ax.scatter(eps, [e / scale for e in err], s=6, label=f"{u['metric']} (c={u['fit']['c']:.3g})")
-        lo, hi = min(eps), max(eps)
-        lo, hi = lo / 2, hi * 2  # the curve beyond the period's few ε, to show its shape
+        scale = u["fit"]["c"] / min(mult)  # plot E relative to the metric's largest fitted error
+        line = ax.scatter(mult, [e / scale for e in err], s=6, label=f"{u['metric']} (c={u['fit']['c']:.3g})")
+        lo, hi = min(mult), max(mult)
+        lo, hi = lo / 2, hi * 2  # the curve beyond the period's few multipliers, to show its shape
         grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
         ax.plot(grid, [u["fit"]["c"] / g / scale for g in grid], color=line.get_facecolor()[0], linewidth=1)
         drawn = True
     if not drawn:
         ax.text(0.5, 0.5, "no numeric release in this period", ha="center", transform=ax.transAxes)
     ax.set_xscale("log")
-    ax.set_xlabel("ε per release (pure-ε equivalent)")
+    ax.set_xlabel("noise multiplier m per release (√(2ρ) zCDP, ε pure; not an ε-equivalent)")
     ax.set_ylabel("E|error| (÷ largest fitted)")
-    ax.set_title("Error against ε, with the fitted E = c/ε")
+    ax.set_title("Error against the noise multiplier, with the fitted E = c/m")
     ax.legend(fontsize=7)
     return _svg(fig)
 
@@ -184,16 +285,25 @@ def render_page(rep: dict[str, Any]) -> str:
     acc = rep["accounting"]
     ch, rc = acc["charged"], acc["record_check"]
     tight, gap = acc.get("tight"), acc.get("gap")
+    view = _view(rep)
+    zoom = (
+        f"; zoomed to {view.lo * view.scale:.4g}–{view.hi * view.scale:.4g} {view.unit} into the period, the span "
+        f"with charges, the whole {view.period_h:g} h period in the bar below."
+        if view.zoomed
+        else "."
+    )
     plots = {
         "spend": _spend_plot(rep),
         "burn_rate": _burn_plot(rep),
-        "error_vs_epsilon": _error_plot(rep),
+        "error_vs_noise_multiplier": _error_plot(rep),
         "share_vs_weight": _share_plot(rep),
     }
     captions = {
-        "spend": "Spent ÷ cap after each charge, the plan, the warn and cap lines, breaker and grant events.",
-        "burn_rate": "Spend per hour ÷ the plan's spend per hour.",
-        "error_vs_epsilon": "Each release's expected |error| against its ε, and the fitted E = c/ε per metric.",
+        "spend": "Spent ÷ cap after each charge, the plan, the warn and cap lines, breaker and grant events" + zoom,
+        "burn_rate": "Spend per time bin ÷ the plan's spend in it" + zoom,
+        "error_vs_noise_multiplier": "Each release's expected |error| against its noise multiplier m (√(2ρ) in a "
+        "zCDP scope, ε in a pure one: the scale of the error model, not an ε-equivalent), and the fitted "
+        "E = c/m per metric.",
         "share_vs_weight": "Each metric's share of the period's spend against its weight share.",
     }
     esc = html.escape
@@ -236,12 +346,14 @@ def render_page(rep: dict[str, Any]) -> str:
             [{**u, "c": (u.get("fit") or {}).get("c")} for u in rep["utility"]],
             [
                 "metric",
+                "aggregate",
                 "releases",
                 "sigma_mean",
                 "ci95_half_width_mean",
                 "expected_abs_error_mean",
                 "planned_sigma",
                 "c",
+                "note",
             ],
         )
     )
@@ -252,10 +364,25 @@ def render_page(rep: dict[str, Any]) -> str:
     adv = rep["advice"]
     parts.append("<h2>Advice for the next period</h2>")
     parts.append(f"<p>{esc(adv.get('objective', ''))}. {esc(adv.get('closed_form', ''))}.</p>")
+    if span := adv.get("span"):
+        parts.append(f"<p>Compared over the same span: {esc(span['note'])}.</p>")
+    if (w := adv.get("weighted_relative_error")) and w.get("verdict"):
+        parts.append(
+            f"<p>Weighted relative error {w['this_period']:.4g} this period, {w['advised']:.4g} advised "
+            f"(× {w['predicted_change']:.3f}: {esc(w['verdict'])}).</p>"
+        )
     parts.append(
         _table(
             adv.get("metrics", []),
-            ["metric", "weight_now", "weight_advised", "expected_abs_error_this_period", "expected_abs_error_advised"],
+            [
+                "metric",
+                "weight_now",
+                "weight_advised",
+                "expected_abs_error_this_period",
+                "expected_abs_error_planned",
+                "expected_abs_error_advised",
+                "expected_abs_error_advised_next_period",
+            ],
         )
     )
     parts.append("</body></html>")

@@ -1,34 +1,49 @@
 """The report's utility section, per metric, from the stored records (the published values and
 their noise, never the truth): releases, realised σ and 95 % CI, expected absolute error E,
-planned against realised noise, and E fitted against the per-release ε as E = c/ε.
+planned against realised noise, and E fitted against each release's noise multiplier as E = c/m.
 
-ε of a release is its pure-ε equivalent: √(2ρ) in a zCDP scope (a Gaussian's σ = Δ₂/√(2ρ) is
-then exactly Δ₂/ε, so E = c/ε holds with c = Δ₂·√(2/π)), the charged ε in a pure scope. E is
-the expected |noise| of one released value: σ·√(2/π) for Gaussian noise, σ/√2 for Laplace
-(σ = √2·b), the CI half-width / z₀.₉₇₅ · √(2/π) for a noisy-ratio mean (its σ is approximate).
-Top-k releases keys, not numbers: they have no E and are left out of the fit and the advice.
+The noise multiplier m of a release is the scale factor of its error model, not an ε-equivalent:
+√(2ρ) in a zCDP scope (a Gaussian's σ = Δ₂/√(2ρ) is then exactly Δ₂/m, so E = c/m holds with
+c = Δ₂·√(2/π)), the charged ε in a pure scope. The ε-equivalent of a cost, where the report shows
+one, is `topology.accounting.epsilon_equivalent` at the scope's conversion δ, as in the plan and the
+release record. E is the expected |noise| of one released value: σ·√(2/π) for Gaussian noise, σ/√2
+for Laplace (σ = √2·b), the CI half-width / z₀.₉₇₅ · √(2/π) for a noisy-ratio mean (its σ is
+approximate). Top-k releases keys, not numbers: it has no E and is left out of the fit and the
+advice, as is a numeric metric with no readable release yet (each labelled by its aggregate).
 """
 
 from __future__ import annotations
 
-__all__ = ["MetricUtility", "collect_utility", "expected_abs_error", "release_epsilon", "utility_of"]
+__all__ = ["MetricUtility", "collect_utility", "expected_abs_error", "noise_multiplier", "unfitted_note", "utility_of"]
 
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.calibration import Z95
 from dpstream.topology.model import Accounting, Aggregate
+from dpstream.topology.selection import conversion_delta
 from dpstream.workers.report.collect import PeriodData
 from dpstream.workers.report.planned import Planned
 
 _GAUSS = math.sqrt(2.0 / math.pi)
 
 
-def release_epsilon(accounting: Accounting, cost: float) -> float:
-    """The pure-ε equivalent of one release's cost: √(2ρ) (zCDP) or ε (pure)."""
+def noise_multiplier(accounting: Accounting, cost: float) -> float:
+    """The noise multiplier of one release's cost, the m of its error model E = c/m: √(2ρ) (zCDP) or
+    ε (pure). Not an ε-equivalent (that is `epsilon_equivalent` at the scope's conversion δ)."""
     return math.sqrt(2.0 * cost) if accounting is Accounting.ZCDP else cost
+
+
+def unfitted_note(aggregate: str, releases: int) -> str:
+    """Why a metric has no fit, by its aggregate: top-k releases keys; any other has no readable release."""
+    if aggregate == Aggregate.TOP_K.value:
+        return "top-k: keys in rank order, no numeric error; not fitted, kept out of the advice"
+    if releases == 0:
+        return f"{aggregate}: no release yet; not fitted, kept out of the advice"
+    return f"{aggregate}: no readable release record (past retention?); not fitted, kept out of the advice"
 
 
 def expected_abs_error(record: dict[str, Any]) -> tuple[float, float, float] | None:
@@ -56,7 +71,8 @@ class MetricUtility:
     metric: str
     aggregate: str
     releases: int
-    eps: list[float] = field(default_factory=list)
+    multipliers: list[float] = field(default_factory=list)
+    """Noise multiplier of each readable release (`noise_multiplier`), beside its E in `errors`."""
     errors: list[float] = field(default_factory=list)
     sigmas: list[float] = field(default_factory=list)
     halves: list[float] = field(default_factory=list)
@@ -65,25 +81,25 @@ class MetricUtility:
 
     @property
     def numeric(self) -> bool:
-        """True when the releases are numbers (everything but top-k)."""
+        """True when some release has a readable numeric error (never for top-k: it releases keys)."""
         return bool(self.errors)
 
     @property
     def c(self) -> float | None:
-        """Least-squares c of E = c/ε over the releases (minimises Σ(E − c/ε)²)."""
+        """Least-squares c of E = c/m over the releases (m the noise multiplier; minimises Σ(E − c/m)²)."""
         if not self.errors:
             return None
-        num = math.fsum(e / x for e, x in zip(self.errors, self.eps, strict=True))
-        den = math.fsum(1.0 / (x * x) for x in self.eps)
+        num = math.fsum(e / x for e, x in zip(self.errors, self.multipliers, strict=True))
+        den = math.fsum(1.0 / (x * x) for x in self.multipliers)
         return num / den
 
     @property
     def fit_max_rel_residual(self) -> float | None:
-        """Largest |E − c/ε| / E over the releases (0 when E = c/ε holds exactly)."""
+        """Largest |E − c/m| / E over the releases (0 when E = c/m holds exactly)."""
         c = self.c
         if c is None:
             return None
-        return max(abs(e - c / x) / e for e, x in zip(self.errors, self.eps, strict=True))
+        return max(abs(e - c / x) / e for e, x in zip(self.errors, self.multipliers, strict=True))
 
     @property
     def mean_error(self) -> float | None:
@@ -140,7 +156,7 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
         u.sigmas.append(fig[0])
         u.halves.append(fig[1])
         u.errors.append(fig[2])
-        u.eps.append(release_epsilon(accounting, ch.cost))
+        u.multipliers.append(noise_multiplier(accounting, ch.cost))
         u.values.extend(_values(rec))
     return out
 
@@ -148,13 +164,15 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
 def utility_of(
     data: PeriodData, accounting: Accounting, planned: dict[str, Planned]
 ) -> tuple[dict[str, MetricUtility], list[dict[str, Any]]]:
-    """The per-metric utility objects and the section's JSON rows (planned figures: `planned.planned_of`,
+    """The per-metric utility objects and the section's JSON rows (planned figures: `planned.planned_of_plan`,
     counted from the deployment start S in a deployment's first period)."""
     util = collect_utility(data, accounting)
+    zcdp = accounting is Accounting.ZCDP
+    conversion = conversion_delta(data.topology.budgets[data.scope], data.topology.metrics_of(data.scope))
     rows = []
     for name, u in util.items():
         plan = planned[name]
-        planned_eps = release_epsilon(accounting, plan.cost)
+        planned_m = noise_multiplier(accounting, plan.cost)
         row: dict[str, Any] = {
             "metric": name,
             "aggregate": u.aggregate,
@@ -162,7 +180,10 @@ def utility_of(
             "planned_releases": plan.releases,
             "planned_cost": plan.cost,
             "realised_cost_mean": statistics.fmean(u.costs) if u.costs else None,
-            "planned_epsilon": planned_eps,
+            "planned_noise_multiplier": planned_m,
+            # one number for one release: the plan's and the record's ε-equivalent, at the conversion δ
+            "planned_epsilon_equivalent": epsilon_equivalent(zcdp, plan.cost, conversion).epsilon,
+            "conversion_delta": conversion,
         }
         if u.numeric:
             c = u.c
@@ -180,17 +201,15 @@ def utility_of(
                     "expected_abs_error_mean": u.mean_error,
                     "planned_sigma": planned_sigma,
                     "realised_over_planned_sigma": (sig / planned_sigma) if planned_sigma else None,
-                    "fit": {"c": c, "max_rel_residual": u.fit_max_rel_residual, "form": "E = c / epsilon"},
-                    "points": [list(p) for p in sorted(set(zip(u.eps, u.errors, strict=True)))][:500],
-                    "planned_expected_abs_error": c / planned_eps,
+                    "fit": {"c": c, "max_rel_residual": u.fit_max_rel_residual, "form": "E = c / noise_multiplier"},
+                    "points": [list(p) for p in sorted(set(zip(u.multipliers, u.errors, strict=True)))][:500],
+                    "planned_expected_abs_error": c / planned_m,
                     "typical_magnitude": u.magnitude,
                     "magnitude_resolved": u.resolved,
                     "relative_error": (u.mean_error or 0.0) / (u.magnitude or 1.0),
                 }
             )
         else:
-            row.update(
-                {"note": "top-k releases keys in rank order: no numeric error; not fitted, kept out of the advice"}
-            )
+            row["note"] = unfitted_note(u.aggregate, u.releases)
         rows.append(row)
     return util, rows
