@@ -153,6 +153,34 @@ def test_by_default_dpstream_logs_info_and_faust_aiokafka_mode_stay_at_warning()
 
 
 @pytest.mark.usefixtures("restored_logging")
+def test_faust_lifecycle_lines_of_a_dpstream_service_are_dropped_below_warning() -> None:
+    """A mode Service defined in dpstream logs 'Starting...' through its module's (dpstream) logger:
+    the worker's handler drops it by default, keeps dpstream's own INFO and the service's warnings."""
+    import mode
+
+    _faust_sets_up(None)
+    logger = logging.getLogger("dpstream.workers.runtime.app")
+    records: list[logging.LogRecord] = []
+    keep = logging.Handler()
+    keep.emit = records.append  # type: ignore[method-assign]  # collect the records, as created
+    logger.addHandler(keep)
+
+    class _Service(mode.Service):
+        pass
+
+    _Service.logger = logger
+    try:
+        service = _Service()
+        service._log_mundane("Starting...")
+        service.log.warning("a Faust warning")
+        logger.info("published views ...")
+    finally:
+        logger.removeHandler(keep)
+    (console,) = logging.getLogger().handlers
+    assert [bool(console.filter(r)) for r in records] == [False, True, True]
+
+
+@pytest.mark.usefixtures("restored_logging")
 def test_loglevel_debug_opens_everything_and_warning_quiets_dpstream_too() -> None:
     """--loglevel DEBUG: every logger at DEBUG; --loglevel WARNING: dpstream's release lines are off."""
     _faust_sets_up("DEBUG")

@@ -127,6 +127,24 @@ def _run(args: argparse.Namespace) -> int:
         return run_worker(runtime, loglevel=handler_level)
 
 
+class LibraryChatter(logging.Filter):
+    """Drops Faust's and mode's own records below `level`, whichever logger carries them: a mode
+    Service defined in dpstream (the ingest service, the idempotent producer) logs its lifecycle
+    ("Starting...", "Creating topic ...") through its module's logger, i.e. under `dpstream`."""
+
+    def __init__(self, level: int | str) -> None:
+        super().__init__()
+        self.level = logging.getLevelName(level) if isinstance(level, str) else level
+        import faust
+        import mode
+
+        self._homes = tuple(os.path.dirname(str(package.__file__)) + os.sep for package in (faust, mode))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep a record at `level` or above, or one logged from outside Faust's and mode's code."""
+        return record.levelno >= self.level or not record.pathname.startswith(self._homes)
+
+
 def worker_logging(given: str | None) -> tuple[str, dict[str, Any]]:
     """(the level of Faust's log handler, the `logging_config` faust.Worker merges into its own) for
     `--loglevel given`: dpstream at `given` (default INFO), the root and `LIBRARY_LOGGERS` at
@@ -142,7 +160,16 @@ def worker_logging(given: str | None) -> tuple[str, dict[str, Any]]:
     theirs = ours if ours <= logging.DEBUG else max(ours, logging.WARNING)
     name = logging.getLevelName
     config = {
-        "merge": True,  # mode keeps its handler (at `ours`, the lowest level here) and formatter
+        "merge": True,  # mode keeps its formatters; its handler is restated here with the filter
+        "filters": {"library_chatter": {"()": LibraryChatter, "level": name(theirs)}},
+        "handlers": {  # mode's own console handler (mode.utils.logging._setup_logging), at `ours`
+            "default": {
+                "level": name(ours),
+                "class": "colorlog.StreamHandler",
+                "formatter": "colored",
+                "filters": ["library_chatter"],
+            }
+        },
         "root": {"level": name(theirs)},
         "loggers": {
             "dpstream": {"level": name(ours)},
