@@ -137,14 +137,14 @@ def test_first_period_advice_compares_plan_with_plan_over_the_span_from_the_depl
     late = P0 + 2_500
     rep, _ = asyncio.run(_report([(late, P0 + HOUR + 120)], start=late))
     adv = rep["advice"]
-    assert adv["span"] == {"from_epoch": late, "first_period": True, "note": adv["span"]["note"]}
-    for row in adv["metrics"]:
-        realised, planned = row["expected_abs_error_this_period"], row["expected_abs_error_planned"]
-        assert math.isclose(realised, planned, rel_tol=2e-3), row["metric"]  # grants floored to the unit
     j = adv["weighted_relative_error"]
     assert math.isclose(j["this_period"], j["this_plan"], rel_tol=2e-3)
     assert j["advised"] <= j["this_plan"] * (1 + 1e-9) and j["predicted_change"] <= 1.0 + 1e-9
     assert j["verdict"] != "worse"
+    assert adv["span"] == {"from_epoch": late, "first_period": True, "note": adv["span"]["note"]}
+    for row in adv["metrics"]:
+        realised, planned = row["expected_abs_error_this_period"], row["expected_abs_error_planned"]
+        assert math.isclose(realised, planned, rel_tol=2e-3), row["metric"]  # grants floored to the unit
     # set against a whole period's plan (the report's old comparison), this boosted part would look better
     # than any plan: the advice "worse" for want of the windows before S alone
     assert j["next_period"]["advised"] > 1.2 * j["this_period"]
@@ -154,7 +154,7 @@ def test_a_few_minutes_of_a_first_period_give_no_worse_advice() -> None:
     """Only minutes of charges after S (the replay stops at :15): still on plan, still no "worse" verdict."""
     rep, _ = asyncio.run(_report([(S, P0 + 900)]))
     j = rep["advice"]["weighted_relative_error"]
-    assert j["verdict"] != "worse" and j["predicted_change"] <= 1.0 + 1e-9
+    assert j["predicted_change"] <= 1.0 + 1e-9 and j["verdict"] != "worse"
 
 
 def test_a_metric_with_no_release_yet_is_labelled_by_its_aggregate() -> None:
@@ -230,3 +230,29 @@ def test_a_whole_period_of_charges_keeps_the_whole_axis() -> None:
     rep, _ = asyncio.run(_report([(S, P0 + HOUR + 120)]))
     page = render_page(rep)
     assert '<g id="period-overview">' not in page and "zoomed to" not in page
+
+
+def test_the_report_calls_one_number_per_release_its_epsilon_equivalent() -> None:
+    """The utility's planned ε-equivalent of a release is the release record's (`epsilon_equivalent` at the
+    scope's conversion δ); √(2ρ), the scale of the error model E = c/m, is the noise multiplier, not an ε."""
+
+    async def run() -> tuple[dict[str, Any], dict[str, list[float]]]:
+        topo = load_topology_text(_YAML)
+        ledger = await open_ledger("memory", topo, clock=ManualClock(S), schedule_start=S)
+        await replay_lines(topo, [], ledger, _publish, start=S, end=P0 + 1200)
+        data = await collect_period(ledger, topo, "b", period_id(HOUR, P0))
+        recorded: dict[str, list[float]] = {}
+        for ch in data.charges:
+            assert ch.record is not None
+            recorded.setdefault(ch.metric, []).append(ch.record["cost"]["epsilon_equiv"])
+        return build_report(data), recorded
+
+    rep, recorded = asyncio.run(run())
+    for name, row in _rows(rep, "utility").items():
+        assert math.isclose(row["planned_noise_multiplier"], math.sqrt(2.0 * row["planned_cost"]), rel_tol=1e-12)
+        for eps in recorded[name]:  # on plan: the grants are the planned cost floored to the ledger's unit
+            assert math.isclose(eps, row["planned_epsilon_equivalent"], rel_tol=1e-3), name
+        assert row["planned_epsilon_equivalent"] > 2 * row["planned_noise_multiplier"], name
+        assert not any(key.startswith("planned_epsilon") and key != "planned_epsilon_equivalent" for key in row)
+    for row in rep["advice"]["metrics"]:
+        assert not [key for key in row if key.startswith("epsilon") and "equivalent" not in key]
