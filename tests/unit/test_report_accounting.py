@@ -141,3 +141,13 @@ def test_page_has_four_svg_plots_and_no_external_reference(web_hour: Any) -> Non
     text = render_page(build_report(web_hour[1]))
     assert all(f"<figure data-plot='{p}'><svg" in text for p in PLOTS)
     assert "<script" not in text and "<link" not in text and "<img" not in text
+
+
+def test_page_keeps_the_whole_period_when_every_charge_is_at_one_window_end(seed_day: Any) -> None:
+    """Daily windows all released at the day's end: no span to zoom to, so the axis is the whole day."""
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import render_page
+
+    text = render_page(build_report(seed_day[1]))
+    assert "zoomed to" not in text and '<g id="period-overview">' not in text
+    assert "hours into the period (window end)" in text

@@ -39,7 +39,7 @@ def _figure() -> tuple[Any, Any]:
 ZOOM_MARGIN = 0.05
 """Margin each side of the zoomed time axis, as a share of the span shown."""
 ZOOM_MIN = 0.02
-"""The narrowest zoom, as a share of the period (a single charge is not an axis of zero width)."""
+"""The narrowest zoom, as a share of the period (charges a few seconds apart are not a sliver of an axis)."""
 ZOOM_WHOLE = 0.9
 """A zoom covering this share of the period or more shows the whole period instead."""
 _BIN_HOURS = (1 / 60, 2 / 60, 5 / 60, 10 / 60, 15 / 60, 0.5, 1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -70,16 +70,17 @@ class _View:
 
 def _view(rep: dict[str, Any]) -> _View:
     """The span that has charges (first to last window end) with a margin; the whole period when there
-    is no charge or the span covers most of it."""
+    is no charge, when every charge is at one window end (nothing to spread: the plan line gives the
+    context), or when the span covers most of the period."""
     period_h = rep["period"]["seconds"] / 3600
     xs, _ = _hours(rep)
-    if not xs:
+    if not xs or max(xs) - min(xs) <= 1e-9:
         return _View(0.0, period_h, period_h)
     lo, hi = min(xs), max(xs)
     shown = max(hi - lo, ZOOM_MIN * period_h)
     pad = (shown - (hi - lo)) / 2 + ZOOM_MARGIN * shown
-    lo, hi = max(0.0, lo - pad), min(period_h, hi + pad)
-    if hi <= lo or hi - lo >= ZOOM_WHOLE * period_h:
+    lo, hi = max(0.0, lo - pad), hi + pad  # past the period's end too: its last window ends there
+    if hi - lo >= ZOOM_WHOLE * period_h:
         return _View(0.0, period_h, period_h)
     return _View(lo, hi, period_h)
 
