@@ -215,7 +215,7 @@ def test_the_time_axis_zooms_to_the_minutes_with_charges() -> None:
     assert max(line) - min(line) > 0.8 * width
     assert min(area) <= min(line) and max(line) <= max(area)
     assert '<g id="period-overview">' in spend and "the whole period, 0–1 h" in spend
-    assert "zoomed to" in spend and "minutes into the period" in spend
+    assert "zoomed to" in spend and "time into the period, h:mm" in spend
     burn = page[page.index("<figure data-plot='burn_rate'>") :]
     burn = burn[: burn.index("</figure>")]
     assert '<g id="period-overview">' in burn
@@ -256,3 +256,26 @@ def test_the_report_calls_one_number_per_release_its_epsilon_equivalent() -> Non
         assert not any(key.startswith("planned_epsilon") and key != "planned_epsilon_equivalent" for key in row)
     for row in rep["advice"]["metrics"]:
         assert not [key for key in row if key.startswith("epsilon") and "equivalent" not in key]
+
+
+def test_minutes_of_charges_in_a_day_long_first_period_spread_over_the_plot() -> None:
+    """A day-long period whose deployment starts at 18:00 and has charged ten minutes: the first and last
+    charge lie most of the spend plot's width apart, the axis in minutes, the whole day below."""
+    pytest.importorskip("matplotlib")
+    from dpstream.workers.report.page import render_page
+
+    day0 = (1_796_000_000 // 86_400) * 86_400
+    start = day0 + 18 * HOUR
+
+    async def run() -> dict[str, Any]:
+        topo = load_topology_text(_YAML.replace("period: 1h", "period: 1d"))
+        ledger = await open_ledger("memory", topo, clock=ManualClock(start), schedule_start=start)
+        await replay_lines(topo, [], ledger, _publish, start=start, end=start + 600)
+        return build_report(await collect_period(ledger, topo, "b", period_id(86_400, day0)))
+
+    rep = asyncio.run(run())
+    spend = render_page(rep).split("<figure data-plot='spend'>", 1)[1].split("</figure>", 1)[0]
+    line, area = _path_xs(spend, "spend-line"), _path_xs(spend, "spend-plot-area")
+    assert max(line) - min(line) > 0.8 * (max(area) - min(area))
+    assert "the whole period, 0–24 h" in spend and "time into the period, h:mm" in spend
+    assert rep["advice"]["weighted_relative_error"]["verdict"] != "worse"

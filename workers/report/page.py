@@ -38,8 +38,8 @@ def _figure() -> tuple[Any, Any]:
 
 ZOOM_MARGIN = 0.05
 """Margin each side of the zoomed time axis, as a share of the span shown."""
-ZOOM_MIN = 0.02
-"""The narrowest zoom, as a share of the period (charges a few seconds apart are not a sliver of an axis)."""
+ZOOM_MIN_H = 2 / 60
+"""The narrowest zoom, in hours (charges seconds apart are not a sliver of an axis)."""
 ZOOM_WHOLE = 0.9
 """A zoom covering this share of the period or more shows the whole period instead."""
 _BIN_HOURS = (1 / 60, 2 / 60, 5 / 60, 10 / 60, 15 / 60, 0.5, 1.0, 2.0, 3.0, 6.0, 12.0, 24.0)
@@ -63,9 +63,12 @@ class _View:
     def scale(self) -> float:
         return 60.0 if self.hi - self.lo <= 3.0 else 1.0
 
-    @property
-    def unit(self) -> str:
-        return "minutes" if self.scale == 60.0 else "hours"
+    def text(self, hours: float) -> str:
+        """A time into the period as the axis reads it: h:mm in minutes, else hours."""
+        if self.scale == 60.0:
+            m = round(hours * 60)
+            return f"{m // 60}:{m % 60:02d}"
+        return f"{hours:.4g} h"
 
 
 def _view(rep: dict[str, Any]) -> _View:
@@ -77,7 +80,7 @@ def _view(rep: dict[str, Any]) -> _View:
     if not xs or max(xs) - min(xs) <= 1e-9:
         return _View(0.0, period_h, period_h)
     lo, hi = min(xs), max(xs)
-    shown = max(hi - lo, ZOOM_MIN * period_h)
+    shown = max(hi - lo, ZOOM_MIN_H)
     pad = (shown - (hi - lo)) / 2 + ZOOM_MARGIN * shown
     lo, hi = max(0.0, lo - pad), hi + pad  # past the period's end too: its last window ends there
     if hi - lo >= ZOOM_WHOLE * period_h:
@@ -112,8 +115,16 @@ def _timed_figure(view: _View, schedule_start: float | None) -> tuple[Any, Any]:
     return fig, ax
 
 
-def _time_label(view: _View, what: str) -> str:
-    return f"{view.unit} into the period ({what})"
+def _time_axis(ax: Any, view: _View, what: str) -> None:
+    """Label the x axis of a plot over time; in minutes, ticks read h:mm into the period."""
+    if view.scale == 60.0:
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 3, 5, 6, 10]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda m, _pos: f"{int(m // 60)}:{int(round(m % 60)):02d}"))
+        ax.set_xlabel(f"time into the period, h:mm ({what})")
+    else:
+        ax.set_xlabel(f"hours into the period ({what})")
 
 
 def _svg(fig: Any) -> str:
@@ -174,7 +185,7 @@ def _spend_plot(rep: dict[str, Any]) -> str:
                 labelled.add(name)
     ax.set_xlim(view.lo * k, view.hi * k)
     ax.set_ylim(0, 1.1)
-    ax.set_xlabel(_time_label(view, "window end"))
+    _time_axis(ax, view, "window end")
     ax.set_ylabel("spent / cap")
     ax.set_title("Spend against the plan" + (" (zoomed to the span with charges)" if view.zoomed else ""))
     ax.legend(fontsize=7, loc="upper left")
@@ -213,7 +224,7 @@ def _burn_plot(rep: dict[str, Any]) -> str:
     ax.axhline(1.0, color="#888", linestyle="--", label="on plan")
     ax.set_xlim(edges[0] * k, edges[-1] * k)
     bin_text = f"{width * 60:g} min" if width < 1 else f"{width:g} h"
-    ax.set_xlabel(_time_label(view, f"bins of {bin_text}"))
+    _time_axis(ax, view, f"bins of {bin_text}")
     ax.set_ylabel("× planned spend rate")
     ax.set_title("Burn rate")
     ax.legend(fontsize=7)
@@ -288,8 +299,8 @@ def render_page(rep: dict[str, Any]) -> str:
     tight, gap = acc.get("tight"), acc.get("gap")
     view = _view(rep)
     zoom = (
-        f"; zoomed to {view.lo * view.scale:.4g}–{view.hi * view.scale:.4g} {view.unit} into the period, the span "
-        f"with charges, the whole {view.period_h:g} h period in the bar below."
+        f"; zoomed to {view.text(view.lo)}–{view.text(view.hi)} into the period, the span with charges, the "
+        f"whole {view.period_h:g} h period in the bar below."
         if view.zoomed
         else "."
     )
