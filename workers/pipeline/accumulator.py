@@ -38,6 +38,7 @@ from bisect import insort
 from typing import Any
 
 from dpstream.topology.model import Aggregate, Metric, Source
+from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
 
 PartialValues = dict[str, Any]
@@ -140,12 +141,22 @@ class MetricAccumulator:
         """Contributions bounding dropped (L0 or L∞; for count_units, events of keys not kept);
         once a window closes, its share is the same in whatever order its events came."""
         self.clamped = 0
-        self.skipped = 0
-        """Events without this metric's value / group field, or outside its declared keys."""
+        self.skips = [0] * len(SKIP_REASONS)
+        """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
+        outside its declared keys, no value field. A list, so the hot path bumps one int slot."""
         self._current: list[Any] = [math.inf, -math.inf, None]
         """Tumbling windows: [start, end, state] of the window the last event went to (emission clears it)."""
         self.add_fn = self._make_add()
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
+
+    @property
+    def skipped(self) -> int:
+        """Events without this metric's value / group field, or outside its declared keys (all reasons)."""
+        return sum(self.skips)
+
+    def skip_counts(self) -> dict[str, int]:
+        """Skip reason → events this metric left out for it (every reason, zeros included)."""
+        return dict(zip(SKIP_REASONS, self.skips, strict=True))
 
     # -- hot path ----------------------------------------------------------------------
     def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:
@@ -178,6 +189,8 @@ class MetricAccumulator:
         grouped = group is not None
         group_field = group if group is not None else ""  # read only when grouped
         acc = self
+        skips = self.skips
+        no_group, undeclared, no_value = MISSING_GROUP_FIELD, UNDECLARED_KEY, MISSING_VALUE_FIELD
         cur = self._current
         tumbling = every == size and self._reuse_window
         first = self.first_start
@@ -189,12 +202,12 @@ class MetricAccumulator:
             if grouped:
                 key = fields.get(group_field)
                 if key is None:
-                    acc.skipped += 1
+                    skips[no_group] += 1
                     return False
                 if type(key) is not str:
                     key = str(key)
                 if declared is not None and key not in declared:
-                    acc.skipped += 1
+                    skips[undeclared] += 1
                     return False
                 uk: Any = (unit, key)
             else:
@@ -204,9 +217,9 @@ class MetricAccumulator:
             if value_field is not None:
                 raw = fields.get(value_field)
                 if raw is None:
-                    acc.skipped += 1
+                    skips[no_value] += 1
                     return False
-                f = float(raw)
+                f = float(raw)  # the parser dead-lettered a present value that is not a finite number
                 if f < lo:
                     f = lo
                     acc.clamped += 1

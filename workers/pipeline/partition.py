@@ -119,7 +119,7 @@ class PartitionPipeline:
         self._home = home_partition(self.source.partitioner, partitions) if keyed_here else None
         # unit ids are keyed-hashed here, before bounding, unless the repartition hop already did (its topic)
         self._hash_unit = unit_hasher(self.source) if self.topic == self.source.topic else None
-        self._event_range = event_range
+        self._event_range = event_range if event_range is not None else (-math.inf, math.inf)
         # a by-unit topic may hold two copies of one source record (the hop died before its commit)
         self.seen_copies = SeenCopies() if self.topic != self.source.topic else None
         self.last_offset: int | None = None if start_offset is None else start_offset - 1
@@ -137,9 +137,8 @@ class PartitionPipeline:
         lateness = self._lateness
         max_future = self._max_future
         check_keys = self._check_keys
-        home, partition = self._home, self.partition
         hash_unit = self._hash_unit
-        lo, hi = self._event_range if self._event_range is not None else (-math.inf, math.inf)
+        lo, hi = self._event_range
         start = self.schedule_start
         seen = self.seen_copies
         dead: list[DeadLetter] = []
@@ -158,11 +157,8 @@ class PartitionPipeline:
             except EventError as exc:
                 self._dead_letter(dead, exc.reason, offset, rec.value)
                 continue
-            if check_keys and rec.key != unit.encode():  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
-                self._dead_letter(dead, "key_mismatch", offset, rec.value)
-                continue
-            if home is not None and home(rec.key) != partition:  # type: ignore[attr-defined]  # as above: a Kafka record
-                self._dead_letter(dead, "wrong_partition", offset, rec.value)
+            if check_keys and (problem := self._key_problem(rec, unit)) is not None:
+                self._dead_letter(dead, problem, offset, rec.value)
                 continue
             if hash_unit is not None:
                 unit = hash_unit(unit)
@@ -181,13 +177,14 @@ class PartitionPipeline:
                 late += 1
                 continue
             horizon = arrival - lateness
-            # L∞ order key: (source append time, source partition, source offset), a function of the record
+            # L∞ order key: (source append time, source partition, source offset), a function of the record:
+            # a source read as is: the record's own position; a hop copy: its source position (a header
+            # not the hop's: -1 and this offset)
             order = None
             if ordered:
-                if position is None:  # a source read as is: the record's own position
-                    order = (arrival, own, offset)
-                else:  # a hop copy: its source position (a header not the hop's: -1 and this offset)
-                    order = (arrival, *position_order(position, (-1, offset)))
+                order = (
+                    (arrival, own, offset) if position is None else (arrival, *position_order(position, (-1, offset)))
+                )
             was_late = False
             for add in adds:
                 if add(unit, ts, fields, offset, horizon, order):
@@ -198,6 +195,16 @@ class PartitionPipeline:
         self.counts.accepted += accepted
         self.counts.late += late
         return BatchOutput(self._close_reached(), dead)
+
+    def _key_problem(self, rec: RecordLike, unit: str) -> str | None:
+        """With `check_keys`: `key_mismatch` when the Kafka key is not the event's unit, `wrong_partition`
+        when a `keyed_by_unit` source's record is not in its key's partition, else None."""
+        key = rec.key  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
+        if key != unit.encode():
+            return "key_mismatch"
+        if self._home is not None and self._home(key) != self.partition:
+            return "wrong_partition"
+        return None
 
     def _dead_letter(self, dead: list[DeadLetter], reason: str, offset: int, raw: bytes | None) -> None:
         self.counts.invalid[reason] += 1
@@ -277,11 +284,16 @@ class PartitionPipeline:
         return {acc.metric.name: acc.next_start for acc in self._accs}
 
     def refresh_counts(self) -> EventCounts:
-        """Fold the per-metric cap / clamp / skip tallies into `counts` and return it."""
-        self.counts.capped = sum(a.capped for a in self._accs)
-        self.counts.clamped = sum(a.clamped for a in self._accs)
-        self.counts.skipped = sum(a.skipped for a in self._accs)
-        return self.counts
+        """Fold the per-metric cap / clamp / skip tallies into `counts` and return it (skips also per
+        (metric, reason), every reason of every metric of the source, zeros included)."""
+        c = self.counts
+        c.capped = sum(a.capped for a in self._accs)
+        c.clamped = sum(a.clamped for a in self._accs)
+        c.skipped = sum(a.skipped for a in self._accs)
+        for a in self._accs:
+            for reason, n in a.skip_counts().items():
+                c.skips[(a.metric.name, reason)] = n
+        return c
 
     # -- internals ---------------------------------------------------------------------
     def _partial(self, acc: MetricAccumulator, start: int, values: dict) -> WindowPartial:

@@ -52,10 +52,17 @@ class ReplaySummary:
 
     def lines(self) -> list[str]:
         """Human summary for stderr: counts and reasons only. The event counts are exact aggregates of the
-        input (curator-only, as `dpstream_events_total` is), and the line says so: never publish it."""
+        input (curator-only, as `dpstream_events_total` is), and the line says so: never publish it. Events a
+        metric left out get a line of their own, per metric and reason (as `dpstream_events_skipped_total`)."""
         ev = self.events.snapshot()
         rel = self.releases.snapshot()
         out = [f"events ({CURATOR_ONLY_NOTE}): " + ", ".join(f"{k}={v}" for k, v in ev.items())]
+        skips = self.events.skips_by_metric()
+        if skips:
+            out.append(
+                f"skipped by metric ({CURATOR_ONLY_NOTE}): "
+                + "; ".join(f"{m}: " + ", ".join(f"{r}={n}" for r, n in rs.items()) for m, rs in skips.items())
+            )
         out.append("releases: " + ", ".join(f"{k}={v}" for k, v in rel.items()))
         if self.releases.reasons:
             out.append("not published: " + ", ".join(f"{r}={n}" for r, n in sorted(self.releases.reasons.items())))
@@ -162,6 +169,7 @@ async def replay_lines(
         e.clamped += c.clamped
         e.skipped += c.skipped
         e.invalid.update(c.invalid)
+        e.skips.update(c.skips)
     return summary
 
 

@@ -6,11 +6,11 @@ Two classes (the README's metrics table names the class of each metric, and a te
   information and the releases as of their publish time P(w) (budget and breaker state, the plan,
   the schedule, the noise σ of a published record), or of the process's own health (build, ledger
   reachable). Safe for a wide dashboard audience.
-- **curator-only**: everything else: events and dead letters by outcome, capped and clamped counts,
-  release outcomes, retries, parks and sweeps, latency and lag, windows pending, parked windows,
-  ledger call durations and errors. Exact whole-source or whole-stream figures: served only where
-  the operator asks (a worker's `--curator-metrics`), for a restricted Prometheus. `dpstream exporter`
-  never serves them.
+- **curator-only**: everything else: events and dead letters by outcome, events a metric skipped
+  by reason, capped and clamped counts, release outcomes, retries, parks and sweeps, latency and
+  lag, windows pending, parked windows, ledger call durations and errors. Exact whole-source or
+  whole-stream figures: served only where the operator asks (a worker's `--curator-metrics`), for a
+  restricted Prometheus. `dpstream exporter` never serves them.
 
 A name missing from the table is curator-only (fail closed) and a test fails on it. Names are as
 exposed:
@@ -80,6 +80,7 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         # the ingest side
         "dpstream_events_total": _C,
         "dpstream_dead_letters_total": _C,
+        "dpstream_events_skipped_total": _C,
         # the ingest's worker-broker clock skew (window closes are held past its bound)
         "dpstream_clock_skew_seconds": _C,
         "dpstream_clock_skew_uncertainty_seconds": _C,

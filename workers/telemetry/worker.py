@@ -28,6 +28,10 @@ Ingest side (roles `all` and `ingest`), per `source`:
     dpstream_events_total{source,outcome}         accepted|invalid|late|capped|clamped (`late` events are
                                                   also `accepted`: valid, but too late for a window)
     dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
+    dpstream_events_skipped_total{source,metric,reason}
+                                                  accepted events a metric of the source left out, by
+                                                  workers.pipeline.counters.SKIP_REASONS (no group field,
+                                                  undeclared key, no value field), every one present
     dpstream_clock_skew_seconds                   broker clock − worker clock, from the last probe record's
                                                   append time (absent before the first reading)
     dpstream_clock_skew_uncertainty_seconds       ± of that reading (half the probe's round trip)
@@ -65,7 +69,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dpstream.topology.model import Topology
-from dpstream.workers.pipeline.counters import EventCounts
+from dpstream.workers.pipeline.counters import SKIP_REASONS, EventCounts
 from dpstream.workers.pipeline.events import REASONS
 from dpstream.workers.release.outcomes import ReleaseOutcome
 
@@ -95,6 +99,8 @@ def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
     into.skipped += counts.skipped
     for reason, n in _copy(counts.invalid).items():
         into.invalid[reason] += n
+    for pair, n in _copy(counts.skips).items():
+        into.skips[pair] += n
     return into
 
 
@@ -280,8 +286,19 @@ class WorkerCollector(Collector):
             "Events sent to the dead-letter topic, by reason.",
             labels=["source", "reason"],
         )
+        skipped = CounterMetricFamily(
+            "dpstream_events_skipped",
+            "Accepted events a metric of the source left out, by reason (missing_group_field, undeclared_key, "
+            "missing_value_field): the metric is released without them.",
+            labels=["source", "metric", "reason"],
+        )
         for source in self.topology.sources:
             c = totals.get(source) or EventCounts()
+            skips = _copy(c.skips)
+            for m in self.topology.metrics.values():
+                if m.source == source:
+                    for reason in SKIP_REASONS:  # the fixed vocabulary, every one present
+                        skipped.add_metric([source, m.name, reason], float(skips.get((m.name, reason), 0)))
             invalid = _copy(c.invalid)
             figures = {
                 "accepted": c.accepted,
@@ -296,6 +313,7 @@ class WorkerCollector(Collector):
                 dead.add_metric([source, reason], float(invalid.get(reason, 0)))
         yield events
         yield dead
+        yield skipped
 
     def _clock_families(self) -> Iterator[Metric]:
         """The skew reading of the process's one gate (the ingest's; a release-only process's own) and
