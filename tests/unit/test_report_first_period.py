@@ -182,6 +182,11 @@ def test_a_metric_with_no_release_yet_is_labelled_by_its_aggregate() -> None:
     assert util["top"]["note"].startswith("top-k: keys")
     notes = rep["advice"]["not_advised_notes"]
     assert set(notes) == {"users", "top"} and "top-k" not in notes["users"] and "top-k" in notes["top"]
+    from dpstream.workers.commands.budget_report import render_text
+
+    text = render_text(rep).splitlines()
+    users = next(line for line in text if line.strip().startswith("users "))
+    assert "count_units: no release yet" in users and "top-k" not in users, users
     pytest.importorskip("matplotlib")
     from dpstream.workers.report.page import render_page
 

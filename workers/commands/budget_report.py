@@ -53,7 +53,7 @@ def render_text(rep: dict[str, Any]) -> str:
             f"(order {t['rdp_order']:g}); gap {gap['epsilon']:.4g} ({100 * gap['relative']:.1f} %), not credited back:"
         )
         lines.append(f"    {gap['reason']}")
-    lines.append("  utility (per metric): releases, mean σ, mean 95 % CI, E|error|, fit E = c/ε")
+    lines.append("  utility (per metric): releases, mean σ, mean 95 % CI, E|error|, fit E = c/noise_multiplier")
     for u in rep["utility"]:
         if "fit" in u:
             lines.append(
@@ -62,7 +62,7 @@ def render_text(rep: dict[str, Any]) -> str:
                 + (f"{u['planned_sigma']:.4g}" if u.get("planned_sigma") else "-")
             )
         else:
-            lines.append(f"    {u['metric']:<20} {u['releases']:>5}  (top-k: keys, no numeric error)")
+            lines.append(f"    {u['metric']:<20} {u['releases']:>5}  ({u.get('note') or u.get('aggregate', '')})")
     lines.append("  fairness: spend share vs weight share; refused / stretched / skipped")
     for f in rep["fairness"]:
         lines.append(
@@ -79,7 +79,8 @@ def render_text(rep: dict[str, Any]) -> str:
         )
     if w.get("predicted_change") is not None:
         lines.append(
-            f"    weighted relative error: {w['this_period']:.4g} -> {w['advised']:.4g} (× {w['predicted_change']:.3f})"
+            f"    weighted relative error: {w['this_period']:.4g} -> {w['advised']:.4g} (× {w['predicted_change']:.3f}"
+            + (f", {w['verdict']})" if w.get("verdict") else ")")
         )
     return "\n".join(lines)
 
