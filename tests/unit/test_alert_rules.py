@@ -41,6 +41,7 @@ DESIGN_ALERTS = (
     "DPReleaseLag",
     "DPReleasesParked",  # issue 11 item 5 (poison windows); DESIGN §7 lists the others
     "DPClockSkew",  # window closes held for worker-broker clock skew
+    "DPMetricEventsSkipped",  # a metric leaves out many accepted events (renamed field, mis-cased key)
     "DPWorkerDown",
     "DPExporterDown",
 )
