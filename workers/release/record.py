@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from json.encoder import encode_basestring  # type: ignore[attr-defined]  # json's string quoting, as json.dumps uses
+from json.encoder import encode_basestring
 from typing import Any
 
 from dpstream.topology.accounting import epsilon_equivalent
