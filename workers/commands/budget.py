@@ -73,7 +73,9 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
         ledger = await open_ledger(url, None, allow_volatile=getattr(args, "allow_volatile", False), clock=_now)
     except LedgerUnavailable as exc:  # the same class (exit 1), with where the URL came from and what to check
         raise LedgerUnavailable(f"{str(exc).rstrip('.')}; {_where_url_came_from(args, topo)}") from None
-    if topo is not None:  # the deployment start S, so that a first period's projection runs from S
+    if topo is not None:
+        # S for a scope the workers recorded none with yet (status reads the scope's own S first, so
+        # with or without --topology a first period is projected from the same S)
         try:
             start = topo.start_s
             if start is None:

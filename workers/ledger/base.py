@@ -31,7 +31,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from calendar import timegm
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -239,12 +239,29 @@ class Ledger(ABC):
                 changed.append(name)
         return changed
 
-    async def deployment_start(self, topology_version: str, proposed: int) -> int:
+    async def deployment_start(self, topology_version: str, proposed: int, scopes: Iterable[str] | None = None) -> int:
         """The recorded start (epoch s) of this topology version's deployment: `proposed` if none
-        was recorded yet (stored atomically, set-if-absent), else the first one recorded, forever."""
-        if isinstance(proposed, bool) or not isinstance(proposed, int) or proposed < 0:
-            raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {proposed!r}")
-        return await self._deployment_start(deployment_start_key(topology_version), proposed)
+        was recorded yet (stored atomically, set-if-absent), else the first one recorded, forever.
+        It is also recorded with each of `scopes` (default: this ledger's topology's), see
+        `record_schedule_start`."""
+        _check_start(proposed)
+        start = await self._deployment_start(deployment_start_key(topology_version), proposed)
+        await self.record_schedule_start(start, scopes)
+        return start
+
+    async def record_schedule_start(self, start: int, scopes: Iterable[str] | None = None) -> None:
+        """Record S with each registered scope of `scopes` (default: this ledger's topology's); a
+        scope keeps the first S recorded with it (schedule.lua), so every reader of the scope, with
+        or without the topology, projects its first period from one S. A scope not registered yet
+        is skipped: its worker records S after registering it."""
+        _check_start(start)
+        for scope in sorted(self._configs) if scopes is None else list(scopes):
+            check_scope_name(scope)
+            await self._scope_schedule_start(scope, start)
+
+    async def recorded_schedule_start(self, scope: str) -> int | None:
+        """The S recorded with `scope` (None: none yet); read only."""
+        return _schedule_start_of(await self._stored(scope))
 
     async def recorded_deployment_start(self, topology_version: str) -> int | None:
         """The start recorded for this topology version, or None; read only (a scrape never records
@@ -282,8 +299,7 @@ class Ledger(ABC):
         """Price from the deployment start S (the public schedule): no window starting before S is
         released, so none is counted among a period's releases still to come. Every
         process of one deployment must use the same S (`runtime.schedule`) to price alike."""
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
+        _check_start(start)
         self._schedule_start = start
 
     @property
@@ -434,12 +450,17 @@ class Ledger(ABC):
         """Where the scope stands in its current (wall-clock) period. The projection to the period
         end runs at the rate since the period start, or since the deployment start S when S falls
         inside this period (its first: nothing was spent before S); S is `schedule_start`, else the
-        one this ledger prices with."""
+        one recorded with the scope (`record_schedule_start`: the same for every reader), else the
+        one this ledger prices with (a ledger whose workers recorded none with the scope yet)."""
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
         now = self._clock()
         pstart = _period_start(period_s, now)
-        start = self._schedule_start if schedule_start is None else schedule_start
+        start = schedule_start
+        if start is None:
+            start = _schedule_start_of(stored)
+        if start is None:
+            start = self._schedule_start
         since = start if start is not None and pstart < start < now else pstart
         pid = _period_id(period_s, pstart)
         period = await self._period_fields(scope, pid)
@@ -479,6 +500,7 @@ class Ledger(ABC):
             spent_units=spent,
             delta_spent=delta_units_to_float(int(period.get("delta_spent", 0))),
             delta_cap=delta_units_to_float(delta_cap),
+            schedule_start=start,
         )
 
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
@@ -635,6 +657,10 @@ class Ledger(ABC):
     async def _deployment_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
 
+    @abstractmethod
+    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
+        """schedule.lua: the scope's S, `start` if it had none; None (nothing written) if not registered."""
+
     async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
         """Set `key` to `proposed` if absent; the stored value either way (None: this backend has no id)."""
         return None
@@ -783,6 +809,17 @@ def _refused_change(cfg: ScopeConfig, raw: RawRegister, pid: str, period_end: in
         f"the next period; keep accounting {raw.block_accounting}, cap >= {cap:.6g} and period "
         f"{raw.stored_period_s} s until {_iso(period_end)}, or use a new scope name"
     )
+
+
+def _check_start(start: object) -> None:
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
+
+
+def _schedule_start_of(stored: Mapping[str, str]) -> int | None:
+    """The S recorded with a scope (its config hash's `schedule_start`, schedule.lua), or None."""
+    raw = stored.get("schedule_start")
+    return int(raw) if raw else None
 
 
 def _need_reason(reason: str, actor: str) -> None:

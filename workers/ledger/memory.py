@@ -484,6 +484,13 @@ class MemoryLedger(Ledger):
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 
+    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
+        with self._lock:  # schedule.lua: a registered scope keeps the first S recorded with it
+            s = self._store.get(scope)
+            if s is None or "digest" not in s.config:
+                return None
+            return int(s.config.setdefault("schedule_start", str(start)))
+
     async def _charge(
         self,
         req: ReleaseRequest,

@@ -228,6 +228,10 @@ class RedisLedger(Ledger):
         out = await self._guard(pipe.execute())
         return int(out[1])
 
+    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
+        out = await self._guard(self._scripts["schedule"](keys=[self._keys(scope).config], args=[str(start)]))
+        return None if out is None else int(out)
+
     async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
         key = in_namespace(key, self._namespace)
         pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first id wins, forever)

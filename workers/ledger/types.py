@@ -344,6 +344,9 @@ class ScopeStatus:
     """Partition-selection δ spent in the period."""
     delta_cap: float = 0.0
     """Partition-selection δ the period may spend (fixed when the period opened)."""
+    schedule_start: int | None = None
+    """The deployment start S the projection reckons with (it counts from S when S lies in this
+    period): the one given, else the scope's recorded one, else the ledger's; None: none known."""
 
 
 @dataclass(frozen=True)

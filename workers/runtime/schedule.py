@@ -5,6 +5,8 @@ version, recorded once in the ledger (the first worker to ask sets it; every lat
 or rebalance reads the same value). Both are public: neither depends on any event. The ingest uses
 S to decide which windows exist; the release side gives it to its ledger, which prices the first
 period from S (see dpstream.workers.ledger), so every process of one deployment prices alike.
+Either S is also recorded with each of the topology's registered scopes (the first S a scope gets
+stays), so readers without the topology (`budget status --scope`) project its first period alike.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from dpstream.workers.ledger.base import Ledger
 
 async def schedule_start_of(topology: Topology, ledger: Ledger, now: float | None = None) -> int:
     """S in epoch seconds from an open ledger: `start:` of the topology, else the ledger's record
-    for this version (recorded now, set-if-absent, when no process recorded one yet)."""
+    for this version (recorded now, set-if-absent, when no process recorded one yet). Recorded with
+    the topology's registered scopes too (`Ledger.record_schedule_start`)."""
+    scopes = sorted(topology.budgets)
     declared = getattr(topology, "start_s", None)
     if declared is not None:
+        await ledger.record_schedule_start(int(declared), scopes)
         return int(declared)
-    return int(await ledger.deployment_start(topology.topology_version, int(time.time() if now is None else now)))
+    proposed = int(time.time() if now is None else now)
+    return int(await ledger.deployment_start(topology.topology_version, proposed, scopes))
 
 
 async def resolve_schedule_start(topology: Topology, redis_url: str, now: float | None = None) -> int:

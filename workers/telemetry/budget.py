@@ -297,10 +297,12 @@ class LedgerSource:
 class BudgetReader:
     """Reads the figures of the topology's scopes from a ledger (one pass per scrape).
 
-    The plan's figures count from the deployment start S in its first period: S is the topology's
-    `start:`, else the S the ledger prices with (an in-process ledger shared with the release side),
-    else the one recorded in the ledger for this topology version (read only; until a worker
-    records one the plan counts from the period start). Once known it is kept: S never changes."""
+    The projection and the plan's figures count from the deployment start S in its first period: the
+    S recorded with the scope (what `budget status` reads, with or without a topology); for a scope
+    without one, the topology's `start:`, else the S the ledger prices with (an in-process ledger
+    shared with the release side), else the one recorded in the ledger for this topology version
+    (read only; until a worker records one the plan counts from the period start). Once known it
+    is kept: S never changes."""
 
     def __init__(self, topology: Topology | None, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -336,7 +338,7 @@ class BudgetReader:
         return out
 
     async def schedule_start(self, ledger: Any) -> int | None:
-        """The deployment start S the plan's figures count from (None while no worker recorded one)."""
+        """The deployment start S of a scope with none recorded with it (None while no worker recorded one)."""
         if self._start is None and self._version is not None:
             start = ledger.schedule_start
             if start is None:
@@ -364,8 +366,12 @@ class BudgetReader:
 
     async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
         plan = self._plans.get(scope)
-        start = await self.schedule_start(ledger) if plan is not None else None
-        status = await ledger.status(scope, start)  # projected from S in the deployment's first period
+        status = await ledger.status(scope)  # projected from the scope's S, as `budget status` does
+        start = status.schedule_start
+        if start is None and plan is not None:  # no S recorded with the scope yet (older workers)
+            start = await self.schedule_start(ledger)
+            if start is not None:
+                status = await ledger.status(scope, start)
         hidden = await self.unpublished(ledger, scope, self._clock())
         status = as_published(status, hidden.get(status.period_id, 0))
         mono = time.monotonic()
