@@ -4,7 +4,7 @@
     q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
     r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
     await ledger.commit(scope, release_id)                              # reserved -> published
-    start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins
+    start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins (also per scope)
     ledger.use_schedule_start(start)                                    # price from S
     ledger.ledger_id                                                    # this namespace's id (None: in-process)
 

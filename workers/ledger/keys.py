@@ -96,7 +96,8 @@ class ScopeKeys:
 
     @property
     def config(self) -> str:
-        """Hash: cap, reserve, warn threshold (units), accounting, digest of the registered config."""
+        """Hash: cap, reserve, warn threshold (units), accounting, digest of the registered config,
+        and `schedule_start`: the first deployment start S recorded with the scope (schedule.lua)."""
         return f"{self.base}:config"
 
     @property
