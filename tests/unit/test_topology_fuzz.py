@@ -315,9 +315,9 @@ def _check(path: Path, expect: str, done: list[str], code: int, out: str, err: s
     else:
         assert expect != VALID, what
         lines = err.splitlines()
-        assert len(lines) == 1 and err.endswith("\n"), what
-        assert lines[0].startswith("dpstream: error: "), what
-        assert str(path) in lines[0], what
+        assert lines and err.endswith("\n"), what  # one line per mistake (validate prints all of them)
+        assert all(line.startswith("dpstream: error: ") for line in lines), what
+        assert all(str(path) in line for line in lines), what
         assert out == "", what
 
 
