@@ -42,6 +42,9 @@ PERIOD = "1m"
 """A one-minute period: every run starts in a partial first period and often crosses a period boundary,
 where adaptive prices depend most on the order releases are charged in (a worker catching up on a
 backlog once charged them out of order, so D and D′ spent differently)."""
+SHARED_LEDGER_PERIOD = "1h"
+"""The kill-and-restart test's two deployments charge one ledger scope: over a one-minute partial first
+period their two shares would exhaust its pool within the test and refuse its last windows."""
 MARGIN_SIGMAS = 7.0
 
 
@@ -158,7 +161,8 @@ def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
     """Two deployments read one source topic: one undisturbed, one SIGKILLed mid-stream and restarted
     after a pause; every window's true aggregate (merged partials) and release match."""
     start = (int(time.time()) // WINDOW + 1) * WINDOW
-    clean = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=PERIOD)
+    period = SHARED_LEDGER_PERIOD
+    clean = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, epsilon=EPSILON, start=start, period=period)
     crashy = deploy(
         tmp_path,
         kafka_broker.bootstrap,
@@ -166,7 +170,7 @@ def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(
         epsilon=EPSILON,
         start=start,
         source_topic=clean.source_topic,
-        period=PERIOD,
+        period=period,
     )
     clean.start_worker("clean")
     victim = crashy.start_worker("crashy-1")
