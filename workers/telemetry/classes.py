@@ -64,6 +64,12 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_breaker_open": _D,
         # the published record's own noise figure
         "dpstream_release_noise_stddev": _D,
+        # the feed: the releases topic's records, deduped (workers.feed; `dpstream exporter` serves them)
+        "dpstream_release_value": _D,
+        "dpstream_release_ci_half_width": _D,
+        "dpstream_release_window_end_timestamp_seconds": _D,
+        "dpstream_release_ratio_after": _D,
+        "dpstream_release_conflicts_total": _D,
         # the release side's processing
         "dpstream_releases_total": _C,
         "dpstream_release_retries_total": _C,
