@@ -54,6 +54,11 @@ CONTRACT_METRICS = {
     "dpstream_events_total",
     "dpstream_dead_letters_total",
     "dpstream_ledger_errors_total",
+    # the feed series `dpstream exporter --topology` serves from the releases topic (dpstream-feed)
+    "dpstream_release_value",
+    "dpstream_release_ci_half_width",
+    "dpstream_release_ratio_after",
+    "dpstream_release_window_end_timestamp_seconds",
 }
 CONTRACT_HISTOGRAMS = {"dpstream_release_latency_seconds", "dpstream_ledger_request_duration_seconds"}
 ALLOWED_METRICS = CONTRACT_METRICS | {h + s for h in CONTRACT_HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
@@ -64,20 +69,27 @@ EXPECTED_VARIABLES = {
     "dpstream-releases": {"metric"},
     "dpstream-ingest": {"source"},
     "dpstream-ledger": set(),
+    "dpstream-feed": {"metric", "key"},
 }
 VARIABLE_QUERIES = {
     "scope": "label_values(dpstream_budget_spent_ratio, scope)",
     "metric": "label_values(dpstream_releases_total, metric)",
     "source": "label_values(dpstream_events_total, source)",
 }
+# The feed dashboard reads the exporter's feed series, so its variables list their labels instead.
+FEED_VARIABLE_QUERIES = {
+    "metric": "label_values(dpstream_release_value, metric)",
+    "key": 'label_values(dpstream_release_value{metric=~"$metric"}, key)',
+}
 FILTERED_BY = {
     # variable: metric-name pattern whose every selector on that dashboard carries `label=~"$variable"`
     "scope": re.compile(r"dpstream_(budget_\w+|breaker_open)$"),
     "metric": re.compile(r"dpstream_(releases_total|release_\w+|windows_pending)$"),
     "source": re.compile(r"dpstream_(events_total|dead_letters_total)$"),
+    "key": re.compile(r"dpstream_release_(value|ci_half_width)$"),
 }
 BUILTIN_VARIABLES = {"__rate_interval"}
-ALL_VARIABLES = set(VARIABLE_QUERIES) | BUILTIN_VARIABLES
+ALL_VARIABLES = set(VARIABLE_QUERIES) | set(FEED_VARIABLE_QUERIES) | BUILTIN_VARIABLES
 
 BUDGET_ALERTS = {
     "DPBudgetWarning",
@@ -209,7 +221,11 @@ def promql_identifiers(expr: str) -> tuple[set[str], set[str]]:
 def expand(expr: str) -> str:
     """The expression with the dashboard variables replaced as Grafana would for "All" and a 1m rate interval."""
     return (
-        expr.replace("$__rate_interval", "1m").replace("$scope", ".*").replace("$metric", ".*").replace("$source", ".*")
+        expr.replace("$__rate_interval", "1m")
+        .replace("$scope", ".*")
+        .replace("$metric", ".*")
+        .replace("$source", ".*")
+        .replace("$key", ".*")
     )
 
 
@@ -261,8 +277,8 @@ def alert_exprs() -> list[tuple[str, str]]:
 DASHBOARD_FILES = sorted(DASHBOARDS.glob("*.json"))
 
 
-def test_the_four_dashboards_exist_with_their_fixed_uids():
-    """deploy/grafana/dashboards holds exactly the four dashboards, each file named after its fixed uid."""
+def test_the_five_dashboards_exist_with_their_fixed_uids():
+    """deploy/grafana/dashboards holds exactly the five dashboards, each file named after its fixed uid."""
     dashboards = load_dashboards()
     assert set(dashboards) == set(EXPECTED_VARIABLES)
     for stem, dashboard in dashboards.items():
@@ -302,7 +318,8 @@ def test_dashboard_variables(path: Path):
     assert {variable["name"] for variable in variables} == EXPECTED_VARIABLES[dashboard["uid"]]
     for variable in variables:
         query = variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
-        assert query == VARIABLE_QUERIES[variable["name"]]
+        queries = FEED_VARIABLE_QUERIES if dashboard["uid"] == "dpstream-feed" else VARIABLE_QUERIES
+        assert query == queries[variable["name"]]
         assert variable["type"] == "query"
         assert variable["datasource"]["uid"] == DATASOURCE_UID
         if variable.get("includeAll"):
@@ -422,6 +439,26 @@ def test_releases_ingest_and_ledger_dashboards_show_the_required_figures():
             in ledger
         )
     assert "dpstream_ledger_errors_total" in ledger and "dpstream_ledger_up" in ledger
+
+
+def test_feed_dashboard_shows_each_metrics_values_band_ratio_and_age():
+    """dpstream-feed repeats per $metric: the noisy values per $key with their CI band, the ratio, the window age."""
+    feed = load_dashboards()["dpstream-feed"]
+    rows = [panel for panel in all_panels(feed) if panel["type"] == "row"]
+    assert [row.get("repeat") for row in rows] == ["metric"], "one row, repeated per metric"
+    exprs = {panel["title"]: [t["expr"] for t in panel["targets"]] for panel in data_panels(feed)}
+    value = 'dpstream_release_value{metric=~"$metric",key=~"$key"}'
+    half = 'dpstream_release_ci_half_width{metric=~"$metric",key=~"$key"}'
+    assert [value, f"{value} + {half}", f"{value} - {half}"] in exprs.values(), "value with its CI band"
+    assert ['dpstream_release_ratio_after{metric=~"$metric"}'] in exprs.values()
+    assert ['time() - dpstream_release_window_end_timestamp_seconds{metric=~"$metric"}'] in exprs.values()
+
+
+def test_the_contract_names_here_are_the_telemetry_contract():
+    """Every metric this file allows is classed in dpstream.workers.telemetry.classes (DESIGN §7)."""
+    from dpstream.workers.telemetry.classes import METRIC_CLASSES
+
+    assert set(METRIC_CLASSES) >= CONTRACT_METRICS | CONTRACT_HISTOGRAMS
 
 
 def test_divisions_guard_against_a_zero_denominator():
