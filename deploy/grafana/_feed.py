@@ -20,7 +20,7 @@ HALF_WIDTH = 'dpstream_release_ci_half_width{metric=~"$metric",key=~"$key"}'
 RATIO = 'dpstream_release_ratio_after{metric=~"$metric"}'
 AGE = 'time() - dpstream_release_window_end_timestamp_seconds{metric=~"$metric"}'
 
-VARIABLES = [
+VARIABLES: list[Variable] = [
     Variable(
         "metric",
         "Metric",

@@ -65,6 +65,7 @@ class Common:
     mappings: dict[str, tuple[str, str]] | None = None
     overrides: list[tuple[str, list[dm.DynamicConfigValue]]] = field(default_factory=list)
     repeat: str | None = None
+    transformations: list[dm.DataTransformerConfig] = field(default_factory=list)
 
 
 def query(target: Q, ref_id: str) -> prometheus.Dataquery:
@@ -105,6 +106,22 @@ def dashed(color: str | None = None) -> list[dm.DynamicConfigValue]:
     return properties
 
 
+def mapped(mapping: dict[str, tuple[str, str]], steps: Steps | None = None) -> list[dm.DynamicConfigValue]:
+    """Override properties: value mappings (value -> text, colour), and optionally their own thresholds."""
+    properties = [dm.DynamicConfigValue(id_val="mappings", value=value_mappings(mapping))]
+    if steps is not None:
+        properties.append(dm.DynamicConfigValue(id_val="thresholds", value=thresholds(steps).build()))
+    return properties
+
+
+def threshold_from(ref_id: str, field_name: str) -> dm.DataTransformerConfig:
+    """A transformation: the first threshold step's value is the last value of query ref_id's field."""
+    return dm.DataTransformerConfig(
+        id_val="configFromData",
+        options={"configRefId": ref_id, "mappings": [{"fieldName": field_name, "handlerKey": "threshold1"}]},
+    )
+
+
 def _apply(panel: Any, spec: Common) -> Any:
     """Set the fields every panel shares."""
     panel = panel.id(spec.id).title(spec.title).description(spec.description).grid_pos(spec.grid.pos())
@@ -127,6 +144,8 @@ def _apply(panel: Any, spec: Common) -> Any:
         panel = panel.override_by_query(ref_id, properties)
     if spec.repeat:
         panel = panel.repeat(spec.repeat).repeat_direction("h")
+    for transformation in spec.transformations:
+        panel = panel.with_transformation(transformation)
     return panel
 
 
@@ -255,6 +274,7 @@ def variable(spec: Variable) -> db.QueryVariable:
     )
     if spec.include_all:
         built = built.include_all(True).all_value(".*")
+        built = built.current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
     return built
 
 

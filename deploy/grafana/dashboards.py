@@ -21,12 +21,16 @@ OUT = HERE / "dashboards"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import _budget  # noqa: E402
 import _feed  # noqa: E402
+import _ingest  # noqa: E402
+import _ledger  # noqa: E402
+import _releases  # noqa: E402
 from grafana_foundation_sdk.builders import dashboard as db  # noqa: E402  (after the sys.path line above)
 from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
 
 BUILDERS: dict[str, Callable[[], db.Dashboard]] = {
-    _feed.UID: _feed.build,
+    module.UID: module.build for module in (_budget, _releases, _ingest, _ledger, _feed)
 }
 """uid -> builder; the file is dashboards/<uid>.json."""
 
