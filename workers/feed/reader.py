@@ -1,0 +1,91 @@
+"""Read the public releases topic: every partition from a topic time on, then follow it.
+
+No consumer group and no committed offsets (a reader is not a worker: it only looks). Each
+partition is read from the broker's time index at `since_s` (a record's Kafka timestamp is its
+P(w)), or from its beginning. Within a partition records come in offset order; across partitions
+there is no order, so callers order by the record's own fields (window end), never by arrival.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FeedUnavailable", "read_releases"]
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from dpstream.topology.errors import ConfigError
+
+_WAIT_TOPIC_S = 1.0
+"""How often a reader looks again for a releases topic that does not exist yet."""
+
+
+class FeedUnavailable(ConfigError):
+    """Kafka cannot be read (unreachable broker, wrong protocol): one line naming it."""
+
+
+async def read_releases(
+    bootstrap: str,
+    topic: str,
+    options: dict[str, Any],
+    since_s: float | None,
+    *,
+    poll_ms: int = 500,
+    on_waiting: Any = None,
+) -> AsyncIterator[bytes]:
+    """Every record value of `topic` from `since_s` (None: the beginning), then new ones as they come.
+
+    `options` are the TLS/SASL keywords of the workers' clients (`KafkaSecurity.client_options`).
+    A missing topic is waited for (`on_waiting()` is called once); an unreachable broker raises
+    FeedUnavailable."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import KafkaError
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
+    try:
+        try:
+            await consumer.start()
+            partitions = await _partitions(consumer, topic, on_waiting)
+        except (KafkaError, OSError) as exc:
+            protocol = options.get("security_protocol", "PLAINTEXT")
+            raise FeedUnavailable(
+                f"Kafka at {bootstrap} over {protocol}: cannot read the releases topic {topic!r} "
+                f"({type(exc).__name__}); check the topology's kafka.bootstrap and the DPSTREAM_KAFKA_* settings"
+            ) from None
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await _seek(consumer, tps, since_s)
+        while True:
+            batches = await consumer.getmany(*tps, timeout_ms=poll_ms)
+            for tp in sorted(batches, key=lambda t: t.partition):
+                for message in batches[tp]:
+                    if message.value is not None:
+                        yield message.value
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: Any, topic: str, on_waiting: Any) -> set[int]:
+    """The topic's partitions, once it exists."""
+    said = False
+    while True:
+        if topic in await consumer.topics():
+            found = consumer.partitions_for_topic(topic)
+            if found:
+                return set(found)
+        if not said and on_waiting is not None:
+            on_waiting()
+            said = True
+        await asyncio.sleep(_WAIT_TOPIC_S)
+
+
+async def _seek(consumer: Any, tps: list[Any], since_s: float | None) -> None:
+    """Each partition at its first record with timestamp ≥ since_s (its end when none), or its beginning."""
+    await consumer.seek_to_beginning(*tps)
+    if since_s is None:
+        return
+    found = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in tps})
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        at = found.get(tp)
+        consumer.seek(tp, at.offset if at is not None else ends[tp])
