@@ -341,9 +341,27 @@ def run_replay_raw(
 def public_fields(raw: bytes) -> dict[str, Any]:
     """Everything a release record publishes except its noisy `values`: what must not differ at all
     between D and D′ (the schedule, costs, ratio_after, noise scales, `published_at`)."""
-    record = json.loads(raw)
-    record.pop("values")
-    return record
+    return _without_values(json.loads(raw))
+
+
+def _without_values(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` without its noisy `values` (the keys of a noise-selected set are compared apart)."""
+    return {name: field for name, field in record.items() if name != "values"}
+
+
+def field_differences(base: dict[str, dict], neighbour: dict[str, dict]) -> list[str]:
+    """Every release of both sides whose record differs outside its noisy values (costs,
+    ratio_after, noise scale, CI, published_at, ...), as readable lines naming the fields."""
+    problems = []
+    for rid in sorted(set(base) & set(neighbour)):
+        a, b = _without_values(base[rid]), _without_values(neighbour[rid])
+        if a != b:
+            fields = sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
+            problems.append(
+                f"{_where(base[rid])}: fields {fields} differ: D {[a.get(f) for f in fields]}, "
+                f"D′ {[b.get(f) for f in fields]}"
+            )
+    return problems
 
 
 # -- comparing ------------------------------------------------------------------------------------
@@ -354,7 +372,9 @@ def compare(
     k: float,
     unit_times: Sequence[float] | None = None,
 ) -> list[str]:
-    """Everything in `neighbour` (D′) that a neighbour of `base` (D) may not show, as readable lines.
+    """Everything in `neighbour` (D′) that a neighbour of `base` (D) may not show, as readable lines:
+    a release on one side only, a record differing outside its noisy values, or a value moved past
+    the declared bound.
 
     Per release of a compared metric and per key, with margin m = k·√(σ_D² + σ_D′²):
     |v′ − v| ≤ L∞ + m. Under the same noise event (|noise difference| ≤ m on every key) the true
@@ -383,6 +403,7 @@ def compare(
             f"... {len(only_base)} releases only in D, {len(only_nb)} only in D′ "
             f"(D has {len(base)}, D′ {len(neighbour)})"
         )
+    problems += field_differences(base, neighbour)
     compared = {m.name: m for m in compared_metrics(topo)}
     for rid in in_order(set(base) & set(neighbour)):
         a, b = base[rid], neighbour[rid]

@@ -138,7 +138,9 @@ def test_adversaries_on_every_partition_count_once_in_a_live_worker(
     """Each window's true aggregate equals the per-unit count recomputed from the source topic, each
     release is that plus noise, and the 7 misplaced copies of every adversary record are dead letters;
     the data-independent series equal those of the honest stream alone, sample by sample."""
-    start = (int(time.time()) // WINDOW + 2) * WINDOW
+    # S six windows ahead: the first window's events must be appended before its close (the source
+    # is LogAppendTime), and creating two deployments' topics takes seconds on a loaded machine
+    start = (int(time.time()) // WINDOW + 6) * WINDOW
     dep = _deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, start)
     own = urlunparse(urlparse(fresh_redis.url)._replace(path="/2"))  # D's own ledger: no shared spend
     plain = _deploy(tmp_path, kafka_broker.bootstrap, own, start)

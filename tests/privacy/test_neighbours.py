@@ -306,3 +306,15 @@ def test_the_whole_schedule_is_published_and_the_bounds_are_the_declared_ones() 
             bound = nb.declared_bound(m)
             assert (bound.linf, bound.l1) == nb.topology_sensitivity(m), m.name
     assert 6.5 < _K < 8.0
+
+
+def test_a_record_differing_outside_its_values_is_a_problem() -> None:
+    """The comparison's positive control: a release whose ratio_after (or any field but its noisy
+    values) differs between D and D′ is reported, one whose values alone differ is not."""
+    base, _ = _dense_base(START, START + nb.HOUR, 1)
+    rid = sorted(base)[0]
+    values_only = {**base, rid: {**base[rid], "values": {k: v + 1.0 for k, v in base[rid]["values"].items()}}}
+    budget = {**base[rid]["budget"], "ratio_after": base[rid]["budget"]["ratio_after"] + 1e-6}
+    ratio = {**base, rid: {**base[rid], "budget": budget}}
+    assert nb.field_differences(base, values_only) == []
+    assert [line.split(": fields ")[1][:10] for line in nb.field_differences(base, ratio)] == ["['budget']"]

@@ -151,6 +151,22 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
     assert views == [], f"honest windows changed by the adversary: {views}"
     assert sum(truth_b[("views", start)].values()) == 1 and sum(truth_a[("views", start)].values()) == 0
     assert series == [], "\n".join(series[:20])
+    assert _record_differences(plain, attacked, starts) == []
+
+
+def _record_differences(plain: Deployment, attacked: Deployment, starts: list[int]) -> list[tuple]:
+    """The releases of `starts` whose Kafka record timestamp or record (but its noisy values and the
+    fields naming each deployment's own topology version, release id and ledger) differ."""
+    a = _timed_releases(plain.bootstrap, plain.topology.sinks.releases)
+    b = _timed_releases(attacked.bootstrap, attacked.topology.sinks.releases)
+    differ = []
+    for key in [(m, s) for m in plain.topology.metrics for s in starts]:
+        (ra, ta), (rb, tb) = a[key], b[key]
+        for own_field in ("topology_version", "release_id", "ledger"):  # two deployments, two ledgers
+            ra.pop(own_field), rb.pop(own_field)
+        if ta != tb or ra != rb:
+            differ.append((key, ta, tb, sorted(f for f in ra.keys() | rb.keys() if ra.get(f) != rb.get(f))))
+    return differ
 
 
 def test_a_worker_killed_and_restarted_mid_stream_rebuilds_the_same_aggregates(

@@ -46,6 +46,7 @@ def test_an_event_two_days_early_adds_no_release(tmp_path: Path) -> None:
     code_n, neighbour = nb.run_replay_cli(str(topology), d_prime, flags, tmp_path)
     assert code_d == code_n == 0
     assert set(base) == set(neighbour) and len(base) == 24
+    assert nb.field_differences(base, neighbour) == []
 
 
 def test_without_from_to_neither_stream_gets_a_schedule_from_its_events(
