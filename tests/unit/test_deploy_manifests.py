@@ -3,7 +3,9 @@
 No Docker engine or cluster runs here, so these are static checks (stdlib, pyyaml, pytest; kubectl's
 offline `kustomize` when installed): mounted paths exist, healthchecks and probes are there and point
 at declared ports, selectors match pod labels, and the generated ConfigMap and PrometheusRule equal
-their sources.
+their sources. The schemas of the core Kubernetes objects are checked offline by kubernetes-validate in
+test_k8s_validate.py; it has none for the prometheus-operator CRDs, so the ServiceMonitor and the
+PrometheusRule are checked here by their own tests (their selectors and ports; equality with rules.yml).
 """
 
 from __future__ import annotations
@@ -462,6 +464,8 @@ def test_services_select_pods_and_target_their_ports():
 
 
 def test_servicemonitor_selects_the_services_by_port_name():
+    """The ServiceMonitor (a CRD: no kubernetes-validate schema) selects exactly the two Services by their labels,
+    in the kustomization's namespace, and scrapes /metrics on a port name each of them declares."""
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
     (monitor,) = of_kind("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -524,7 +528,9 @@ def test_topology_configmap_equals_the_example():
     reason="deploy/prometheus/rules.yml does not exist yet: the PrometheusRule is generated from it",
 )
 def test_prometheusrule_equals_the_prometheus_rules():
-    """spec.groups is rules.yml's groups, and regenerating deploy/k8s/prometheusrule.yaml changes nothing."""
+    """spec.groups is rules.yml's groups, and regenerating deploy/k8s/prometheusrule.yaml changes nothing.
+
+    The PrometheusRule is a CRD with no kubernetes-validate schema: this equality is its check."""
     (rule,) = of_kind("PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["spec"]["groups"] == yaml.safe_load(RULES_YML.read_text(encoding="utf-8"))["groups"]
