@@ -29,6 +29,7 @@ COMMANDS = (
     "schema",
     "worker",
     "exporter",
+    "tail",
     "replay",
     "produce",
     "demo",

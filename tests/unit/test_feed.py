@@ -146,7 +146,7 @@ def _scrape(feed: ExporterFeed) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 def test_the_collector_serves_only_the_latest_releases_keys_and_counts_conflicts() -> None:
     """Values, CI half-widths, window end and ratio of the latest release; a key it lacks is gone."""
     now = [DAY + 3600 + 60.0]
-    feed = ExporterFeed(_topology(), {}, clock=lambda: now[0])
+    feed = ExporterFeed(_topology(), clock=lambda: now[0])
     first = _record("by_page", DAY + 3600, {"home": 5.0, "cart": 2.0}, half={"home": 1.0, "cart": 2.0})
     assert feed.offer(canonical_bytes(first)) is Verdict.FIRST
     assert feed.offer(canonical_bytes(_record("views", DAY + 3600, {"": 7.0}, ratio=0.5))) is Verdict.FIRST

@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     url = args.redis or topology.redis.url
     if url == "memory":
         raise ConfigError("--redis memory: the in-process ledger lives in one process only: give a redis:// URL")
-    feed = ExporterFeed(topology, KafkaSecurity.from_env(kafka=topology.kafka).client_options())
+    feed = ExporterFeed(topology, KafkaSecurity.from_env(kafka=topology.kafka))
     for reason in feed.latest.refused.values():
         print(f"dpstream exporter: {reason}", file=sys.stderr)
     telemetry = exporter_telemetry(topology, url, allow_volatile=args.allow_volatile, feed=feed)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dpstream.topology.errors import ConfigError
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 
 _WAIT_TOPIC_S = 1.0
 """How often a reader looks again for a releases topic that does not exist yet."""
@@ -27,7 +28,7 @@ class FeedUnavailable(ConfigError):
 async def read_releases(
     bootstrap: str,
     topic: str,
-    options: dict[str, Any],
+    security: KafkaSecurity,
     since_s: float | None,
     *,
     poll_ms: int = 500,
@@ -35,24 +36,25 @@ async def read_releases(
 ) -> AsyncIterator[bytes]:
     """Every record value of `topic` from `since_s` (None: the beginning), then new ones as they come.
 
-    `options` are the TLS/SASL keywords of the workers' clients (`KafkaSecurity.client_options`).
+    `security` is the TLS/SASL of the workers' clients (`KafkaSecurity.from_env(kafka=topology.kafka)`).
     A missing topic is waited for (`on_waiting()` is called once); an unreachable broker raises
     FeedUnavailable."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
 
+    options = security.client_options()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **options)
     try:
         try:
             await consumer.start()
-            partitions = await _partitions(consumer, topic, on_waiting)
+            partitions = await _partitions(bootstrap, topic, security, on_waiting)
         except (KafkaError, OSError) as exc:
             protocol = options.get("security_protocol", "PLAINTEXT")
             raise FeedUnavailable(
                 f"Kafka at {bootstrap} over {protocol}: cannot read the releases topic {topic!r} "
                 f"({type(exc).__name__}); check the topology's kafka.bootstrap and the DPSTREAM_KAFKA_* settings"
             ) from None
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await _seek(consumer, tps, since_s)
         while True:
@@ -65,14 +67,15 @@ async def read_releases(
         await consumer.stop()
 
 
-async def _partitions(consumer: Any, topic: str, on_waiting: Any) -> set[int]:
-    """The topic's partitions, once it exists."""
+async def _partitions(bootstrap: str, topic: str, security: KafkaSecurity, on_waiting: Any) -> int:
+    """The topic's partition count, once it exists."""
+    from dpstream.workers.runtime.topics import partition_count
+
     said = False
     while True:
-        if topic in await consumer.topics():
-            found = consumer.partitions_for_topic(topic)
-            if found:
-                return set(found)
+        found = await partition_count(bootstrap, topic, security)
+        if found:
+            return found
         if not said and on_waiting is not None:
             on_waiting()
             said = True

@@ -51,6 +51,7 @@ from dpstream.workers.feed import (
     seek_time,
 )
 from dpstream.workers.release.display import half_width
+from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.telemetry.budget import BudgetCollector, BudgetReader, LedgerSource
 from dpstream.workers.telemetry.info import TopologyInfo
 from dpstream.workers.telemetry.web import CONTENT_TYPE, Telemetry
@@ -66,9 +67,11 @@ class ExporterFeed:
     """The releases topic, deduped, as each metric's latest release (`run` reads it; `FeedCollector`
     serves it). `clock` is the time P(w) is compared with (injected by tests)."""
 
-    def __init__(self, topology: Topology, options: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, topology: Topology, security: KafkaSecurity | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.topology = topology
-        self.options = options
+        self.security = security or KafkaSecurity.from_env(kafka=topology.kafka)
         self.clock = clock
         self.dedupe = Dedupe()
         self.latest = LatestReleases(topology)
@@ -95,7 +98,7 @@ class ExporterFeed:
         topic = self.topology.sinks.releases
         while True:
             try:
-                async for payload in read_releases(self.topology.kafka.bootstrap, topic, self.options, self.since()):
+                async for payload in read_releases(self.topology.kafka.bootstrap, topic, self.security, self.since()):
                     self.offer(payload)
                     wait = _RETRY_S[0]
             except FeedUnavailable as exc:
