@@ -7,7 +7,17 @@ denominator splits its cost evenly between its noisy sum and noisy count.
 
 from __future__ import annotations
 
-__all__ = ["NoiseComponent", "calibrate", "MEAN_SUM_SHARE", "Z95", "continuous_ci_half_width"]
+__all__ = [
+    "NoiseComponent",
+    "calibrate",
+    "MEAN_SUM_SHARE",
+    "QUANTILE_LEVEL",
+    "Z95",
+    "continuous_ci_half_width",
+    "quantile_cost",
+    "quantile_rank_error",
+    "quantile_scale",
+]
 
 import math
 from dataclasses import dataclass
@@ -16,7 +26,7 @@ from dpstream.topology import accounting as acc
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
 from dpstream.topology.selection import TOP_K_SELECTION_SHARE
-from dpstream.topology.sensitivity import Sensitivity, release_sensitivities
+from dpstream.topology.sensitivity import Sensitivity, quantile_d_in, release_sensitivities
 
 MEAN_SUM_SHARE = 0.5
 """Share of a noisy mean's cost spent on its sum (the rest goes to its count)."""
@@ -95,13 +105,71 @@ def _component(sens: Sensitivity, mechanism: Mechanism, accounting: Accounting, 
     raise InternalError(f"no calibration for mechanism {mechanism!r}")
 
 
+QUANTILE_LEVEL = 0.95
+"""Probability the rank-error bound of a released quantile holds with (`quantile_rank_error`)."""
+
+
+def quantile_cost(alpha: float, d_in: int, scale: float, accounting: Accounting) -> float:
+    """What OpenDP's private quantile at level α costs at `scale` and symmetric distance d_in:
+    ε = 2·max(α, 1 − α)·d_in / scale (pure), ρ = ε² / 8 (zCDP, the Gumbel noisy max)."""
+    eps = 2.0 * max(alpha, 1.0 - alpha) * d_in / scale
+    return eps if accounting is Accounting.PURE else eps * eps / 8.0
+
+
+def quantile_scale(quantiles: tuple[float, ...], d_in: int, accounting: Accounting, cost: float) -> float:
+    """The one scale at which the quantiles of a release together cost `cost` (they compose: the
+    sum of `quantile_cost` over the levels), so p99 costs (0.99 / 0.5)² = 3.92× p50 in ρ."""
+    spread = [2.0 * max(a, 1.0 - a) * d_in for a in quantiles]
+    if accounting is Accounting.PURE:
+        return sum(spread) / cost
+    return math.sqrt(sum(x * x for x in spread) / (8.0 * cost))
+
+
+def quantile_rank_error(scale: float, candidates: int, level: float = QUANTILE_LEVEL) -> float:
+    """r (in ranks) such that, with probability ≥ `level`, the released candidate's rank error is at
+    most r above the best candidate's of the grid; the rank error of c is the distance from α·n to
+    its rank range [#values < c, #values ≤ c], and its score bounds it.
+
+    The noisy max picks a candidate whose score exceeds the best by x with probability at most
+    e^(-x/scale) each (Gumbel and permute-and-flip alike), so by the union over the other m − 1
+    candidates P(any is picked) ≤ (m − 1)·e^(-r/scale) = 1 − level. It depends on the scale and the
+    grid's size only, never on the data."""
+    if candidates < 2:
+        return 0.0
+    return scale * math.log((candidates - 1) / (1.0 - level))
+
+
+def _quantile_components(metric: Metric, accounting: Accounting, cost: float) -> tuple[NoiseComponent, ...]:
+    """One exponential-mechanism part per quantile level, all at the one scale that spends `cost`."""
+    levels = metric.quantiles or ()
+    d_in = quantile_d_in(metric)
+    scale = quantile_scale(levels, d_in, accounting, cost)
+    return tuple(
+        NoiseComponent(
+            sens.component,
+            Mechanism.EXPONENTIAL,
+            sens,
+            quantile_cost(alpha, d_in, scale, accounting),
+            scale,
+            quantile_cost(alpha, d_in, scale, Accounting.PURE),
+        )
+        for sens, alpha in zip(release_sensitivities(metric), levels, strict=True)
+    )
+
+
 def calibrate(metric: Metric, accounting: Accounting, cost: float) -> tuple[NoiseComponent, ...]:
     """Noise components of one release of `metric` that together cost exactly `cost`.
 
     A top-k over data-derived keys is two parts: 'selection' (a thresholded noisy count of the
     candidate keys, Gaussian in zCDP scopes and Laplace in pure ones) and 'value' (the noisy
-    top-k among the survivors), splitting the cost by `TOP_K_SELECTION_SHARE`.
+    top-k among the survivors), splitting the cost by `TOP_K_SELECTION_SHARE`. A quantile release
+    is one part per level ('p50', 'p90', ...) at one common scale (in ranks), each costing its own
+    `quantile_cost`; together exactly `cost`.
     """
+    if metric.aggregate is Aggregate.QUANTILE:
+        if cost <= 0:
+            raise InternalError(f"metric {metric.name!r} calibrated with non-positive cost {cost}")
+        return _quantile_components(metric, accounting, cost)
     parts = release_sensitivities(metric)
     k = metric.k or 1
     if metric.aggregate is Aggregate.TOP_K and metric.needs_partition_selection:

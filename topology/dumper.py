@@ -128,6 +128,8 @@ def _metric(metric: Metric) -> dict[str, Any]:
         "group_by": metric.group_by,
         "keys": list(metric.keys) if metric.keys is not None else None,
         "k": metric.k,
+        "quantiles": list(metric.quantiles) if metric.quantiles is not None else None,
+        "candidates": list(metric.candidates) if metric.candidates is not None else None,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
     if metric.may_use_reserve:

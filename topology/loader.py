@@ -18,6 +18,7 @@ __all__ = [
 ]
 
 import datetime as dt
+import itertools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -97,6 +98,9 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "k",
         "may_use_reserve",
         "postprocess",
+        "quantiles",
+        "bins",
+        "candidates",
     ),
     "window": ("tumbling", "hopping", "every"),
     "on_warning": ("stretch", "thin"),
@@ -452,6 +456,9 @@ class _Loader:
         k = f.get("k", read_int, 1)
         may_use_reserve = f.get("may_use_reserve", read_bool, default=False)
         postprocess = f.get("postprocess", _read_postprocess, default=PostProcess())
+        quantiles = f.get("quantiles", _read_quantiles)
+        bins = f.get("bins", read_int, 1)
+        listed = f.get("candidates", _read_candidates)
         if weight is not None and weight <= 0:
             f.bad("weight", "must be > 0 (the metric's share of its budget is weight / sum of weights); e.g. weight: 1")
         if denominator is not None and denominator <= 0:
@@ -459,6 +466,7 @@ class _Loader:
         if not f.ok:
             return None
         _check_metric_combination(f, aggregate, mechanism, contribution, group_by, keys, k)
+        candidates = _quantile_grid(f, aggregate, bounds, quantiles, bins, listed)
         if not f.ok:
             return None
         return Metric(
@@ -478,6 +486,8 @@ class _Loader:
             k,
             may_use_reserve,
             postprocess,
+            quantiles,
+            candidates,
         )
 
     def _sinks(self, node: Node | None, sources: dict[str, Source]) -> Sinks | None:
@@ -741,6 +751,98 @@ def _read_keys(node: Node, subject: str, key: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+MAX_QUANTILE_CANDIDATES = 10_000
+"""Most candidates a quantile grid may have (each is scored per release, and the rank-error bound
+grows with the log of their number)."""
+
+
+def _read_quantiles(node: Node, subject: str, key: str) -> tuple[float, ...]:
+    """Quantile levels: a non-empty list of distinct numbers strictly between 0 and 1, kept ascending."""
+    example = "quantiles: [0.5, 0.9, 0.99]"
+    if not isinstance(node, Seq) or not node.items:
+        raise FieldProblem(node.line, f"{subject}: quantiles {show(node)}: must be a non-empty list, e.g. {example}")
+    levels: list[float] = []
+    for item in node.items:
+        alpha = read_number(item, subject, "quantiles[]")
+        if not 0.0 < alpha < 1.0:
+            raise FieldProblem(
+                item.line, f"{subject}: quantiles: {show(item)} must be strictly between 0 and 1, e.g. 0.5"
+            )
+        if alpha in levels:
+            raise FieldProblem(item.line, f"{subject}: quantiles: duplicate level {show(item)}; list each level once")
+        levels.append(alpha)
+    return tuple(sorted(levels))
+
+
+def _read_candidates(node: Node, subject: str, key: str) -> tuple[float, ...]:
+    """An explicit candidate grid: at least two numbers, strictly increasing."""
+    if not isinstance(node, Seq) or len(node.items) < 2:
+        raise FieldProblem(
+            node.line,
+            f"{subject}: candidates {show(node)}: must list at least two numbers, e.g. candidates: [0, 10, 60]",
+        )
+    values = [read_number(item, subject, "candidates[]") for item in node.items]
+    for item, (a, b) in zip(node.items[1:], itertools.pairwise(values), strict=True):
+        if b <= a:
+            raise FieldProblem(
+                item.line, f"{subject}: candidates: {show(item)} must be above {a:g}; list them ascending"
+            )
+    if len(values) > MAX_QUANTILE_CANDIDATES:
+        raise FieldProblem(node.line, f"{subject}: candidates: at most {MAX_QUANTILE_CANDIDATES:,} candidates")
+    return tuple(values)
+
+
+def _quantile_grid(
+    f: _Fields,
+    aggregate: Aggregate | None,
+    bounds: Bounds | None,
+    quantiles: tuple[float, ...] | None,
+    bins: int | None,
+    listed: tuple[float, ...] | None,
+) -> tuple[float, ...] | None:
+    """A quantile metric's public candidate grid: `bins` equal steps over `bounds` (both ends
+    included), or the `candidates` listed, which must lie inside `bounds`. Other aggregates refuse
+    the quantile fields."""
+    if aggregate is not Aggregate.QUANTILE:
+        agg = aggregate.value if aggregate is not None else "not quantile"
+        for key in ("quantiles", "bins", "candidates"):
+            if f.has(key):
+                f.bad(
+                    key,
+                    f"only a quantile metric uses {key}; remove it (aggregate is {agg})",
+                )
+        return None
+    if quantiles is None and not f.has("quantiles"):
+        f.fail(
+            f.line,
+            f"{f.subject}: missing field 'quantiles'; aggregate quantile needs its levels, e.g. quantiles: [0.5, 0.9]",
+        )
+    if f.has("bins") and f.has("candidates"):
+        f.bad("candidates", "give either bins (an even grid over bounds) or candidates (a list), not both")
+        return None
+    if not f.has("bins") and not f.has("candidates"):
+        f.fail(
+            f.line,
+            f"{f.subject}: missing field 'bins'; aggregate quantile needs a public candidate grid, "
+            "e.g. bins: 100 (or candidates: [0, 10, 60, 600])",
+        )
+        return None
+    if bounds is None:
+        return None
+    if bins is not None:
+        if bins + 1 > MAX_QUANTILE_CANDIDATES:
+            f.bad("bins", f"must be at most {MAX_QUANTILE_CANDIDATES - 1:,}")
+            return None
+        step = (bounds.upper - bounds.lower) / bins
+        return (*(bounds.lower + i * step for i in range(bins)), bounds.upper)
+    if listed is None:
+        return None
+    if listed[0] < bounds.lower or listed[-1] > bounds.upper:
+        f.bad("candidates", f"must lie inside bounds [{bounds.lower:g}, {bounds.upper:g}]; drop or move the others")
+        return None
+    return listed
+
+
 def _check_metric_combination(
     f: _Fields,
     aggregate: Aggregate,
@@ -752,17 +854,24 @@ def _check_metric_combination(
 ) -> None:
     """Rules between a metric's own fields (aggregate vs mechanism, value, bounds, k, keys)."""
     agg = aggregate.value
-    if mechanism is Mechanism.EXPONENTIAL and aggregate is not Aggregate.TOP_K:
-        f.bad("mechanism", f"the exponential mechanism selects top-k keys only; use laplace or gaussian for {agg}")
-    if aggregate is Aggregate.TOP_K and mechanism is not Mechanism.EXPONENTIAL:
-        f.bad("mechanism", "top_k chooses its keys with the exponential mechanism; use mechanism: exponential")
-    numeric = aggregate in (Aggregate.SUM, Aggregate.MEAN)
+    selects = (Aggregate.TOP_K, Aggregate.QUANTILE)
+    if mechanism is Mechanism.EXPONENTIAL and aggregate not in selects:
+        f.bad(
+            "mechanism",
+            f"the exponential mechanism selects top-k keys only (and quantiles); use laplace or gaussian for {agg}",
+        )
+    if aggregate in selects and mechanism is not Mechanism.EXPONENTIAL:
+        what = "chooses its keys" if aggregate is Aggregate.TOP_K else "chooses each quantile among its candidates"
+        f.bad("mechanism", f"{agg} {what} with the exponential mechanism; use mechanism: exponential")
+    if aggregate is Aggregate.QUANTILE and group_by is not None:
+        f.bad("group_by", "a quantile metric is released ungrouped (keyed quantiles are not supported yet); remove it")
+    numeric = aggregate in (Aggregate.SUM, Aggregate.MEAN, Aggregate.QUANTILE)
     for key, example in (("value", "value: amount"), ("bounds", "bounds: [0, 100]")):
         if numeric and not f.has(key):
             what = "the event field to aggregate" if key == "value" else "clamping bounds that limit one event"
             f.fail(f.line, f"{f.subject}: missing field '{key}'; aggregate {agg} needs {what}, e.g. {example}")
         elif not numeric and f.has(key):
-            f.bad(key, f"aggregate {agg} does not use {key}; remove it (or use aggregate sum or mean)")
+            f.bad(key, f"aggregate {agg} does not use {key}; remove it (or use aggregate sum, mean or quantile)")
     if f.has("denominator") and aggregate is not Aggregate.MEAN:
         f.bad("denominator", f"only a mean has a denominator; remove it (aggregate is {agg})")
     if aggregate is Aggregate.TOP_K:

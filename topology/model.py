@@ -29,6 +29,7 @@ __all__ = [
     "PostProcess",
     "Source",
     "Metric",
+    "quantile_label",
     "Sinks",
     "KafkaProtocol",
     "KafkaSettings",
@@ -88,6 +89,9 @@ class Aggregate(Enum):
     """Mean of the clamped `value`: over a public `denominator`, or noisy sum / noisy count."""
     TOP_K = "top_k"
     """The k most frequent `group_by` keys, chosen by the exponential mechanism."""
+    QUANTILE = "quantile"
+    """Quantiles of the clamped `value` (`quantiles: [0.5, 0.9]`), each a candidate of a public grid
+    chosen by OpenDP's private quantile (quantile score + noisy max, the exponential mechanism)."""
 
 
 class Mechanism(Enum):
@@ -98,7 +102,7 @@ class Mechanism(Enum):
     GAUSSIAN = "gaussian"
     """Discrete Gaussian on integers (zCDP only; ρ = Δ₂²/(2σ²))."""
     EXPONENTIAL = "exponential"
-    """Exponential mechanism / noisy top-k (pure ε; ε²/8 in zCDP)."""
+    """Exponential mechanism: noisy top-k, private quantiles (pure ε; ε²/8 in zCDP)."""
 
 
 class KafkaProtocol(Enum):
@@ -312,6 +316,15 @@ class Metric:
     k: int | None = None
     may_use_reserve: bool = False
     postprocess: PostProcess = field(default_factory=PostProcess)
+    quantiles: tuple[float, ...] | None = None
+    """A quantile metric's levels α in (0, 1), ascending (None for every other aggregate)."""
+    candidates: tuple[float, ...] | None = None
+    """A quantile metric's public candidate grid, ascending, inside `bounds` (from `bins` or listed)."""
+
+    @property
+    def quantile_labels(self) -> tuple[str, ...]:
+        """The released name of each quantile level: 0.5 → 'p50', 0.99 → 'p99', 0.999 → 'p99.9'."""
+        return tuple(quantile_label(a) for a in self.quantiles or ())
 
     @property
     def public_keys(self) -> bool:
@@ -407,13 +420,31 @@ class Topology:
             "version": self.version,
             "sources": {k: _source_doc(v) for k, v in sorted(self.sources.items())},
             "budgets": {k: asdict(v) for k, v in sorted(self.budgets.items())},
-            "metrics": {k: asdict(v) for k, v in sorted(self.metrics.items())},
+            "metrics": {k: _metric_doc(v) for k, v in sorted(self.metrics.items())},
             "sinks": asdict(self.sinks),
         }
         if self.start_s is not None:
             doc["start_s"] = self.start_s
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def quantile_label(alpha: float) -> str:
+    """'p' and the level in percent without trailing zeros: 0.5 → 'p50', 0.999 → 'p99.9'."""
+    return "p" + f"{alpha * 100:.10f}".rstrip("0").rstrip(".")
+
+
+_QUANTILE_FIELDS = ("quantiles", "candidates")
+"""Metric fields added with quantiles: hashed only when set, so older versions stay as they were."""
+
+
+def _metric_doc(metric: Metric) -> dict[str, object]:
+    """A metric as hashed: the quantile fields only when set (every other aggregate keeps its version)."""
+    doc = asdict(metric)
+    for name in _QUANTILE_FIELDS:
+        if doc[name] is None:
+            del doc[name]
+    return doc
 
 
 def _source_doc(source: Source) -> dict[str, object]:

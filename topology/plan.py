@@ -45,7 +45,7 @@ unrounded; `null` marks a value that does not apply.
           "metrics": [                       # the scope's metrics, in file order
             {
               "name": str,
-              "aggregate": "count" | "count_units" | "sum" | "mean" | "top_k",
+              "aggregate": "count" | "count_units" | "sum" | "mean" | "top_k" | "quantile",
               "mechanism": "laplace" | "gaussian" | "exponential",
               "privacy_unit": str,
               "event_level": bool,           # privacy_unit 'event': event-level DP (weaker)
@@ -66,6 +66,8 @@ unrounded; `null` marks a value that does not apply.
               "partition_selection": bool,   # data-derived keys pass DP partition selection
               "selection_delta": float,      # δ of one release's partition selection (0 if keys are declared)
               "k": int | null,               # top-k only
+              "quantiles": [float],          # quantile only: the levels (one component each, 'p50', ...)
+              "candidates": int,             # quantile only: the public grid's size
               "typical": {...} | absent,     # only with `plan --typical` / `--sample`: `TypicalComparison`
                                              # {value, origin, ci95_half_width, ci_over_typical, exceeds, warning}
               "components": [                # noisy parts of one release ('value'; 'sum'+'count' of a noisy
@@ -79,7 +81,8 @@ unrounded; `null` marks a value that does not apply.
                   "scale": float,            # OpenDP scale: Laplace b, Gaussian σ, top-k Gumbel scale
                   "stddev": float | null,    # noise σ (Laplace √2·b); null for top-k
                   "ci95_half_width": float | null,
-                  "expected_abs_error": float | null  # E|noise|: Laplace b, Gaussian σ√(2/π)
+                  "expected_abs_error": float | null,  # E|noise|: Laplace b, Gaussian σ√(2/π)
+                  "rank_error95": float      # quantile parts only: P(rank error ≤ grid's best + this) ≥ 95 %
                 }
               ]
             }
@@ -125,7 +128,7 @@ from typing import Any
 
 from dpstream.topology import accounting as acc
 from dpstream.topology.allocation import MetricDemand, static_release_cost
-from dpstream.topology.calibration import NoiseComponent, calibrate
+from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error
 from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import DEFAULT_PUBLISH_DELAY_S, Accounting, Budget, Mechanism, Metric, Topology, WindowKind
@@ -155,6 +158,9 @@ class NoiseComponentPlan:
     stddev: float | None
     ci95_half_width: float | None
     expected_abs_error: float | None
+    rank_error95: float | None = None
+    """A quantile part's error statement: with probability ≥ 95 % the released candidate's rank
+    error is at most this (in ranks) above the grid's best (`calibration.quantile_rank_error`)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,10 @@ class MetricPlan:
     components: tuple[NoiseComponentPlan, ...]
     create_time_arrival: bool = False
     """The source's arrival is the producer's record time (`arrival: create_time`): weaker."""
+    quantiles: tuple[float, ...] | None = None
+    """A quantile metric's levels (None otherwise)."""
+    candidates: int | None = None
+    """How many candidates a quantile metric's public grid has (None otherwise)."""
 
     @property
     def per_period_cost(self) -> float:
@@ -299,8 +309,10 @@ def _expected_abs_error(mechanism: Mechanism, scale: float) -> float | None:
     return None
 
 
-def _component_plan(part: NoiseComponent) -> NoiseComponentPlan:
+def _component_plan(part: NoiseComponent, candidates: int | None = None) -> NoiseComponentPlan:
+    """The plan of one noisy part; `candidates`: a quantile metric's grid size (its parts get a rank error)."""
     noisy_value = part.mechanism is not Mechanism.EXPONENTIAL
+    rank_error = quantile_rank_error(part.scale, candidates) if candidates is not None else None
     return NoiseComponentPlan(
         component=part.component,
         mechanism=part.mechanism,
@@ -313,6 +325,7 @@ def _component_plan(part: NoiseComponent) -> NoiseComponentPlan:
         stddev=part.stddev if noisy_value else None,
         ci95_half_width=part.ci95_half_width if noisy_value else None,
         expected_abs_error=_expected_abs_error(part.mechanism, part.scale),
+        rank_error95=rank_error,
     )
 
 
@@ -331,6 +344,7 @@ def _metric_plan(
     conversion: float,
 ) -> MetricPlan:
     cost = static_release_cost(pool, metric.name, demands)
+    grid = len(metric.candidates) if metric.candidates is not None else None
     total_weight = math.fsum(d.weight for d in demands.values())
     source = topology.sources.get(metric.source)
     privacy_unit = source.privacy_unit if source is not None else ""
@@ -358,8 +372,10 @@ def _metric_plan(
         partition_selection=metric.needs_partition_selection,
         selection_delta=selection_delta_per_release(metric, budget, list(topology.metrics.values())),
         k=metric.k,
-        components=tuple(_component_plan(p) for p in calibrate(metric, budget.accounting, cost)),
+        components=tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, cost)),
         create_time_arrival=source.create_time_arrival if source is not None else False,
+        quantiles=metric.quantiles,
+        candidates=grid,
     )
 
 
@@ -501,6 +517,7 @@ def _component_json(c: NoiseComponentPlan) -> dict[str, Any]:
         "stddev": c.stddev,
         "ci95_half_width": c.ci95_half_width,
         "expected_abs_error": c.expected_abs_error,
+        **({"rank_error95": c.rank_error95} if c.rank_error95 is not None else {}),
     }
 
 
@@ -517,7 +534,7 @@ def _typical_json(t: TypicalComparison, warning: str | None) -> dict[str, Any]:
 
 
 def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dict[str, Any]:
-    doc = {
+    doc: dict[str, Any] = {
         "name": m.name,
         "aggregate": m.aggregate,
         "mechanism": m.mechanism.value,
@@ -546,6 +563,9 @@ def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dic
         "k": m.k,
         "components": [_component_json(c) for c in m.components],
     }
+    if m.quantiles is not None:
+        doc["quantiles"] = list(m.quantiles)
+        doc["candidates"] = m.candidates
     t = typical.get(m.name)
     if t is not None:
         doc["typical"] = _typical_json(t, typical_warning(m, t))

@@ -114,15 +114,16 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
                 if i == 0
                 else [""] * 8
             )
+            quantile = c.rank_error95 is not None
             rows.append(
                 lead
                 + [
-                    c.component,
+                    f"{c.component} {cur} {_num(c.cost)}" if quantile else c.component,
                     _num(c.l1),
                     _num(c.l2),
                     _num(c.scale),
                     _num(c.stddev),
-                    _num(c.ci95_half_width),
+                    f"rank {_num(c.rank_error95)}" if quantile else _num(c.ci95_half_width),
                     _num(c.expected_abs_error),
                 ]
             )
@@ -170,6 +171,12 @@ def render_plan(plan: Plan, typical: Mapping[str, TypicalComparison] | None = No
         "  L2 sensitivity, what one person can move it by under the contribution bounds.",
         "scale: Laplace b, Gaussian σ, or top-k Gumbel scale; CI and E|err| are of the noise alone.",
     ]
+    if any(c.rank_error95 is not None for s in plan.scopes for m in s.metrics for c in m.components):
+        lines.append(
+            "quantile parts (p50, ...) show their own cost; their scale is in ranks, and 'rank r' is the error "
+            "statement: with probability ≥ 95 % the released candidate's rank error is at most r above the "
+            "grid's best (no value interval: it would depend on the data)."
+        )
     if typical:
         lines.append(
             "CI/typ: the 95% CI half-width over the typical true value per window (n/a: top-k, or a mean "

@@ -92,6 +92,13 @@ _SHAPES: dict[tuple[type, str], dict[str, Any]] = {
         "minItems": 1,
         "uniqueItems": True,
     },
+    (Metric, "quantiles"): {
+        "type": "array",
+        "items": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "minItems": 1,
+        "uniqueItems": True,
+    },
+    (Metric, "candidates"): {"type": "array", "items": {"type": "number"}, "minItems": 2},
     (Topology, "sources"): {"$ref": "#/$defs/sources"},
     (Topology, "budgets"): {"$ref": "#/$defs/budgets"},
     (Topology, "metrics"): {"$ref": "#/$defs/metrics"},
@@ -113,13 +120,20 @@ _LIMITS: dict[tuple[type, str], dict[str, Any]] = {
 }
 
 _YAML_ONLY: dict[type, dict[str, dict[str, Any]]] = {
+    Metric: {
+        "bins": {
+            "description": "A quantile metric's even candidate grid: bins equal steps over bounds, both ends "
+            "included (or list candidates instead).",
+            "anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/env"}],
+        }
+    },
     Budget: {
         "expected_units": {
             "description": "Roughly how many privacy units the stream has "
             "(only used to warn when δ is not far below 1/N).",
             "anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/env"}],
         }
-    }
+    },
 }
 
 
@@ -306,7 +320,7 @@ def _metric_rules() -> list[dict[str, Any]]:
             "then": then,
         }
 
-    numeric = [Aggregate.SUM.value, Aggregate.MEAN.value]
+    numeric = [Aggregate.SUM.value, Aggregate.MEAN.value, Aggregate.QUANTILE.value]
     others = [a.value for a in Aggregate if a.value not in numeric]
     return [
         when(numeric, {"required": ["value", "bounds"]}),
@@ -314,6 +328,15 @@ def _metric_rules() -> list[dict[str, Any]]:
         when(
             [Aggregate.TOP_K.value],
             {"required": ["k", "group_by"], "properties": {"mechanism": {"const": Mechanism.EXPONENTIAL.value}}},
+        ),
+        when(
+            [Aggregate.QUANTILE.value],
+            {
+                "required": ["quantiles"],
+                "oneOf": [{"required": ["bins"]}, {"required": ["candidates"]}],
+                "properties": {"mechanism": {"const": Mechanism.EXPONENTIAL.value}},
+                "not": {"required": ["group_by"]},
+            },
         ),
         {"if": {"required": ["keys"]}, "then": {"required": ["group_by"]}},
     ]

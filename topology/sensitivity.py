@@ -8,7 +8,7 @@ window's overlap is accounted by composing its releases, not by inflating this s
 
 from __future__ import annotations
 
-__all__ = ["Sensitivity", "release_sensitivities"]
+__all__ = ["Sensitivity", "quantile_d_in", "quantile_sensitivities", "release_sensitivities"]
 
 import math
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ def release_sensitivities(metric: Metric) -> tuple[Sensitivity, ...]:
     count: max_per_key per key; count_units: 1 per key; sum: max_per_key × max|bound| per key;
     mean over a public n: the sum's, divided by n; mean without n: a centred sum
     (max_per_key × (upper − lower) / 2) and a count (max_per_key); top-k: the score vector's
-    L∞ = max_per_key.
+    L∞ = max_per_key; quantile: per level α, the rank score's max(α, 1 − α)·d_in (`quantile_sensitivities`).
     """
     c = metric.contribution
     keys_touched = c.max_keys if _grouped(metric) else 1
@@ -54,6 +54,8 @@ def release_sensitivities(metric: Metric) -> tuple[Sensitivity, ...]:
         return (_vector("value", 1.0, keys_touched),)
     if aggregate is Aggregate.TOP_K:
         return (_vector("value", float(c.max_per_key), c.max_keys),)
+    if aggregate is Aggregate.QUANTILE:
+        return quantile_sensitivities(metric)
     if metric.bounds is None:
         raise InternalError(f"metric {metric.name!r}: {aggregate.value} without bounds passed validation")
     if aggregate is Aggregate.SUM:
@@ -68,3 +70,22 @@ def release_sensitivities(metric: Metric) -> tuple[Sensitivity, ...]:
             _vector("count", float(c.max_per_key), keys_touched),
         )
     raise InternalError(f"no sensitivity rule for aggregate {aggregate!r}")
+
+
+def quantile_d_in(metric: Metric) -> int:
+    """The symmetric distance one unit moves a quantile metric's bounded value multiset:
+    max_keys · max_per_key values added or removed (max_keys is 1 for an ungrouped metric)."""
+    c = metric.contribution
+    return (c.max_keys if _grouped(metric) else 1) * c.max_per_key
+
+
+def quantile_sensitivities(metric: Metric) -> tuple[Sensitivity, ...]:
+    """One part per quantile level α (named 'p50', 'p90', ...): OpenDP's quantile score
+    |(1 − α)·#below − α·#above| moves by at most max(α, 1 − α) per value added or removed, so by
+    max(α, 1 − α)·d_in per unit (in ranks; an unknown-size input, so no tighter bound)."""
+    d_in = quantile_d_in(metric)
+    return tuple(
+        Sensitivity(label, score, score, score)
+        for label, alpha in zip(metric.quantile_labels, metric.quantiles or (), strict=True)
+        for score in (max(alpha, 1.0 - alpha) * d_in,)
+    )

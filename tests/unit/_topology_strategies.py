@@ -66,21 +66,28 @@ def _budget(draw: st.DrawFn, name: str) -> Budget:
 
 
 @st.composite
-def _metric(draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, Budget]) -> Metric:
+def _metric(
+    draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, Budget], unit_level: list[str]
+) -> Metric:
     budget = budgets[draw(st.sampled_from(sorted(budgets)))]
     size = draw(st.sampled_from([60, 300, 900, 3600]))
     every = draw(st.sampled_from([d for d in (60, 300, 900, 3600) if size % d == 0]))
-    aggregate = draw(st.sampled_from(list(Aggregate)))
-    if aggregate is Aggregate.TOP_K:
+    aggregates = [a for a in Aggregate if unit_level or a is not Aggregate.QUANTILE]
+    aggregate = draw(st.sampled_from(aggregates))
+    if aggregate in (Aggregate.TOP_K, Aggregate.QUANTILE):
         mechanism = Mechanism.EXPONENTIAL
     elif budget.accounting is Accounting.ZCDP:
         mechanism = draw(st.sampled_from([Mechanism.LAPLACE, Mechanism.GAUSSIAN]))
     else:
         mechanism = Mechanism.LAPLACE
-    numeric = aggregate in (Aggregate.SUM, Aggregate.MEAN)
+    numeric = aggregate in (Aggregate.SUM, Aggregate.MEAN, Aggregate.QUANTILE)
+    quantile = aggregate is Aggregate.QUANTILE
     lower = draw(st.floats(-1000, 1000)) if numeric else None
     bounds = Bounds(lower, lower + draw(st.floats(0.5, 1000))) if lower is not None else None
-    group_by = draw(_FIELDS) if aggregate is Aggregate.TOP_K else draw(st.none() | _FIELDS)
+    if aggregate is Aggregate.TOP_K:
+        group_by: str | None = draw(_FIELDS)
+    else:
+        group_by = None if quantile else draw(st.none() | _FIELDS)
     keys = tuple(draw(_KEYS)) if group_by is not None and draw(st.booleans()) else None
     if group_by is not None and keys is None and budget.accounting is Accounting.PURE and budget.delta == 0:
         keys = tuple(draw(_KEYS))  # data-derived keys need a δ for partition selection
@@ -90,7 +97,7 @@ def _metric(draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, B
     max_keys = draw(st.integers(1, 4)) if group_by is not None else 1
     return Metric(
         name=name,
-        source=draw(st.sampled_from(sources)),
+        source=draw(st.sampled_from(unit_level if aggregate is Aggregate.QUANTILE else sources)),
         budget=budget.name,
         weight=draw(st.floats(0.01, 100.0)),
         window=Window(size, every),
@@ -105,7 +112,15 @@ def _metric(draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, B
         k=k,
         may_use_reserve=draw(st.booleans()),
         postprocess=PostProcess(draw(st.booleans()), draw(st.booleans())),
+        quantiles=tuple(sorted(draw(st.sets(st.floats(0.01, 0.99), min_size=1, max_size=3)))) if quantile else None,
+        candidates=_grid(bounds, draw(st.integers(1, 20))) if quantile and bounds is not None else None,
     )
+
+
+def _grid(bounds: Bounds, bins: int) -> tuple[float, ...]:
+    """The even grid `bins: n` gives over `bounds` (both ends included), as the loader builds it."""
+    step = (bounds.upper - bounds.lower) / bins
+    return (*(bounds.lower + i * step for i in range(bins)), bounds.upper)
 
 
 @st.composite
@@ -116,7 +131,8 @@ def valid_topologies(draw: st.DrawFn, path: str = "<roundtrip>") -> Topology:
     metric_names = draw(st.lists(_NAMES, min_size=1, max_size=4, unique=True))
     sources = {n: draw(_source(n)) for n in source_names}
     budgets = {n: draw(_budget(n)) for n in budget_names}
-    metrics = {n: draw(_metric(n, source_names, budgets)) for n in metric_names}
+    unit_level = [n for n in source_names if not sources[n].event_level]  # quantiles need unit-level sources
+    metrics = {n: draw(_metric(n, source_names, budgets, unit_level)) for n in metric_names}
     sinks = Sinks("out.releases", "out.dead-letter", draw(st.sampled_from(["", "out.partials"])))
     kafka = draw(st.sampled_from([KafkaSettings(), KafkaSettings("kafka-1:9092,kafka-2:9092")]))
     redis = draw(st.sampled_from([RedisSettings(), RedisSettings("rediss://ledger:6380/2")]))

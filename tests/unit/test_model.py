@@ -78,13 +78,21 @@ def _source_before_new_fields(source: Source) -> dict:
     return doc
 
 
+def _metric_before_new_fields(metric: Metric) -> dict:
+    """A metric as hashed before the quantile fields (left out of the hash while unset) existed."""
+    doc = dataclasses.asdict(metric)
+    for key in ("quantiles", "candidates"):
+        assert doc.pop(key) is None
+    return doc
+
+
 def _version_without_start(topology: Topology) -> str:
     """topology_version as computed before `start:` existed: the doc has no start_s key at all."""
     doc = {
         "version": topology.version,
         "sources": {k: _source_before_new_fields(v) for k, v in sorted(topology.sources.items())},
         "budgets": {k: dataclasses.asdict(v) for k, v in sorted(topology.budgets.items())},
-        "metrics": {k: dataclasses.asdict(v) for k, v in sorted(topology.metrics.items())},
+        "metrics": {k: _metric_before_new_fields(v) for k, v in sorted(topology.metrics.items())},
         "sinks": dataclasses.asdict(topology.sinks),
     }
     blob = json.dumps(
