@@ -444,7 +444,8 @@ def test_alertmanager_tickets_the_warning_pages_the_exhaustion_and_inhibits_the_
 def test_every_dashboard_query_returns_series(live: Live, exhausted: Exhaustion) -> None:
     """Every panel query of the shipped dashboards (targets[].expr, nested rows included), its variables expanded
     to each of this run's label values and to "All", returns at least one series from the run's Prometheus."""
-    paths = sorted(mon.DASHBOARDS.glob("*.json"))
+    # the feed dashboard's queries are checked against released values by tests/e2e/test_feed_e2e.py
+    paths = sorted(p for p in mon.DASHBOARDS.glob("*.json") if p.name != "dpstream-feed.json")
     assert len(paths) == 4, paths
     queries = mon.dashboard_queries(paths)
     assert len(queries) >= 40, len(queries)
