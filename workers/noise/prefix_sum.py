@@ -12,6 +12,9 @@ moves the increments by at most L in L1 norm moves C x by at most L·max column 
 norm (column 0 is the longest). The per-step draws are that measurement's coordinates: the same
 OpenDP float Gaussian (same scale, same grid 2^K_GRID), which rounds and samples each coordinate
 independently, so T one-coordinate calls have exactly the distribution of one call on the T-vector.
+Increments chosen adaptively (after earlier totals were published) cost the same: for a
+lower-triangular C the streaming Gaussian matrix mechanism is as private as the one-shot one
+(Denisov, McMahan, Rush, Smith, Thakurta 2022, adaptive streaming).
 
 Caveat (not certified by any privacy map): (C x)_t is computed in float64; its rounding error
 (relative ~1e-16 of Σ c_k |x_{t-k}|) sits on the data side outside OpenDP's map.
