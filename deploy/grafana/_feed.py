@@ -1,7 +1,7 @@
 """dpstream-feed: the released noisy values themselves, per metric, with their CI band and budget ratio.
 
 The series come from `dpstream exporter --topology FILE`, which follows the public releases topic:
-data-independent, so this dashboard is safe for any audience (DESIGN §7).
+data-independent (workers/telemetry/classes.py), so this dashboard is safe for any audience.
 """
 
 from __future__ import annotations
