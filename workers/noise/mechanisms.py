@@ -5,8 +5,9 @@ cached) the OpenDP measurements for one release of `metric` at the granted `cost
 privacy map against the charge. Counts are noised as integers; real sums and means on a
 fixed-point grid (`workers.noise.grid`); a mean without public denominator is a centred noisy
 sum over a noisy count (cost split as `topology.calibration` says); histograms are one vector
-release; top-k is OpenDP's noisy top-k; data-derived keys pass Laplace/Gaussian thresholding
-with the partition-selection δ the plan grants (`delta`).
+release; top-k is OpenDP's noisy top-k; quantiles are OpenDP's private quantile per level
+(`workers.noise.quantiles`); data-derived keys pass Laplace/Gaussian thresholding with the
+partition-selection δ the plan grants (`delta`).
 
 The noisy-ratio mean's interval is approximate (delta method on the noisy parts, post-processing
 only): h ≈ z·√(σ_sum² + m̂²σ_count²)/max(n̂, 1), m̂ the noisy centred mean, capped at the bounds' width.
@@ -319,6 +320,10 @@ class _TopKRelease(ReleaseMechanism):
 
 @lru_cache(maxsize=1024)
 def _build(metric: Metric, accounting: Accounting, cost: float, delta: float) -> ReleaseMechanism:
+    if metric.aggregate is Aggregate.QUANTILE:
+        from dpstream.workers.noise.quantiles import QuantileRelease  # it subclasses ReleaseMechanism, from here
+
+        return QuantileRelease(metric, accounting, cost, delta)
     if metric.aggregate is Aggregate.TOP_K:
         return _TopKRelease(metric, accounting, cost, delta)
     if metric.aggregate is Aggregate.MEAN and metric.denominator is None:

@@ -25,7 +25,8 @@ Values are clamped to `bounds` and then put on an exact integer grid (`fixed_poi
 `count_units` counts a unit once per (window, key).
 
 Partial values per key: count / count_units / top_k → int; sum and mean over a public
-denominator → integer grid units; mean without denominator → [grid units, count].
+denominator → integer grid units; mean without denominator → [grid units, count]; quantile
+(ungrouped, bounded as a sum) → {'': [count per cell of its public grid]}.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 from dpstream.topology.model import Aggregate, Metric, Source
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
 
 PartialValues = dict[str, Any]
 """key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""
@@ -124,10 +126,14 @@ class MetricAccumulator:
         self._hi = metric.bounds.upper if metric.bounds is not None else math.inf
         self.exponent = value_exponent(metric.bounds) if self._value is not None and metric.bounds else 0
         """Sums are kept in units of 2^-exponent (see `fixed_point`)."""
+        self._candidates = metric.candidates if agg is Aggregate.QUANTILE else None
+        """A quantile's public grid: bounded like a sum, its window emitted as counts per grid cell."""
         c = metric.contribution
         self._max_keys = c.max_keys if self._group is not None else 1
         self._max_per_key = 1 if self._kind == _UNITS else c.max_per_key
         self._bounded = not source.event_level
+        if self._candidates is not None and not self._bounded:
+            raise ValueError(f"metric {metric.name!r}: quantiles need a unit-level source (validation refuses it)")
         self.uses_order = self._bounded and self._kind in (_SUM, _MEAN)
         """Whether which contributions survive depends on their order key (sums and means do;
         a count keeps how many, whichever they were)."""
@@ -404,13 +410,30 @@ class MetricAccumulator:
             if limit is not None and len(out) >= limit:
                 break
             st = windows.pop(s, None)
-            out.append((s, st.agg if st is not None else {}))
+            if st is None:
+                out.append((s, {}))
+            else:
+                out.append((s, st.agg if self._candidates is None else self._quantile_cells(st)))
             s += every
         self.next_start = s
         if until is not None:  # events for windows past the schedule's end are never emitted
             for w in [w for w in windows if w + size > until]:
                 del windows[w]
         return out
+
+    def _quantile_cells(self, st: _WindowState) -> PartialValues:
+        """A quantile window's partial: {'': counts per grid cell} of the retained contributions (the
+        sum path's bounding keeps them, so the counts follow the same L0/L∞ rules); {} when empty."""
+        if not st.kept:
+            return {}
+        candidates = self._candidates
+        assert candidates is not None
+        cells = [0] * cell_count(candidates)
+        shift = -self.exponent
+        for got in st.kept.values():
+            for _, v in (got,) if type(got) is tuple else got:
+                cells[cell_index(candidates, math.ldexp(v, shift))] += 1
+        return {"": cells}
 
     def first_open_offset(self) -> int | None:
         """Smallest first-offset among windows not yet emitted (None if none is open)."""

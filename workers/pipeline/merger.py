@@ -43,14 +43,15 @@ class MergedWindow:
 
 
 def merge_values(into: dict[str, Any], values: dict[str, Any]) -> None:
-    """Add partial `values` into `into` key by key (numbers add; [sum, count] pairs add pairwise)."""
+    """Add partial `values` into `into` key by key (numbers add; lists, [sum, count] pairs and
+    quantile cell counts, add element by element)."""
     for key, v in values.items():
         cur = into.get(key)
         if cur is None:
             into[key] = list(v) if isinstance(v, list) else v
-        elif isinstance(cur, list):
-            cur[0] += v[0]
-            cur[1] += v[1]
+        elif isinstance(cur, list):  # a mean's [sum, count], or a quantile's cell counts
+            for i, x in enumerate(v):
+                cur[i] += x
         else:
             into[key] = cur + v
 

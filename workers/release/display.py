@@ -7,7 +7,18 @@ demo adds its truth beside the row itself, `workers.demo.feed`).
 
 from __future__ import annotations
 
-__all__ = ["grouped_cells", "half_width", "is_grouped", "number", "release_cell", "release_head", "release_line"]
+__all__ = [
+    "candidate",
+    "grouped_cells",
+    "half_width",
+    "is_grouped",
+    "is_quantile",
+    "number",
+    "quantile_cell",
+    "release_cell",
+    "release_head",
+    "release_line",
+]
 
 import math
 from datetime import UTC, datetime
@@ -57,11 +68,39 @@ def release_head(record: dict[str, Any], *, labelled: bool = False) -> str:
     return f"{record['metric']:<{_METRIC_W}} {window:<{width}} {budget}{ratio_text:>{_RATIO_W}}  "
 
 
+def is_quantile(record: dict[str, Any]) -> bool:
+    """Whether the record releases quantiles (values per level 'p50', ...; a rank error, no value CI)."""
+    return record.get("aggregate") == "quantile"
+
+
+def candidate(value: float | None) -> str:
+    """A released grid candidate as written: whole numbers without decimals, others to 6 digits."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.6g}"
+
+
+def quantile_cell(record: dict[str, Any]) -> str:
+    """'p50 812  p90 2,300  (rank ±154, 95 %)': each level's candidate, then the error statement in ranks
+    (one figure when every level has the same, as at one scale)."""
+    values: dict[str, float] = record.get("values") or {}
+    ci = record.get("ci") or {}
+    errors: dict[str, float] = ci.get("rank_error") or {}
+    cells = "  ".join(f"{level} {candidate(v)}" for level, v in values.items())
+    shown = sorted({f"{r:,.0f}" for r in errors.values()})
+    level = ci.get("level")
+    share = f", {100 * level:g} %" if isinstance(level, (int, float)) else ""
+    return cells + (f"  (rank ±{'/'.join(shown)}{share})" if shown else "")
+
+
 def release_cell(record: dict[str, Any]) -> str:
-    """The noisy part of a top-k or ungrouped record: 'top: a, b' or 'value ±half' (' s' for a mean)."""
+    """The noisy part of a top-k, quantile or ungrouped record: 'top: a, b', 'p50 v  p90 v  (rank ±r)'
+    or 'value ±half' (' s' for a mean)."""
     keys = record.get("keys")
     if keys is not None:  # top-k: a ranking, no CI
         return "top: " + (", ".join(keys) if keys else "(no key passed selection)")
+    if is_quantile(record):
+        return quantile_cell(record)
     values: dict[str, float] = record.get("values") or {}
     v, h = values.get(""), half_width(record, "")
     unit = " s" if record.get("aggregate") == "mean" else ""
@@ -76,8 +115,8 @@ def grouped_cells(record: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def is_grouped(record: dict[str, Any]) -> bool:
-    """Whether the record's values are per key (not top-k, not the ungrouped '' alone)."""
-    return record.get("keys") is None and list(record.get("values") or {}) not in ([], [""])
+    """Whether the record's values are per key (not top-k, not quantile levels, not the ungrouped '' alone)."""
+    return record.get("keys") is None and not is_quantile(record) and list(record.get("values") or {}) not in ([], [""])
 
 
 def release_line(record: dict[str, Any], note: str = "") -> str | None:

@@ -32,6 +32,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from dpstream.topology.accounting import epsilon_equivalent
+from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Source
 from dpstream.workers.frozen import FrozenFields
 from dpstream.workers.ledger.types import RATIO_TOKEN
@@ -140,6 +141,8 @@ def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
     Ungrouped metrics use the key ''; data-derived keys pass as observed (partition selection
     in the mechanism decides which may appear).
     """
+    if metric.aggregate is Aggregate.QUANTILE:
+        return {"": _quantile_cells(metric, merged.get(""))}
     zero = _zero(metric)
     exponent = value_exponent(metric.bounds) if metric.value is not None and metric.bounds is not None else None
     if metric.group_by is None:
@@ -159,6 +162,17 @@ def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
             out[k] = (from_units(int(v[0]), exponent), int(v[1]))
         else:
             out[k] = from_units(int(v), exponent)
+    return out
+
+
+def _quantile_cells(metric: Metric, cells: Any) -> tuple[int, ...]:
+    """A quantile window's counts per grid cell (2m + 1 of them; all zero for an empty window)."""
+    size = 2 * len(metric.candidates or ()) + 1
+    if cells is None:
+        return (0,) * size
+    out = tuple(int(c) for c in cells)
+    if len(out) != size:
+        raise InternalError(f"metric {metric.name!r}: {len(out)} quantile cells, the grid has {size}")
     return out
 
 
@@ -214,6 +228,8 @@ def _fixed_values(
         "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
         "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
     }
+    if metric.quantiles is not None:
+        fixed["quantiles"] = list(metric.quantiles)
     if source.event_level:
         fixed["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
     return fixed
