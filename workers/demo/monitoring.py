@@ -22,6 +22,7 @@ __all__ = [
     "alert_rules_path",
     "alertmanager_template_path",
     "budget_graph_url",
+    "feed_query",
     "prometheus_view",
     "render_alertmanager_config",
     "render_prometheus_config",
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpstream.topology.model import Topology
 from dpstream.workers.localstack.paths import repo_deploy_dir, template_path
 
 RATIO_QUERY = "dpstream_budget_spent_ratio"
@@ -108,6 +110,25 @@ def _path_env() -> str:
     return os.environ.get("PATH", "/usr/bin:/bin")
 
 
+FEED_FAMILY = "dpstream_release_value"
+"""The feed's value series (served by `dpstream exporter` from the releases topic)."""
+
+
+def feed_query(topology: Topology) -> str | None:
+    """The Grafana-ready PromQL of one feed series: the first metric (file order) of a value aggregate
+    whose keys are bounded, on its first declared key ('' for an ungrouped metric); None when there is none."""
+    from dpstream.topology.model import Aggregate
+    from dpstream.workers.feed import key_bound_refusal
+
+    valued = (Aggregate.COUNT, Aggregate.COUNT_UNITS, Aggregate.SUM, Aggregate.MEAN)
+    for metric in topology.metrics.values():
+        if metric.aggregate not in valued or key_bound_refusal(metric) is not None:
+            continue
+        key = metric.keys[0] if metric.keys else ""
+        return f'{FEED_FAMILY}{{metric="{metric.name}",key="{key}"}}'
+    return None
+
+
 def budget_graph_url(prometheus_url: str, query: str = RATIO_QUERY) -> str:
     """The Prometheus graph page of `query` over the last 15 minutes."""
     params = urllib.parse.urlencode({"g0.expr": query, "g0.tab": "0", "g0.range_input": "15m"})
@@ -124,6 +145,8 @@ class PromView:
     alerts: tuple[tuple[str, str, str], ...] = ()
     """(alertname, state pending|firing, scope or '') per active alert."""
     error: str | None = None
+    feed_series: int = 0
+    """How many `dpstream_release_value` series Prometheus holds (the exporter's feed)."""
 
     def line(self) -> str:
         """`Prometheus: ratio … | 2/2 dpstream targets up | alerts: …` (or why it could not ask)."""
@@ -137,7 +160,7 @@ class PromView:
             alerts += f" (pending: {', '.join(sorted(set(pending)))})"
         return (
             f"  Prometheus: {RATIO_QUERY} {ratio} | {self.targets_up}/{self.targets} dpstream targets up "
-            f"| alerts: {alerts}"
+            f"| alerts: {alerts} | feed: {self.feed_series} {FEED_FAMILY} series"
         )
 
 
@@ -146,6 +169,7 @@ async def prometheus_view(session: Any, prometheus_url: str) -> PromView:
     try:
         ratio = await _query(session, prometheus_url, f"max by (scope) ({RATIO_QUERY})")
         up = await _query(session, prometheus_url, 'up{job=~"dpstream-.*"}')
+        feed = await _query(session, prometheus_url, FEED_FAMILY)
         async with session.get(f"{prometheus_url}/api/v1/alerts") as response:
             alerts_doc = await response.json()
     except Exception as exc:  # noqa: BLE001 - a view for the screen: say why, carry on
@@ -159,6 +183,7 @@ async def prometheus_view(session: Any, prometheus_url: str) -> PromView:
         targets_up=sum(float(r["value"][1]) == 1.0 for r in up),
         targets=len(up),
         alerts=alerts,
+        feed_series=len(feed),
     )
 
 

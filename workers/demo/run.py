@@ -250,7 +250,7 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
     from dpstream.topology.dumper import dump_topology
     from dpstream.topology.loader import load_topology
     from dpstream.topology.plan import build_plan
-    from dpstream.workers.demo.monitoring import budget_graph_url
+    from dpstream.workers.demo.monitoring import budget_graph_url, feed_query
     from dpstream.workers.localstack import Ports, Service, Stack, StackConfig
     from dpstream.workers.runtime.topics import ensure_topics
 
@@ -312,6 +312,9 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         prometheus_url = f"http://127.0.0.1:{options.prometheus_port}" if options.monitoring else None
         if prometheus_url is not None:
             say(f"Prometheus, the budget ratio: {budget_graph_url(prometheus_url)}")
+            feed = feed_query(topology)
+            if feed is not None:
+                say(f"  the feed (Grafana-ready PromQL): {feed}   graph: {budget_graph_url(prometheus_url, feed)}")
             say(
                 f"  alerts: {prometheus_url}/alerts   "
                 f"Alertmanager: http://127.0.0.1:{options.alertmanager_port}/#/alerts "
