@@ -89,6 +89,9 @@ class Tail:
             self.out.flush()
 
     def _shown(self, record: dict[str, Any]) -> bool:
+        """A release of a window at or after its metric's start (a charge-only marker is no release)."""
+        if record.get("charge_only"):
+            return False
         start = (record.get("window") or {}).get("start_epoch")
         return isinstance(start, int) and start >= self.starts[record["metric"]]
 
