@@ -127,8 +127,10 @@ def quantile_scale(quantiles: tuple[float, ...], d_in: int, accounting: Accounti
 
 def quantile_rank_error(scale: float, candidates: int, level: float = QUANTILE_LEVEL) -> float:
     """r (in ranks) such that, with probability ≥ `level`, the released candidate's rank error is at
-    most r above the best candidate's of the grid; the rank error of c is the distance from α·n to
-    its rank range [#values < c, #values ≤ c], and its score bounds it.
+    most r above the smallest rank error of the grid's candidates. The rank error of candidate c is
+    OpenDP's quantile score |(1 − α)·#(x < c) − α·#(x > c)|: |#(x < c) − α·n| when no value equals c
+    (its distance in ranks from the α-quantile), and never below the distance from α·n to c's rank
+    range [#(x < c), #(x ≤ c)].
 
     The noisy max picks a candidate whose score exceeds the best by x with probability at most
     e^(-x/scale) each (Gumbel and permute-and-flip alike), so by the union over the other m − 1

@@ -82,7 +82,7 @@ unrounded; `null` marks a value that does not apply.
                   "stddev": float | null,    # noise σ (Laplace √2·b); null for top-k
                   "ci95_half_width": float | null,
                   "expected_abs_error": float | null,  # E|noise|: Laplace b, Gaussian σ√(2/π)
-                  "rank_error95": float      # quantile parts only: P(rank error ≤ grid's best + this) ≥ 95 %
+                  "rank_error95": float      # quantile parts only: P(rank error ≤ grid's smallest + this) ≥ 95 %
                 }
               ]
             }
@@ -160,7 +160,7 @@ class NoiseComponentPlan:
     expected_abs_error: float | None
     rank_error95: float | None = None
     """A quantile part's error statement: with probability ≥ 95 % the released candidate's rank
-    error is at most this (in ranks) above the grid's best (`calibration.quantile_rank_error`)."""
+    error is at most this (in ranks) above the grid's smallest (`calibration.quantile_rank_error`)."""
 
 
 @dataclass(frozen=True)

@@ -174,8 +174,8 @@ def render_plan(plan: Plan, typical: Mapping[str, TypicalComparison] | None = No
     if any(c.rank_error95 is not None for s in plan.scopes for m in s.metrics for c in m.components):
         lines.append(
             "quantile parts (p50, ...) show their own cost; their scale is in ranks, and 'rank r' is the error "
-            "statement: with probability ≥ 95 % the released candidate's rank error is at most r above the "
-            "grid's best (no value interval: it would depend on the data)."
+            "statement: with probability ≥ 95 % the released candidate's rank error (|#below − α·n| without ties) is "
+            "at most r above the grid's smallest (no value interval: it would depend on the data)."
         )
     if typical:
         lines.append(

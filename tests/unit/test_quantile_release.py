@@ -13,7 +13,7 @@ from dpstream.topology.calibration import calibrate, quantile_rank_error
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Accounting, Metric, Topology
 from dpstream.workers.noise import build_release_mechanism
-from dpstream.workers.noise.quantiles import QuantileRelease, rank_error, scores, value_vector
+from dpstream.workers.noise.quantiles import QuantileRelease, rank_distance, scores, value_vector
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.merger import merge_values
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
@@ -71,7 +71,7 @@ def test_the_rebuilt_vector_scores_every_candidate_as_the_values_do() -> None:
         assert list(score(value_vector(grid, cells))) == list(score(values))
         mine = scores(alpha, grid, cells)
         best = min(range(len(grid)), key=mine.__getitem__)
-        assert rank_error(alpha, grid, cells, grid[best]) <= mine[best] + 1e-9
+        assert rank_distance(alpha, grid, cells, grid[best]) <= mine[best] + 1e-9
 
 
 def test_the_accumulator_bounds_a_quantile_as_a_sum_and_emits_cell_counts() -> None:

@@ -10,9 +10,10 @@ input of unknown size at d_in = max_keys · max_per_key. Every level is built at
 the release's cost is their sum, charged once.
 
 The record carries, per level, the released candidate ('p50', ...) and an error statement that does
-not depend on the data: with probability ≥ 95 % the candidate's rank error (the distance from α·n
-to its rank range) is at most `rank_error` above the best candidate's of the grid. The levels'
-values are then sorted (free post-processing, flagged `sorted`).
+not depend on the data: with probability ≥ 95 % the candidate's rank error — OpenDP's score
+|(1 − α)·#(x < c) − α·#(x > c)|, which is |#(x < c) − α·n| when no value equals c — is at most
+`rank_error` above the smallest of the grid's candidates. The levels' values are then sorted
+(free post-processing, flagged `sorted`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = [
     "cell_index",
     "mechanism_name",
     "private_quantile",
-    "rank_error",
+    "rank_distance",
     "scores",
     "value_vector",
 ]
@@ -48,8 +49,9 @@ from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_pos
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
 
 STATEMENT = (
-    "with probability >= {level} the released candidate's rank error (distance from alpha*n to its rank "
-    "range [#values < c, #values <= c]) is at most rank_error above the best candidate's of the public grid"
+    "with probability >= {level} the released candidate c's rank error |(1-alpha)*#(x < c) - alpha*#(x > c)| "
+    "(with no value at c: |#(x < c) - alpha*n|, its distance in ranks from the alpha-quantile) is at most "
+    "rank_error above the smallest rank error of any candidate of the public grid"
 )
 """The error statement every quantile record carries beside its per-level `rank_error`."""
 
@@ -195,8 +197,9 @@ def scores(alpha: float, candidates: Sequence[float], cells: Sequence[int]) -> l
     return out
 
 
-def rank_error(alpha: float, candidates: Sequence[float], cells: Sequence[int], chosen: float) -> float:
-    """Distance from α·n to the rank range [#values < c, #values ≤ c] of candidate `chosen`."""
+def rank_distance(alpha: float, candidates: Sequence[float], cells: Sequence[int], chosen: float) -> float:
+    """Distance from α·n to the rank range [#values < c, #values ≤ c] of candidate `chosen` (at most
+    its rank error, the score: so the statement bounds this distance too)."""
     i = list(candidates).index(chosen)
     n = sum(cells)
     lt = sum(cells[: 2 * i + 1])
