@@ -215,3 +215,23 @@ def test_a_closed_stdout_pipe_ends_the_tail_with_exit_0_and_no_traceback(
     err = proc.stderr.read().decode() if proc.stderr else ""
     assert code == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_a_tail_started_before_its_topic_exists_waits_for_it(kafka_broker, tmp_path: Path) -> None:  # noqa: ANN001
+    """No releases topic yet (no worker has run): the tail says it waits, then shows the first release."""
+    import uuid
+
+    topic = f"tail-later-{uuid.uuid4().hex[:12]}"
+    path = tmp_path / "later.yaml"
+    path.write_text(TOPOLOGY.format(topic=topic, bootstrap=kafka_broker.bootstrap))
+    start = _hours_ago(2)
+    tail = TailProcess(path, "--from", str(start), "--json")
+    try:
+        tail.wait_stderr("waiting for topic")
+        kafka_broker.create_topics([topic], partitions=2)
+        record = release_record("views", start, HOUR, {"": 8.0})
+        asyncio.run(produce_releases(kafka_broker.bootstrap, topic, [record]))
+        assert tail.lines(1) == [canonical_bytes(record).decode()]
+    finally:
+        code = tail.stop(signal.SIGTERM)
+    assert code == 0, "".join(tail.err)

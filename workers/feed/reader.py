@@ -4,6 +4,8 @@ No consumer group and no committed offsets (a reader is not a worker: it only lo
 partition is read from the broker's time index at `since_s` (a record's Kafka timestamp is its
 P(w)), or from its beginning. Within a partition records come in offset order; across partitions
 there is no order, so callers order by the record's own fields (window end), never by arrival.
+The partitions are those the topic has when reading starts (partitions added later are read after
+the next start).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.runtime.kafka_security import KafkaSecurity
 
-_WAIT_TOPIC_S = 1.0
-"""How often a reader looks again for a releases topic that does not exist yet."""
+_WAIT_TOPIC_S = (1.0, 10.0)
+"""How soon, then at most how seldom, a reader looks again for a releases topic that does not exist yet."""
 
 
 class FeedUnavailable(ConfigError):
@@ -71,7 +73,7 @@ async def _partitions(bootstrap: str, topic: str, security: KafkaSecurity, on_wa
     """The topic's partition count, once it exists."""
     from dpstream.workers.runtime.topics import partition_count
 
-    said = False
+    wait, said = _WAIT_TOPIC_S[0], False
     while True:
         found = await partition_count(bootstrap, topic, security)
         if found:
@@ -79,7 +81,8 @@ async def _partitions(bootstrap: str, topic: str, security: KafkaSecurity, on_wa
         if not said and on_waiting is not None:
             on_waiting()
             said = True
-        await asyncio.sleep(_WAIT_TOPIC_S)
+        await asyncio.sleep(wait)
+        wait = min(2 * wait, _WAIT_TOPIC_S[1])
 
 
 async def _seek(consumer: Any, tps: list[Any], since_s: float | None) -> None:

@@ -65,7 +65,12 @@ _RETRY_S = (1.0, 30.0)
 
 class ExporterFeed:
     """The releases topic, deduped, as each metric's latest release (`run` reads it; `FeedCollector`
-    serves it). `clock` is the time P(w) is compared with (injected by tests)."""
+    serves it). `clock` is the time P(w) is compared with (injected by tests).
+
+    `dpstream_release_ratio_after` is the ratio a record carries, so it counts only charges whose P(w)
+    has passed, as the other public ledger-derived series do: it is exposed only once the record is on
+    the topic, where the release agent puts it at or after P(w) (`runtime.releases` holds a record until
+    its `published_at`), and `LatestReleases` holds a record read before its `published_at` until then."""
 
     def __init__(
         self, topology: Topology, security: KafkaSecurity | None = None, clock: Callable[[], float] = time.time
