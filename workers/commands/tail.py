@@ -126,13 +126,10 @@ async def _until_signal(work: Callable[[], Any]) -> None:
     task = asyncio.ensure_future(work())
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    for pending in (task, stopped):
-        pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pending
-    failure = task.exception() if task.done() and not task.cancelled() else None
-    if failure is not None:
-        raise failure
+    stopped.cancel()
+    task.cancel()  # nothing when it ended by itself
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # raises what `work()` raised (a closed stdout, Kafka unreachable)
 
 
 def _stdout_gone() -> int:
@@ -145,11 +142,13 @@ def _stdout_gone() -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import logging
     import time
 
     from dpstream.topology.loader import load_topology
     from dpstream.workers.commands.replay import parse_utc
 
+    logging.getLogger("aiokafka").addHandler(logging.NullHandler())  # its failures come back as one line
     topology = load_topology(args.topology)
     since = parse_utc(args.since, "--from") if args.since is not None else None
     starts = feed_starts(topology, _metrics(topology, args.metric), time.time(), since=since)
