@@ -235,3 +235,23 @@ def test_a_tail_started_before_its_topic_exists_waits_for_it(kafka_broker, tmp_p
     finally:
         code = tail.stop(signal.SIGTERM)
     assert code == 0, "".join(tail.err)
+
+
+def test_an_unreachable_kafka_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Nothing listens at the topology's broker: one `dpstream: error:` line naming it, no traceback."""
+    from dpstream.workers.localstack import free_port
+
+    bootstrap = f"127.0.0.1:{free_port()}"
+    path = tmp_path / "nowhere.yaml"
+    path.write_text(TOPOLOGY.format(topic="nowhere", bootstrap=bootstrap))
+    done = subprocess.run(
+        [sys.executable, "-m", "dpstream.workers.cli", "tail", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dpstream: error: Kafka at " + bootstrap), done.stderr
