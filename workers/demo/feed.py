@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.workers.release.display import (
+    candidate,
     grouped_cells,
     half_width,
     is_grouped,
+    is_quantile,
     number,
     release_cell,
     release_head,
@@ -59,6 +61,9 @@ def format_release(record: dict[str, Any], truth: dict[str, float] | None = None
             ranked = sorted(truth.items(), key=lambda kv: -kv[1])[: len(keys) or 1]
             line += "   truth: " + ", ".join(k for k, _ in ranked)
         return [head + line + tail]
+    if is_quantile(record):  # levels and their rank error; the truth is the noiseless candidate per level
+        levels = "  ".join(f"{k} {candidate((truth or {}).get(k))}" for k in record.get("values") or {})
+        return [head + release_cell(record) + f"   truth {levels}" + tail]
     if not is_grouped(record):
         h = half_width(record, "")
         unit = " s" if record.get("aggregate") == "mean" else ""

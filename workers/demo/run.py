@@ -188,12 +188,17 @@ def _cost_lines(
             for c in mp.components
             if c.stddev is not None
         )
+        quantile = mp.quantiles is not None  # scale and error in ranks: a value interval would leak
+        if quantile:
+            sigma = f"scale {max(c.scale for c in mp.components):,.1f} ranks"
         unit = " s" if metric.aggregate.value == "mean" else ""
         rel = f"{100 * ci / abs(t.value):.1f} %" if ci is not None and t is not None and t.value else "–"
         typical_text = f"{t.value:,.0f}{unit}" if t is not None else "–"
         if t is not None and metric.keys:
             typical_text += " per key"
         ci_text = "–" if ci is None else (f"±{ci:,.0f}{unit}" if ci >= 10 else f"±{ci:.1f}{unit}")
+        if quantile and ci is not None:
+            ci_text, typical_text = f"rank ±{ci:,.0f}", f"{t.value:,.0f} values" if t is not None else "–"
         lines.append(
             f"  {name:<16} {_window_text(metric):<16} σ {sigma:<28} 95 % CI {ci_text:<9} "
             f"typical {typical_text:<16} CI/typical {rel}"

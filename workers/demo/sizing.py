@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dpstream.topology.calibration import Z95
+from dpstream.topology.calibration import Z95, quantile_rank_error
 from dpstream.topology.model import Aggregate, Metric, Topology
 from dpstream.topology.plan import MetricPlan
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
@@ -87,6 +87,9 @@ def typical_values(
 
 def _typical(metric: Metric, windows: list[dict], exponent: int) -> Typical:
     scale = math.ldexp(1.0, -exponent)
+    if metric.aggregate is Aggregate.QUANTILE:  # its rank error is read against the values per window
+        n = statistics.median(sum(w.get("", ())) for w in windows) if windows else 0.0
+        return Typical(float(n), float(n))
     if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
         pairs = [min(w.values(), key=lambda p: p[1]) for w in windows if w]
         return Typical(statistics.median(s * scale / n for s, n in pairs), statistics.median(n for _, n in pairs))
@@ -104,10 +107,14 @@ def ci_for(metric: Metric, components: Iterable[Any], typical: Typical) -> float
 
     Counts and sums: the value part's half-width. A noisy mean (sum / count): the half-width the
     mechanism itself reports, 1.96·√(σ_sum² + (centred mean · σ_count)²) / count. Top-k: None.
+    Quantiles: their error statement, the 95 % rank error (in values; `typical` is the values per window).
     """
     parts = {c.component: c for c in components}
     if metric.aggregate is Aggregate.TOP_K:
         return None
+    if metric.aggregate is Aggregate.QUANTILE:
+        grid = len(metric.candidates or ())
+        return max(quantile_rank_error(c.scale, grid) for c in parts.values())
     if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
         assert metric.bounds is not None and typical.count
         mid = (metric.bounds.lower + metric.bounds.upper) / 2.0

@@ -19,6 +19,7 @@ from typing import Any
 
 from dpstream.topology.model import Aggregate, Metric, Source, Topology
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.quantile_cells import quantile_scores
 from dpstream.workers.synthetic.generator import SyntheticEvent
 
 _KEEP_WINDOWS = 64
@@ -79,6 +80,8 @@ class TruthBook:
 
     @staticmethod
     def _finish(metric: Metric, values: dict[str, Any], exponent: int) -> dict[str, float]:
+        if metric.aggregate is Aggregate.QUANTILE:
+            return _true_quantiles(metric, values.get("", ()))
         scale = math.ldexp(1.0, -exponent)
         out: dict[str, float] = {}
         keys = metric.keys if metric.keys is not None else (tuple(values) if metric.group_by else ("",))
@@ -93,3 +96,16 @@ class TruthBook:
             else:
                 out[key] = float(v or 0)
         return out
+
+
+def _true_quantiles(metric: Metric, cells: Any) -> dict[str, float]:
+    """Per level ('p50', ...), the grid candidate of smallest rank error: what a noiseless release
+    would pick (the first of equals); NaN for an empty window."""
+    grid = metric.candidates or ()
+    if not cells or not sum(cells):
+        return dict.fromkeys(metric.quantile_labels, math.nan)
+    out: dict[str, float] = {}
+    for label, alpha in zip(metric.quantile_labels, metric.quantiles or (), strict=True):
+        score = quantile_scores(alpha, grid, cells)
+        out[label] = grid[min(range(len(grid)), key=score.__getitem__)]
+    return out

@@ -46,7 +46,7 @@ from dpstream.topology.sensitivity import quantile_d_in
 from dpstream.workers.noise.measurements import _scale_within, check_within_charge
 from dpstream.workers.noise.mechanisms import ReleaseMechanism
 from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_postprocess
-from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
+from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index, quantile_scores
 
 STATEMENT = (
     "with probability >= {level} the released candidate c's rank error |(1-alpha)*#(x < c) - alpha*#(x > c)| "
@@ -186,15 +186,7 @@ def scores(alpha: float, candidates: Sequence[float], cells: Sequence[int]) -> l
     """The (unscaled) score |(1 − α)·#(x < c) − α·#(x > c)| of each candidate, from the cells
     (for tests and the coverage check; the release uses OpenDP's own scoring)."""
     _check_cells(cells)
-    n = sum(cells)
-    out: list[float] = []
-    below = 0
-    for i in range(len(candidates)):
-        below += cells[2 * i]
-        above = n - below - cells[2 * i + 1]
-        out.append(abs((1.0 - alpha) * below - alpha * above))
-        below += cells[2 * i + 1]
-    return out
+    return quantile_scores(alpha, candidates, cells)
 
 
 def rank_distance(alpha: float, candidates: Sequence[float], cells: Sequence[int], chosen: float) -> float:

@@ -7,7 +7,7 @@ so the counts per cell are all a release needs (fixed memory, deterministic, mer
 
 from __future__ import annotations
 
-__all__ = ["cell_count", "cell_index"]
+__all__ = ["cell_count", "cell_index", "quantile_scores"]
 
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -25,3 +25,17 @@ def cell_index(candidates: Sequence[float], value: float) -> int:
     if i < len(candidates) and candidates[i] == value:
         return 2 * i + 1
     return 2 * i
+
+
+def quantile_scores(alpha: float, candidates: Sequence[float], cells: Sequence[int]) -> list[float]:
+    """The rank error |(1 − α)·#(x < c) − α·#(x > c)| of each candidate (OpenDP's quantile score,
+    unscaled) from the cell counts: for the demo's truth and the tests; releases use OpenDP's own."""
+    n = sum(cells)
+    out: list[float] = []
+    below = 0
+    for i in range(len(candidates)):
+        below += cells[2 * i]
+        above = n - below - cells[2 * i + 1]
+        out.append(abs((1.0 - alpha) * below - alpha * above))
+        below += cells[2 * i + 1]
+    return out
