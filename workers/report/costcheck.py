@@ -21,6 +21,7 @@ import opendp.prelude as dp
 from dpstream.topology import accounting as acc
 from dpstream.topology.calibration import calibrate
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
+from dpstream.topology.sensitivity import quantile_d_in
 from dpstream.workers.ledger.units import cost_to_units
 from dpstream.workers.noise import measurements
 from dpstream.workers.noise.measurements import COST_RTOL
@@ -114,11 +115,27 @@ def _top_k(metric: Metric, accounting: Accounting, scale: float, linf: int) -> C
     return Component("top_k", scale, float(linf), float(meas.map(linf)), k=k, epsilon0=eps0)
 
 
+def _quantile(accounting: Accounting, scale: float, alpha: float, candidates: list[float], d_in: int) -> Component:
+    """One quantile level as drawn: OpenDP's private quantile at the record's scale (in ranks), mapped
+    at d_in; for the tight accounting an exponential mechanism (one selection, k = 1) of pure ε
+    2Δ/scale, Δ = max(α, 1 − α)·d_in (its scores are not monotone, so no halving)."""
+    measure = dp.zero_concentrated_divergence() if accounting is Accounting.ZCDP else dp.max_divergence()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    meas = dp.m.make_private_quantile(
+        domain, dp.symmetric_distance(), measure, candidates=candidates, alpha=alpha, scale=scale
+    )
+    sens = max(alpha, 1.0 - alpha) * d_in
+    return Component("top_k", scale, sens, float(meas.map(d_in)), k=1, epsilon0=2.0 * sens / scale)
+
+
 def components_of(metric: Metric, accounting: Accounting, record: dict[str, Any]) -> list[Component]:
     """The noisy parts of a stored record, each with its OpenDP-mapped cost (KeyError/TypeError on a
     record without the expected noise fields)."""
     cost = float(record["cost"]["rho" if accounting is Accounting.ZCDP else "epsilon"])
     noise = record["noise"]
+    if metric.aggregate is Aggregate.QUANTILE:  # every level at the record's one scale
+        grid, d_in = list(metric.candidates or ()), quantile_d_in(metric)
+        return [_quantile(accounting, float(noise["scale"]), a, grid, d_in) for a in metric.quantiles or ()]
     parts = calibrate(metric, accounting, cost)  # sensitivities and the split, not the scales
     if metric.aggregate is Aggregate.TOP_K:
         *selection, top = parts
