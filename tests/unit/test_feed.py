@@ -167,3 +167,16 @@ def test_the_collector_serves_only_the_latest_releases_keys_and_counts_conflicts
     assert ("dpstream_release_value", (("key", "cart"), ("metric", "by_page"))) not in got
     assert got[("dpstream_release_conflicts_total", (("metric", "by_page"),))] == 1
     assert got[("dpstream_release_conflicts_total", (("metric", "views"),))] == 0
+
+
+def test_a_record_without_ci_half_widths_serves_its_values_only() -> None:
+    """A quantile-shaped record (values per level, its error in ranks): value series per level, no
+    half-width series (nothing is invented for them)."""
+    feed = ExporterFeed(_topology(), clock=lambda: DAY + 7200.0)
+    record = _record("views", DAY + 3600, {"p50": 870.0, "p90": 1920.0})
+    record["ci"] = {"level": 0.95, "rank_error": {"p50": 1280, "p90": 1280}}
+    feed.offer(canonical_bytes(record))
+    got = _scrape(feed)
+    assert got[("dpstream_release_value", (("key", "p50"), ("metric", "views")))] == 870.0
+    assert got[("dpstream_release_value", (("key", "p90"), ("metric", "views")))] == 1920.0
+    assert not [k for k in got if k[0] == "dpstream_release_ci_half_width"]
