@@ -42,6 +42,7 @@ DESIGN_ALERTS = (
     "DPReleasesParked",  # issue 11 item 5 (poison windows); DESIGN §7 lists the others
     "DPClockSkew",  # window closes held for worker-broker clock skew
     "DPMetricEventsSkipped",  # a metric leaves out many accepted events (renamed field, mis-cased key)
+    "DPReleaseConflict",  # a release_id republished with other bytes on the releases topic
     "DPWorkerDown",
     "DPExporterDown",
 )
