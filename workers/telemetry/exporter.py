@@ -35,7 +35,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -116,7 +116,8 @@ class ExporterFeed:
             wait = min(2 * wait, _RETRY_S[1])
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
+    """A finite JSON number (not a bool): what a feed gauge may show."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
