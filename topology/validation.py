@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigError, ConfigWarning, one_line
-from dpstream.topology.model import Accounting, Aggregate, Budget, Mechanism, Metric, Source, WindowKind
+from dpstream.topology.model import Accounting, Budget, Mechanism, Metric, Source, WindowKind
 from dpstream.topology.readers import suggest
 
 
@@ -79,15 +79,6 @@ def check_metric_links(
             Problem(
                 where.line("metric", metric.name, "source"),
                 f"{subject}: source '{metric.source}': no such source; {suggest(metric.source, list(sources))}",
-            )
-        )
-    source = sources.get(metric.source)
-    if metric.aggregate is Aggregate.QUANTILE and source is not None and source.event_level:
-        problems.append(
-            Problem(
-                where.line("metric", metric.name, "aggregate"),
-                f"{subject}: aggregate quantile: source '{source.name}' is event-level (privacy_unit: event), "
-                "which quantiles do not support yet; use a unit-level source",
             )
         )
     budget = budgets.get(metric.budget)

@@ -66,14 +66,11 @@ def _budget(draw: st.DrawFn, name: str) -> Budget:
 
 
 @st.composite
-def _metric(
-    draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, Budget], unit_level: list[str]
-) -> Metric:
+def _metric(draw: st.DrawFn, name: str, sources: list[str], budgets: dict[str, Budget]) -> Metric:
     budget = budgets[draw(st.sampled_from(sorted(budgets)))]
     size = draw(st.sampled_from([60, 300, 900, 3600]))
     every = draw(st.sampled_from([d for d in (60, 300, 900, 3600) if size % d == 0]))
-    aggregates = [a for a in Aggregate if unit_level or a is not Aggregate.QUANTILE]
-    aggregate = draw(st.sampled_from(aggregates))
+    aggregate = draw(st.sampled_from(list(Aggregate)))
     if aggregate in (Aggregate.TOP_K, Aggregate.QUANTILE):
         mechanism = Mechanism.EXPONENTIAL
     elif budget.accounting is Accounting.ZCDP:
@@ -97,7 +94,7 @@ def _metric(
     max_keys = draw(st.integers(1, 4)) if group_by is not None else 1
     return Metric(
         name=name,
-        source=draw(st.sampled_from(unit_level if aggregate is Aggregate.QUANTILE else sources)),
+        source=draw(st.sampled_from(sources)),
         budget=budget.name,
         weight=draw(st.floats(0.01, 100.0)),
         window=Window(size, every),
@@ -131,8 +128,7 @@ def valid_topologies(draw: st.DrawFn, path: str = "<roundtrip>") -> Topology:
     metric_names = draw(st.lists(_NAMES, min_size=1, max_size=4, unique=True))
     sources = {n: draw(_source(n)) for n in source_names}
     budgets = {n: draw(_budget(n)) for n in budget_names}
-    unit_level = [n for n in source_names if not sources[n].event_level]  # quantiles need unit-level sources
-    metrics = {n: draw(_metric(n, source_names, budgets, unit_level)) for n in metric_names}
+    metrics = {n: draw(_metric(n, source_names, budgets)) for n in metric_names}
     sinks = Sinks("out.releases", "out.dead-letter", draw(st.sampled_from(["", "out.partials"])))
     kafka = draw(st.sampled_from([KafkaSettings(), KafkaSettings("kafka-1:9092,kafka-2:9092")]))
     redis = draw(st.sampled_from([RedisSettings(), RedisSettings("rediss://ledger:6380/2")]))

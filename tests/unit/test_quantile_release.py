@@ -175,3 +175,16 @@ def test_the_report_cost_check_maps_a_quantile_record_to_its_charge(accounting: 
     parts = components_of(metric, accounting, {"cost": {key: 0.05}, "noise": fields["noise"]})
     assert [p.kind for p in parts] == ["top_k"] * 3
     assert math.fsum(p.mapped_cost for p in parts) == pytest.approx(0.05, rel=1e-9)
+
+
+def test_an_event_level_quantile_counts_every_event_as_its_own_unit() -> None:
+    """An event-level source names each event '#offset': every value counts, none is capped."""
+    text = _YAML.replace("privacy_unit: u}", "privacy_unit: event}")
+    topo = load_topology_text(text)
+    acc = MetricAccumulator(topo.metrics["lat"], topo.sources["s"], 0)
+    for offset, ms in enumerate([5.0, 5.0, 5.0, 50.0]):
+        acc.add(f"#{offset}", 1.0, {"ms": ms}, offset, 0.0)
+    (_, values), *later = acc.close_through(60)
+    assert later == []
+    grid = topo.metrics["lat"].candidates or ()
+    assert values[""][cell_index(grid, 5.0)] == 3 and sum(values[""]) == 4 and acc.capped == 0

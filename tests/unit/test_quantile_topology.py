@@ -75,12 +75,12 @@ def test_quantile_mistakes_name_their_line_field_and_fix(extra: str, message: st
     assert len(text.splitlines()) == 1 and ":" in text.split(" ")[0]
 
 
-def test_a_quantile_needs_the_exponential_mechanism_and_a_unit_level_source() -> None:
+def test_a_quantile_needs_the_exponential_mechanism() -> None:
     swapped = _HEAD.replace("mechanism: exponential", "mechanism: gaussian")
     with pytest.raises(TopologyError, match="use mechanism: exponential"):
         load_topology_text(swapped + "    bins: 10\n    quantiles: [0.5]\n")
-    with pytest.raises(TopologyError, match="event-level"):
-        load_topology_text(_HEAD.replace("source: s\n", "source: ev\n") + "    bins: 10\n    quantiles: [0.5]\n")
+    event_level = _HEAD.replace("source: s\n", "source: ev\n") + "    bins: 10\n    quantiles: [0.5]\n"
+    assert load_topology_text(event_level).metrics["lat"].source == "ev"  # event-level: each event its own unit
 
 
 def test_other_aggregates_refuse_the_quantile_fields() -> None:

@@ -131,9 +131,9 @@ class MetricAccumulator:
         c = metric.contribution
         self._max_keys = c.max_keys if self._group is not None else 1
         self._max_per_key = 1 if self._kind == _UNITS else c.max_per_key
-        self._bounded = not source.event_level
-        if self._candidates is not None and not self._bounded:
-            raise ValueError(f"metric {metric.name!r}: quantiles need a unit-level source (validation refuses it)")
+        self._bounded = not source.event_level or self._candidates is not None
+        """A quantile keeps its values in the bounding state even when event-level (each event its own
+        unit '#offset', so nothing is cut): its window is emitted from them."""
         self.uses_order = self._bounded and self._kind in (_SUM, _MEAN)
         """Whether which contributions survive depends on their order key (sums and means do;
         a count keeps how many, whichever they were)."""
