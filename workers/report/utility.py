@@ -41,16 +41,19 @@ def unfitted_note(aggregate: str, releases: int) -> str:
     """Why a metric has no fit, by its aggregate: top-k releases keys; any other has no readable release."""
     if aggregate == Aggregate.TOP_K.value:
         return "top-k: keys in rank order, no numeric error; not fitted, kept out of the advice"
+    if aggregate == Aggregate.QUANTILE.value:
+        return "quantile: grid candidates with a rank error, no value error; not fitted, kept out of the advice"
     if releases == 0:
         return f"{aggregate}: no release yet; not fitted, kept out of the advice"
     return f"{aggregate}: no readable release record (past retention?); not fitted, kept out of the advice"
 
 
 def expected_abs_error(record: dict[str, Any]) -> tuple[float, float, float] | None:
-    """(σ, 95 % CI half-width, E|error|) of one released value, from the record; None for top-k."""
+    """(σ, 95 % CI half-width, E|error|) of one released value, from the record; None for top-k and
+    quantiles (their error is a rank, not a value)."""
     mech = str(record.get("mechanism", ""))
     noise, ci = record.get("noise") or {}, record.get("ci") or {}
-    if mech.startswith("noisy_top_k"):
+    if mech.startswith(("noisy_top_k", "private_quantile")):
         return None
     half = ci.get("half_width")
     if isinstance(half, dict):  # a noisy-ratio mean: approximate per-key half-widths
