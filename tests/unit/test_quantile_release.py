@@ -188,3 +188,12 @@ def test_an_event_level_quantile_counts_every_event_as_its_own_unit() -> None:
     assert later == []
     grid = topo.metrics["lat"].candidates or ()
     assert values[""][cell_index(grid, 5.0)] == 3 and sum(values[""]) == 4 and acc.capped == 0
+
+
+def test_verify_compare_checks_a_quantiles_levels_not_its_values() -> None:
+    """Two runs' quantile releases of one window differ by their noise; only their levels must match."""
+    from dpstream.workers.verify.checks import _value_problems
+
+    a = {"aggregate": "quantile", "values": {"p50": 10.0, "p90": 50.0}}
+    assert _value_problems(a, {**a, "values": {"p50": 20.0, "p90": 90.0}}, None) == []
+    assert _value_problems(a, {**a, "values": {"p50": 20.0}}, None) != []

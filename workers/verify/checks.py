@@ -419,7 +419,8 @@ def _rounded(doc: Mapping[str, Any]) -> bool:
 
 
 def _value_problems(a: Mapping[str, Any], b: Mapping[str, Any], tolerance: float | None) -> list[str]:
-    """What differs between two releases of one window: values beyond the tolerance, key sets, top-k keys.
+    """What differs between two releases of one window: values beyond the tolerance, key sets, top-k keys
+    (quantiles: their levels only, as their error is in ranks).
 
     Default tolerance per value: 3 × (sum of both records' 95 % CI half-widths), + 1 if rounded."""
     problems: list[str] = []
@@ -428,6 +429,9 @@ def _value_problems(a: Mapping[str, Any], b: Mapping[str, Any], tolerance: float
     va, vb = a.get("values"), b.get("values")
     if not isinstance(va, dict) or not isinstance(vb, dict):
         return problems if va == vb else [*problems, "values not comparable"]
+    if a.get("aggregate") == "quantile" or b.get("aggregate") == "quantile":
+        # a quantile's error is in ranks: no value tolerance exists that does not depend on the data
+        return problems if set(va) == set(vb) else [*problems, f"quantile levels {sorted(va)} vs {sorted(vb)}"]
     selected = "partition_selection" in a or "partition_selection" in b
     for key in sorted(set(va) | set(vb)):
         if key not in va or key not in vb:
