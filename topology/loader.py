@@ -171,6 +171,9 @@ _START_TIME = re.compile(
 _EPOCH_TEXT = re.compile(r"^\s*[-+]?\d+\s*$")
 _EPOCH = dt.datetime(1970, 1, 1)
 
+MAX_EPSILON = 1e6
+"""The largest ε a budget may declare: past it ε²/2 and the conversions leave float range."""
+
 
 def load_topology(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Topology:
     """Read and check a topology file; raise `ConfigError` (one line, `FILE:LINE: ...`) on any mistake."""
@@ -410,6 +413,12 @@ class _Loader:
         units = f.get("expected_units", read_int, 1)
         if epsilon is not None and epsilon <= 0:
             f.bad("epsilon", "must be > 0 (it is the privacy loss allowed per period); e.g. epsilon: 1.0")
+        elif epsilon is not None and epsilon > MAX_EPSILON:
+            f.bad(
+                "epsilon",
+                f"must be at most {MAX_EPSILON:g} (far past any privacy, and the accounting would overflow); "
+                "e.g. epsilon: 1.0",
+            )
         if reserve is not None and not 0 <= reserve < 1:
             f.bad("reserve", "must be in [0, 1): the fraction of the cap kept out of the plan; e.g. reserve: 0.2")
         if warn_at is not None and not 0 < warn_at <= 1:

@@ -141,6 +141,13 @@ def test_scientific_notation_without_dot_is_a_number() -> None:
     assert load_topology_text(BASE.replace("1.0e-6", "1e-6")).budgets["daily"].delta == 1e-6
 
 
+def test_an_epsilon_past_float_range_arithmetic_is_one_line() -> None:
+    """`epsilon: 1e200` is refused at load (the fuzz test found ε²/2 overflowing in the accounting)."""
+    with pytest.raises(ConfigError, match=r"budget 'daily': epsilon '1.0e200': must be at most 1e\+06"):
+        load_topology_text(BASE.replace("epsilon: 1.0,", "epsilon: 1.0e200,"))
+    assert load_topology_text(BASE.replace("epsilon: 1.0,", "epsilon: 1.0e6,")).budgets["daily"].epsilon == 1e6
+
+
 def test_bool_is_not_a_number() -> None:
     """`weight: true` is refused: booleans are not numbers."""
     text = BASE.replace("budget: daily,", "budget: daily, weight: true,")
