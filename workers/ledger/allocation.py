@@ -30,6 +30,7 @@ from dpstream.topology.allocation import (
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
+from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
 
@@ -51,13 +52,6 @@ class Snapshot(NamedTuple):
     """Per metric: releases already charged this period whose window ends at or after the priced one."""
     version: int = 0
     """The period block's spend version (bumped by every charge and grant of the period)."""
-
-
-def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
-    """normal / warning / open, from the spend and the breaker (the same rule as charge.lua)."""
-    if is_open:
-        return State.OPEN
-    return State.WARNING if spent_units >= warn_units else State.NORMAL
 
 
 def _units(amount: Fraction | float) -> int:
