@@ -26,8 +26,6 @@ _EMPTY: Mapping[str, str] = {}
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every charge-time entry carries; other empty fields are left out (as charge.lua does)."""
 
-_AUTO_FIELDS = ("auto_period", "auto_start", "auto_reason", "auto_at")
-
 
 def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
     """normal / warning / open, from the spend and the breaker (the one rule; charge.lua states it too)."""
@@ -92,7 +90,7 @@ class Decision(NamedTuple):
     opened, counters added, the breaker, the release and its `ends` entries, then the audit."""
 
     answer: RawCharge
-    opened: tuple[tuple[str, int, dict[str, str]], ...] = ()
+    opened: tuple[_OpenBlock, ...] = ()
     """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
     charged: tuple[str, ...] = ()
     """The periods charged (granted): each adds the cost to `spent`, the δ to `delta_spent`, 1 to
@@ -106,6 +104,10 @@ class Decision(NamedTuple):
     audit: tuple[dict[str, str], ...] = ()
     release: dict[str, str | bytes] | None = None
     """The release hash to store (granted only); it joins the pending set at `now_ms`."""
+
+
+_OpenBlock = tuple[str, int, dict[str, str]]
+"""(period id, start, terms) of a block to open."""
 
 
 class _Period(NamedTuple):
@@ -125,6 +127,8 @@ class _Period(NamedTuple):
     dspent: int
     cap: int
     warn: int
+    version: int
+    """The block's spend version (bumped by every charge, grant and automatic open of the period)."""
 
 
 _TERMS = frozenset(("cap", "reserve", "warn", "accounting", "delta_cap", "period_s"))
@@ -153,6 +157,7 @@ def _read(view: View, pid: str, start: int) -> _Period:
         int(f.get("delta_spent", 0)),
         int(cap_s),
         int(warn_s),
+        int(f.get("version", 0)),
     )
 
 
@@ -166,33 +171,20 @@ def audit_entry(kind: str, p: _Period, actor: str, spent: int, fields: Mapping[s
     return entry
 
 
-class _Run:
-    """One decision under way: the view, the charge, and the writes collected so far."""
+def _entry(kind: str, p: _Period, actor: str, /, **fields: str) -> dict[str, str]:
+    """An audit entry about period `p` as it stands (`audit_entry` at its spend)."""
+    return audit_entry(kind, p, actor, p.spent, fields)
 
-    def __init__(self, view: View, c: Charge) -> None:
-        req = c.req
-        self.view, self.c, self.req = view, c, req
-        self.periods = [_read(view, req.period_id, c.period_start)]
-        for pid, start in req.extra_periods:
-            self.periods.append(_read(view, pid, int(start)))
-        br = view.breaker
-        self.manual = br.get("manual") == "1"
-        self.auto = br.get("auto_period")
-        self.auto_touched = None
-        for p in self.periods:
-            if p.pid == self.auto:
-                self.auto_touched = p
-        self.opened: list[tuple[str, int, dict[str, str]]] = []
-        self.audit: list[dict[str, str]] = []
-        self.drop_auto = False
 
-    def entry(self, kind: str, p: _Period, **fields: str) -> None:
-        self.audit.append(audit_entry(kind, p, self.req.actor, p.spent, fields))
-
-    def touch(self, p: _Period) -> None:
-        """Open `p`'s block with the terms it keeps for its whole life, if it is not opened yet."""
-        if p.pid in self.view.starts:
-            return
+def _opened(
+    view: View, c: Charge, periods: list[_Period], manual: bool
+) -> tuple[list[_OpenBlock], list[dict[str, str]]]:
+    """The blocks of `periods` not opened yet, with the terms each keeps for its whole life, and
+    their audit entries."""
+    blocks, entries = [], []
+    for p in periods:
+        if p.pid in view.starts:
+            continue
         terms = {
             "cap": p.cap_s,
             "reserve": p.reserve_s,
@@ -200,158 +192,143 @@ class _Run:
             "accounting": p.acc,
             "delta_cap": p.dcap_s,
             "start": str(p.start),
-            "period_s": str(self.c.terms.period_s),
+            "period_s": str(c.terms.period_s),
         }
-        self.opened.append((p.pid, p.start, terms))
-        state = _state(p.spent, p.warn, self.manual)
-        self.entry("period", p, reason="period block opened", actor="ledger", state=state)
+        blocks.append((p.pid, p.start, terms))
+        state = _state(p.spent, p.warn, manual)
+        entries.append(_entry("period", p, c.req.actor, reason="period block opened", actor="ledger", state=state))
+    return blocks, entries
 
-    def done(
-        self,
-        answer: RawCharge,
-        *,
-        charged: tuple[str, ...] = (),
-        refused_in: str | None = None,
-        breaker_set: Mapping[str, str] | None = None,
-        release: dict[str, str | bytes] | None = None,
-    ) -> Decision:
-        """The decision: `answer`, the writes given, and the blocks, breaker drop and audit collected."""
-        opened, audit = tuple(self.opened), tuple(self.audit)
-        return Decision(answer, opened, charged, refused_in, self.drop_auto, breaker_set, audit, release)
 
-    def close_stale_auto(self) -> None:
-        """An automatic open of an earlier period, which this window does not touch, ends (rollover)."""
-        main, br = self.periods[0], self.view.breaker
-        if self.auto is None or self.auto_touched is not None or int(br["auto_start"]) >= main.start:
-            return
-        self.drop_auto = True
-        reason = f"period rollover: automatic open of {self.auto} ends"
-        state = _state(main.spent, main.warn, self.manual)
-        self.entry("breaker_close", main, reason=reason, actor="ledger", state=state)
+def _rollover(view: View, periods: list[_Period], manual: bool, actor: str) -> list[dict[str, str]]:
+    """An automatic open of an earlier period, which this window does not touch, ends: its audit
+    entry (none: nothing to close)."""
+    auto, main = view.breaker.get("auto_period"), periods[0]
+    if auto is None or any(p.pid == auto for p in periods) or int(view.breaker["auto_start"]) >= main.start:
+        return []
+    reason = f"period rollover: automatic open of {auto} ends"
+    return [
+        _entry("breaker_close", main, actor, reason=reason, actor="ledger", state=_state(main.spent, main.warn, manual))
+    ]
 
-    def refuse(self, p: _Period, reason: str, open_now: bool = False) -> Decision:
-        """Refused in period `p`: counted and audited, and the breaker opened automatically when the
-        cap itself ran out (`open_now`; no breaker holds the window then, or it was refused before)."""
-        c = self.c
-        self.touch(p)
-        is_open = self.manual or self.auto == p.pid or open_now
-        state = _state(p.spent, p.warn, is_open)
-        self.entry(
-            "refusal",
-            p,
-            release_id=c.req.release_id,
-            metric=c.req.metric,
-            cost=str(c.cost),
-            delta=str(c.delta),
-            reason=reason,
-            state=state,
-        )
-        breaker = None
-        if open_now:  # (only a budget refusal opens it, and it comes after both breaker checks)
-            breaker = {"auto_period": p.pid, "auto_start": str(p.start), "auto_reason": reason}
-            breaker["auto_at"] = str(c.now_ms)
-            self.entry("breaker_open", p, reason=reason, actor="ledger", state="open")
-        return self.done(
-            RawCharge("refused", b"", reason, p.spent, p.cap, state, 0), refused_in=p.pid, breaker_set=breaker
-        )
 
-    def where(self, p: _Period) -> str:
-        return "" if p is self.periods[0] else f" (in later period {p.pid}, which this window also touches)"
+def _later(p: _Period, main: _Period) -> str:
+    return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
 
-    def conflict(self, p: _Period) -> tuple[_Period, str] | None:
-        """The block whose fixed terms are not the caller's: `p` itself once opened, else a block of
-        another length that `p` would overlap."""
-        terms, plen_s = self.c.terms, str(self.c.terms.period_s)
-        if p.opened:
-            if p.acc != terms.accounting:
-                return p, f"accounting {p.acc}, this worker {terms.accounting}"
-            if p.cap > terms.cap_units:
-                return p, f"cap {p.cap_s} units, this worker {terms.cap_units} (smaller)"
-            if p.plen_s != plen_s:
-                return p, f"period {p.plen_s} s, this worker {plen_s} s"
-            return None
-        index, end = self.view.starts, p.start + terms.period_s
-        inside = [(start, b) for b, start in index.items() if p.start <= start < end]
-        found = min(inside) if inside else None
-        if found is None:
-            before = [(start, b) for b, start in index.items() if start < p.start]
-            if before:
-                start, b = max(before)
-                length = (self.view.blocks.get(b) or _EMPTY).get("period_s", self.view.config.get("period_s", "0"))
-                if start + int(length) > p.start:
-                    found = (start, b)
-        if found is None or found[1] == p.pid:
-            return None
-        q = _read(self.view, found[1], found[0])
-        return q, f"period {q.plen_s} s, this worker {plen_s} s, whose period {p.pid} overlaps it"
 
-    def refusal(self) -> Decision | None:
-        """The first reason to refuse, in charge.lua's order (None: granted)."""
-        c, cfg, main, br = self.c, self.view.config, self.periods[0], self.view.breaker
-        if c.digest != cfg.get("digest"):
-            return self.refuse(
-                main,
-                f"topology disagrees with the scope's registered terms (digest {cfg.get('digest', '?')}, "
-                f"this worker {c.digest}): restart it with the current topology",
-            )
-        for p in self.periods:
-            clash = self.conflict(p)
-            if clash is not None:
-                q, what = clash
-                return self.refuse(
-                    q,
-                    f"period terms differ: block {q.pid} keeps {what}: a period keeps the terms it opened with; "
-                    "release its windows under those terms, or use a new scope name",
-                )
-        if self.manual:
-            return self.refuse(main, "breaker open (manual): " + br.get("manual_reason", ""))
-        auto = self.auto_touched
-        if auto is not None:
-            return self.refuse(auto, "breaker open (automatic): " + br.get("auto_reason", "") + self.where(auto))
-        for p in self.periods:
-            refused = self.budget_refusal(p)
-            if refused is not None:
-                return refused
+def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
+    """The block whose fixed terms are not the caller's: `p` itself once opened, else a block of
+    another length that `p` would overlap (blocks never overlap, so the nearest ones tell)."""
+    terms, plen_s = c.terms, str(c.terms.period_s)
+    if p.opened:
+        if p.acc != terms.accounting:
+            return p, f"accounting {p.acc}, this worker {terms.accounting}"
+        if p.cap > terms.cap_units:
+            return p, f"cap {p.cap_s} units, this worker {terms.cap_units} (smaller)"
+        if p.plen_s != plen_s:
+            return p, f"period {p.plen_s} s, this worker {plen_s} s"
         return None
+    end = p.start + terms.period_s
+    inside = [(start, b) for b, start in view.starts.items() if p.start <= start < end]
+    found = min(inside) if inside else None
+    if found is None:
+        before = [(start, b) for b, start in view.starts.items() if start < p.start]
+        if before:
+            start, b = max(before)
+            length = (view.blocks.get(b) or _EMPTY).get("period_s", view.config.get("period_s", "0"))
+            if start + int(length) > p.start:
+                found = (start, b)
+    if found is None or found[1] == p.pid:
+        return None
+    q = _read(view, found[1], found[0])
+    return q, f"period {q.plen_s} s, this worker {plen_s} s, whose period {p.pid} overlaps it"
 
-    def budget_refusal(self, p: _Period) -> Decision | None:
-        """Period `p` cannot take the cost: its cap (which opens the breaker), its pool outside the
-        reserve, or its selection δ."""
-        cost, delta = self.c.cost, self.c.delta
+
+def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, str, bool] | None:
+    """The first reason to refuse, in charge.lua's order: (the period it is counted in, the reason,
+    whether it opens the breaker: the cap itself ran out); None: granted."""
+    cfg, br, main = view.config, view.breaker, periods[0]
+    if c.digest != cfg.get("digest"):
+        why = (
+            f"topology disagrees with the scope's registered terms (digest {cfg.get('digest', '?')}, "
+            f"this worker {c.digest}): restart it with the current topology"
+        )
+        return main, why, False
+    for p in periods:
+        clash = _conflict(view, c, p)
+        if clash is not None:
+            q, what = clash
+            why = (
+                f"period terms differ: block {q.pid} keeps {what}: a period keeps the terms it opened with; "
+                "release its windows under those terms, or use a new scope name"
+            )
+            return q, why, False
+    if br.get("manual") == "1":
+        return main, "breaker open (manual): " + br.get("manual_reason", ""), False
+    for p in periods:
+        if br.get("auto_period") == p.pid:
+            return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
+    cost, delta = c.cost, c.delta
+    for p in periods:
         if p.spent + cost > p.cap:
-            left = p.cap - p.spent
-            return self.refuse(
-                p, f"budget exhausted: cost {cost} exceeds the {left} units left of the cap" + self.where(p), True
+            return (
+                p,
+                f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap" + _later(p, main),
+                True,
             )
         limit = p.cap - int(p.reserve_s) + p.grant
-        if self.req.may_use_reserve or limit > p.cap:
+        if c.req.may_use_reserve or limit > p.cap:
             limit = p.cap
         if p.spent + cost > limit:
-            return self.refuse(
-                p,
+            why = (
                 f"pool exhausted: cost {cost} exceeds the {max(0, limit - p.spent)} units left outside the reserve "
-                "(only may_use_reserve metrics or an operator grant draw on it)" + self.where(p),
+                "(only may_use_reserve metrics or an operator grant draw on it)"
             )
+            return p, why + _later(p, main), False
         dcap = int(p.dcap_s)
         if p.dspent + delta > dcap:
-            return self.refuse(
-                p,
+            why = (
                 f"selection delta exhausted: delta {delta} exceeds the {max(0, dcap - p.dspent)} units (1e-18) "
-                "left of the period's selection delta cap" + self.where(p),
+                "left of the period's selection delta cap"
             )
-        return None
+            return p, why + _later(p, main), False
+    return None
 
-    def grant(self) -> Decision:
-        """Charged in every period the window touches, the release recorded, each charge audited."""
-        c, req, periods = self.c, self.req, self.periods
-        for p in periods:
-            self.touch(p)
-        cost_s, delta_s, actor = str(c.cost), str(c.delta), req.actor
-        for p in periods:
-            spent = p.spent + c.cost
-            after = "warning" if spent >= p.warn else "normal"
-            ratio = "%.6f" % (spent / p.cap)
-            entry = {
+
+def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tuple[_Period, str, bool]) -> Decision:
+    """Refused in period `p`: its block opened if need be, the refusal counted and audited, and the
+    breaker opened automatically when the cap itself ran out (no breaker holds the window then:
+    both breaker checks come first)."""
+    p, reason, open_now = refusal
+    req, br = c.req, view.breaker
+    manual = br.get("manual") == "1"
+    blocks, entries = _opened(view, c, [p], manual)
+    is_open = manual or br.get("auto_period") == p.pid or open_now
+    state = _state(p.spent, p.warn, is_open)
+    fields = {"release_id": req.release_id, "metric": req.metric, "cost": str(c.cost), "delta": str(c.delta)}
+    entries.append(_entry("refusal", p, req.actor, **fields, reason=reason, state=state))
+    breaker = None
+    if open_now:
+        breaker = {"auto_period": p.pid, "auto_start": str(p.start), "auto_reason": reason, "auto_at": str(c.now_ms)}
+        entries.append(_entry("breaker_open", p, req.actor, reason=reason, actor="ledger", state="open"))
+    answer = RawCharge("refused", b"", reason, p.spent, p.cap, state, 0)
+    return Decision(answer, tuple(blocks), (), p.pid, bool(rollover), breaker, tuple(rollover + entries))
+
+
+def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[str, str]]) -> Decision:
+    """Charged in every period the window touches (blocks opened as needed), the release recorded,
+    each period's charge (and state change) audited."""
+    req = c.req
+    blocks, entries = _opened(view, c, periods, False)
+    cost_s, delta_s, actor = str(c.cost), str(c.delta), req.actor
+    ratios = []
+    for p in periods:
+        spent = p.spent + c.cost
+        after = "warning" if spent >= p.warn else "normal"
+        ratio = "%.6f" % (spent / p.cap)
+        ratios.append(ratio)
+        entries.append(
+            {
                 "kind": "charge",
                 "period": p.pid,
                 "spent": str(spent),
@@ -363,45 +340,50 @@ class _Run:
                 "delta": delta_s,
                 "state": after,
             }
-            self.audit.append(entry)  # (every field is non-empty: no filter needed)
-            was = "warning" if p.spent >= p.warn else "normal"
-            if after != was:
-                fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
-                self.audit.append(audit_entry("state", p, actor, spent, fields))
-        main = periods[0]
-        spent = main.spent + c.cost
-        ratio = "%.6f" % (spent / main.cap)
-        payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
-        release: dict[str, str | bytes] = {
-            "state": "reserved",
-            "period": req.period_id,
-            "metric": req.metric,
-            "window_start": str(req.window_start),
-            "window_end": str(req.window_end),
-            "cost": cost_s,
-            "delta": delta_s,
-            "extra_periods": " ".join([p.pid for p in periods[1:]]),
-            "payload": payload,
-            "ratio_after": ratio,
-            "reserved_at": str(c.now_ms),
-        }
-        state = "warning" if spent >= main.warn else "normal"
-        answer = RawCharge("granted", payload, "", spent, main.cap, state, c.cost)
-        return self.done(answer, charged=tuple([p.pid for p in periods]), release=release)
+        )  # (every field is non-empty: no filter needed)
+        was = "warning" if p.spent >= p.warn else "normal"
+        if after != was:
+            fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
+            entries.append(audit_entry("state", p, actor, spent, fields))
+    main, ratio = periods[0], ratios[0]
+    spent = main.spent + c.cost
+    payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
+    release: dict[str, str | bytes] = {
+        "state": "reserved",
+        "period": req.period_id,
+        "metric": req.metric,
+        "window_start": str(req.window_start),
+        "window_end": str(req.window_end),
+        "cost": cost_s,
+        "delta": delta_s,
+        "extra_periods": " ".join([p.pid for p in periods[1:]]),
+        "payload": payload,
+        "ratio_after": ratio,
+        "reserved_at": str(c.now_ms),
+    }
+    answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", c.cost)
+    charged = tuple([p.pid for p in periods])
+    audit = tuple(rollover + entries) if rollover else tuple(entries)
+    return Decision(answer, tuple(blocks), charged, None, bool(rollover), None, audit, release)
 
 
 def decide(view: View, c: Charge) -> Decision:
     """What charge.lua decides for this charge on this view: the answer and the writes (see the module doc)."""
-    run = _Run(view, c)
-    main = run.periods[0]
-    state = _state(main.spent, main.warn, run.manual or run.auto == main.pid)
-    if view.known is not None:
-        return Decision(RawCharge("duplicate", view.known, "", main.spent, main.cap, state, 0))
-    if c.expired:
-        return Decision(RawCharge("expired", b"", "expired", main.spent, main.cap, state, 0))
-    version = int((view.blocks.get(main.pid) or _EMPTY).get("version", 0))
-    if c.req.quoted_version is not None and version != c.req.quoted_version:
-        reason = f"stale quote: the period's spend version is now {version}"
+    req = c.req
+    periods = [_read(view, req.period_id, c.period_start)]
+    for pid, start in req.extra_periods:
+        periods.append(_read(view, pid, int(start)))
+    main, br, quoted = periods[0], view.breaker, req.quoted_version
+    if view.known is not None or c.expired or (quoted is not None and main.version != quoted):
+        state = _state(main.spent, main.warn, br.get("manual") == "1" or br.get("auto_period") == main.pid)
+        if view.known is not None:
+            return Decision(RawCharge("duplicate", view.known, "", main.spent, main.cap, state, 0))
+        if c.expired:
+            return Decision(RawCharge("expired", b"", "expired", main.spent, main.cap, state, 0))
+        reason = f"stale quote: the period's spend version is now {main.version}"
         return Decision(RawCharge("stale_quote", b"", reason, main.spent, main.cap, state, 0))
-    run.close_stale_auto()
-    return run.refusal() or run.grant()
+    rollover = _rollover(view, periods, br.get("manual") == "1", req.actor) if br else []
+    refusal = _refusal(view, c, periods)
+    if refusal is not None:
+        return _refuse(view, c, rollover, refusal)
+    return _grant(view, c, periods, rollover)
