@@ -203,7 +203,7 @@ def _quote(
     stretched: bool = False,
     refused_reason: str | None = None,
 ) -> Quote:
-    return Quote.of(
+    return Quote(
         plan.name,
         cfg.name,
         period_id,
@@ -274,7 +274,7 @@ def price(
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
         return _quote(cfg, plan, period_id, state, version, 0, refused_reason=reason)
-    return Quote.of(
+    return Quote(
         metric,
         cfg.name,
         period_id,

@@ -389,7 +389,7 @@ class Ledger(ABC):
         raw = await self._charge(
             req, units, delta_units, pstart, cfg.digest, int(now * 1000), self._terms[req.scope], expired
         )
-        return ChargeResult.of(
+        return ChargeResult(
             _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             raw.payload,
             self._expired_reason() if raw.outcome == "expired" else raw.reason,
