@@ -4,7 +4,7 @@ A pure function of what a backend read (`View`) and what the caller asked (`Char
 writes; its `Decision` lists the writes (blocks to open, counters to add, breaker changes, audit
 entries, the release record) and the backend applies them in the same atomic step as the read.
 The in-process ledger applies it under its lock; `lua/charge.lua` states the same rules for
-Redis, where the script must decide by itself (see DESIGN notes in `redis_backend`).
+Redis, where the script decides by itself (why: `redis_backend`'s module doc).
 
 Rules, in order: a known release id answers its first stored bytes; an expired window and a
 stale quote answer, writing nothing; an automatic breaker open of an earlier period closes; then
@@ -14,7 +14,7 @@ pool and selection δ) is counted and audited; else every period the window touc
 
 from __future__ import annotations
 
-__all__ = ["View", "Charge", "ChargeTerms", "Decision", "RawCharge", "decide", "state_of", "audit_entry"]
+__all__ = ["View", "Charge", "ChargeTerms", "Decision", "RawCharge", "decide", "state_of", "stale_reason"]
 
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -367,6 +367,11 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
     return Decision(answer, tuple(blocks), charged, None, bool(rollover), None, audit, release)
 
 
+def stale_reason(version: int | str) -> str:
+    """The reason of a STALE_QUOTE answer: the main period's spend version moved to `version`."""
+    return f"stale quote: the period's spend version is now {version}"
+
+
 def decide(view: View, c: Charge) -> Decision:
     """What charge.lua decides for this charge on this view: the answer and the writes (see the module doc)."""
     req = c.req
@@ -380,7 +385,7 @@ def decide(view: View, c: Charge) -> Decision:
             return Decision(RawCharge("duplicate", view.known, "", main.spent, main.cap, state, 0))
         if c.expired:
             return Decision(RawCharge("expired", b"", "expired", main.spent, main.cap, state, 0))
-        reason = f"stale quote: the period's spend version is now {main.version}"
+        reason = stale_reason(main.version)
         return Decision(RawCharge("stale_quote", b"", reason, main.spent, main.cap, state, 0))
     rollover = _rollover(view, periods, br.get("manual") == "1", req.actor) if br else []
     refusal = _refusal(view, c, periods)
