@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.allocation import Snapshot
 from dpstream.workers.ledger.base import (
     REGISTER_REFUSED,
     REGISTER_RETRY,
@@ -27,14 +26,10 @@ from dpstream.workers.ledger.base import (
     Ledger,
     RawCharge,
     RawRegister,
-    _breaker_for,
     parked_from_json,
 )
 from dpstream.workers.ledger.decision import Charge, Decision, View, decide
 from dpstream.workers.ledger.types import ParkedRelease, PendingRelease, ReleaseRequest
-
-_EMPTY: dict[str, str] = {}
-"""A period block not opened yet (read only)."""
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every entry carries; other empty fields are left out (as the scripts' XADD does)."""
@@ -420,34 +415,6 @@ class MemoryLedger(Ledger):
             s = self._scope(scope)
             counts = {m: _zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
-
-    async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
-        """`_snapshot` as `quote` reads it, from the stored fields themselves (no copies)."""
-        with self._lock:
-            s = self._store.get(scope) or self._scope(scope)
-            cfg = s.config
-            if not cfg:
-                return None
-            period = s.periods.get(pid) or _EMPTY
-            br = s.breaker
-            ends = s.ends_sorted
-            counts = {}
-            for m in metrics:  # ZCOUNT ends(pid, m) window_end +inf
-                scores = ends.get((pid, m))
-                if not scores or scores[-1] < window_end:
-                    counts[m] = 0  # windows mostly close in order: none charged ends this late
-                else:
-                    counts[m] = len(scores) - bisect_left(scores, window_end)
-            return Snapshot(
-                int(period.get("cap", cfg["cap"])),
-                int(period.get("reserve", cfg["reserve"])),
-                int(period.get("warn", cfg["warn"])),
-                int(period.get("spent", 0)),
-                int(period.get("grant", 0)),
-                _breaker_for(br, pid) if br else None,
-                counts,
-                int(period.get("version", 0)),
-            )
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
         with self._lock:
