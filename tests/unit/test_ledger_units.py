@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
 from dpstream.workers.ledger.units import (
+    DELTA_UNITS_PER_DELTA,
+    UNITS_PER_CURRENCY,
     cap_to_units,
     cost_to_units,
     delta_cap_to_units,
@@ -115,3 +118,21 @@ def test_a_grant_is_rounded_down_and_a_bad_amount_is_a_user_error() -> None:
     for bad in (0, -1.0, float("nan"), float("inf"), 1e-15):
         with pytest.raises(ConfigError, match="--amount"):
             grant_to_units(bad)
+
+
+@given(st.floats(min_value=0.0, max_value=9000.0, allow_nan=False, allow_subnormal=True))
+def test_integer_unit_conversions_equal_the_fraction_rule(x: float) -> None:
+    """Charges in cost and δ units are ceil(exact value × scale), as Fraction arithmetic computes it."""
+    if x > 0:
+        assert cost_to_units(x) == math.ceil(Fraction(x) * UNITS_PER_CURRENCY)
+    if x < 0.009:  # the δ units' exact range
+        assert delta_to_units(x) == math.ceil(Fraction(x) * DELTA_UNITS_PER_DELTA)
+
+
+@given(st.integers(min_value=0, max_value=9 * 10**15))
+def test_grantable_float_is_the_largest_float_at_most_the_units(units: int) -> None:
+    """grantable_float(u) <= u x 1e-12 exactly, and the next float up is above it."""
+    value = grantable_float(units)
+    assert Fraction(value) <= Fraction(units, UNITS_PER_CURRENCY)
+    if units > 0:
+        assert Fraction(math.nextafter(value, math.inf)) > Fraction(units, UNITS_PER_CURRENCY)

@@ -30,6 +30,7 @@ from dpstream.topology.allocation import (
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
+from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
 
@@ -53,13 +54,6 @@ class Snapshot(NamedTuple):
     """The period block's spend version (bumped by every charge and grant of the period)."""
 
 
-def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
-    """normal / warning / open, from the spend and the breaker (the same rule as charge.lua)."""
-    if is_open:
-        return State.OPEN
-    return State.WARNING if spent_units >= warn_units else State.NORMAL
-
-
 def _units(amount: Fraction | float) -> int:
     return max(0, math.floor(Fraction(amount) * UNITS_PER_CURRENCY))
 
@@ -68,64 +62,13 @@ _grantable = lru_cache(maxsize=4096)(grantable_float)
 """`grantable_float(units)`, memoised (on plan a period's releases are granted one or two unit counts)."""
 
 
-class _Shape(NamedTuple):
-    """What pricing reads of one scope config, computed once per config."""
-
-    cfg: ScopeConfig
-    """Held so the config's id stays its own while the entry lives."""
-    ks: dict[str, int] | None
-    """Each metric's k_j, or None when some metric has no release per period or a name is repeated
-    (then the Fraction rule runs, exactly as before, errors included)."""
-    plans: dict[str, MetricShare]
-    """Metric name → its plan (the first of that name, as `ScopeConfig.metric` finds it)."""
-    rows: tuple[tuple[str, int, Window], ...]
-    """(name, k_j, window) per metric, when `ks` is set (else empty)."""
-    schedules: dict[int | None, tuple[tuple[str, int, Callable[[int, int, int], int]], ...]]
-    """Per deployment start S: (name, k_j, `Schedule.left` of the metric's schedule from S) per row,
-    built on first use (the bound method, so the quote's loop looks nothing up)."""
-
-
-_SHAPES: dict[int, _Shape] = {}
-"""Per scope config, by identity: its `_Shape`."""
-
-
-def _shape_of(cfg: ScopeConfig) -> _Shape:
-    entry = _SHAPES.get(id(cfg))
-    if entry is not None and entry.cfg is cfg:
-        return entry
-    ks: dict[str, int] | None = None
-    names = [p.name for p in cfg.metrics]
-    if all(p.per_period > 0 for p in cfg.metrics) and len(set(names)) == len(names):
-        rates = [(p.name, Fraction(p.weight) / p.per_period) for p in cfg.metrics]
-        lcm = math.lcm(*(r.denominator for _, r in rates)) if rates else 1
-        ks = {name: r.numerator * (lcm // r.denominator) for name, r in rates}
-    plans: dict[str, MetricShare] = {}
-    for p in cfg.metrics:
-        plans.setdefault(p.name, p)
-    rows = tuple((p.name, ks[p.name], p.window) for p in cfg.metrics) if ks else ()
-    if len(_SHAPES) >= 256:
-        _SHAPES.clear()
-    entry = _SHAPES[id(cfg)] = _Shape(cfg, ks, plans, rows, {})
-    return entry
-
-
+@lru_cache(maxsize=256)
 def _schedules_of(
-    shape: _Shape, schedule_start: int | None
+    rows: tuple[tuple[str, int, Window], ...], schedule_start: int | None
 ) -> tuple[tuple[str, int, Callable[[int, int, int], int]], ...]:
-    """The shape's rows with each metric's `Schedule.left` from S, memoised per S (one S per deployment)."""
-    rows = shape.schedules.get(schedule_start)
-    if rows is None:
-        if len(shape.schedules) >= 16:
-            shape.schedules.clear()
-        rows = shape.schedules[schedule_start] = tuple(
-            (name, k, Schedule.of_window(window, schedule_start).left) for name, k, window in shape.rows
-        )
-    return rows
-
-
-def _shape(cfg: ScopeConfig) -> dict[str, int] | None:
-    """k_j = (w_j / N_j) × lcm of their denominators, per metric name, for one scope config."""
-    return _shape_of(cfg).ks
+    """(name, k_j, `Schedule.left` of the metric's schedule from S) per pricing row (the bound
+    method, so the quote's loop looks nothing up); one S per deployment, so a few entries."""
+    return tuple((name, k, Schedule.of_window(window, schedule_start).left) for name, k, window in rows)
 
 
 def _adaptive_units(
@@ -138,20 +81,7 @@ def _adaptive_units(
     schedule_start: int | None = None,
 ) -> int:
     """`_units(adaptive_release_cost(pool_left / 1e12, metric, demands))`, in integers where it can."""
-    return _adaptive_units_of(_shape_of(cfg), cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
-
-
-def _adaptive_units_of(
-    shape: _Shape,
-    cfg: ScopeConfig,
-    snap: Snapshot,
-    metric: str,
-    period_start: int,
-    window_end: int,
-    pool_left: int,
-    schedule_start: int | None = None,
-) -> int:
-    ks = shape.ks
+    ks = cfg.pricing_rates
     if ks is not None:
         if pool_left <= 0:
             return 0
@@ -161,7 +91,7 @@ def _adaptive_units_of(
         charged = snap.charged_after
         period_s = cfg.period_s
         total = 0
-        for name, k, windows_left in _schedules_of(shape, schedule_start):
+        for name, k, windows_left in _schedules_of(cfg.pricing_rows, schedule_start):
             left = windows_left(period_start, period_s, window_end) - charged.get(name, 0)
             if left < 1 and name == metric:  # already charged: reserve will answer DUPLICATE
                 left = 1
@@ -209,7 +139,7 @@ def _quote(
     stretched: bool = False,
     refused_reason: str | None = None,
 ) -> Quote:
-    return Quote.of(
+    return Quote(
         plan.name,
         cfg.name,
         period_id,
@@ -244,10 +174,7 @@ def price(
     one): it is priced as in a whole period, never as the last window left of it."""
     if schedule_start is not None and window_start < schedule_start:
         schedule_start = None
-    shape = _SHAPES.get(id(cfg))
-    if shape is None or shape.cfg is not cfg:
-        shape = _shape_of(cfg)
-    plan = shape.plans.get(metric) or cfg.metric(metric)
+    plan = cfg.plans.get(metric) or cfg.metric(metric)
     cap, reserve, warn, spent, grant, breaker, _, version = snap
     if breaker is not None:
         kind = "manual" if breaker.manual else "automatic"
@@ -258,7 +185,7 @@ def price(
     pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
         pool_left = 0
-    units = _adaptive_units_of(shape, cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
+    units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
     if plan.may_use_reserve:
         demands = _demands(cfg, snap, metric, period_start, window_end, schedule_start)
         pool = Fraction(cap - reserve, UNITS_PER_CURRENCY)
@@ -280,7 +207,7 @@ def price(
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
         return _quote(cfg, plan, period_id, state, version, 0, refused_reason=reason)
-    return Quote.of(
+    return Quote(
         metric,
         cfg.name,
         period_id,

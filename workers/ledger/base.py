@@ -1,7 +1,8 @@
 """The ledger interface: one contract, shared logic, and the few primitives each backend implements.
 
-Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scripts, or their
-in-process port); pricing, periods, status, history and reconciliation live here once.
+Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scripts, or the
+in-process ledger's dict writes, its charges decided by `decision.decide`); pricing, periods,
+status, history and reconciliation live here once.
 
 A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap, period length) are
 copied into its block when it opens and hold for the whole period: pricing, status and every
@@ -35,7 +36,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import NamedTuple
 
 from dpstream.topology.accounting import conversion_delta, epsilon_equivalent
 from dpstream.topology.errors import ConfigError, InternalError
@@ -44,6 +44,7 @@ from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
 from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
 from dpstream.workers.ledger.config import ScopeConfig
+from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
 from dpstream.workers.ledger.types import (
@@ -115,27 +116,6 @@ def budget_left(cap: int, reserve: int, grant: int, spent: int) -> tuple[int, in
     left = max(0, cap - spent)
     pool_left = min(left, max(0, min(cap, cap - reserve + grant) - spent))
     return pool_left, left - pool_left
-
-
-class ChargeTerms(NamedTuple):
-    """The terms a caller's topology gives a scope, sent with every charge: a block it would
-    charge refuses it unless it keeps the same accounting and period length and no larger cap."""
-
-    accounting: str
-    cap_units: int
-    period_s: int
-
-
-class RawCharge(NamedTuple):
-    """What the reserve step returns, before it is typed (a tuple: one is built per charge)."""
-
-    outcome: str
-    payload: bytes
-    reason: str
-    spent_units: int
-    cap_units: int
-    state: str
-    cost_units: int
 
 
 @dataclass(frozen=True)
@@ -409,7 +389,7 @@ class Ledger(ABC):
         raw = await self._charge(
             req, units, delta_units, pstart, cfg.digest, int(now * 1000), self._terms[req.scope], expired
         )
-        return ChargeResult.of(
+        return ChargeResult(
             _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             raw.payload,
             self._expired_reason() if raw.outcome == "expired" else raw.reason,

@@ -11,6 +11,7 @@ __all__ = ["MetricShare", "ScopeConfig", "scope_configs"]
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -96,6 +97,32 @@ class ScopeConfig:
             if plan.name == name:
                 return plan
         raise ConfigError(f"metric {name!r} is not charged to budget {self.name!r}")
+
+    @cached_property
+    def plans(self) -> dict[str, MetricShare]:
+        """Metric name → its plan (the first of that name, as `metric` finds it)."""
+        plans: dict[str, MetricShare] = {}
+        for p in self.metrics:
+            plans.setdefault(p.name, p)
+        return plans
+
+    @cached_property
+    def pricing_rates(self) -> dict[str, int] | None:
+        """Each metric's k_j = (w_j / N_j) × the lcm of their denominators (the adaptive grant in
+        integers, `allocation`), or None when some metric has no release per period or a name
+        repeats (then the Fraction rule prices, exactly as before, errors included)."""
+        names = [p.name for p in self.metrics]
+        if not all(p.per_period > 0 for p in self.metrics) or len(set(names)) != len(names):
+            return None
+        rates = [(p.name, Fraction(p.weight) / p.per_period) for p in self.metrics]
+        lcm = math.lcm(*(r.denominator for _, r in rates)) if rates else 1
+        return {name: r.numerator * (lcm // r.denominator) for name, r in rates}
+
+    @cached_property
+    def pricing_rows(self) -> tuple[tuple[str, int, Window], ...]:
+        """(name, k_j, window) per metric when `pricing_rates` is set (else empty)."""
+        ks = self.pricing_rates
+        return tuple((p.name, ks[p.name], p.window) for p in self.metrics) if ks else ()
 
     @cached_property
     def digest(self) -> str:

@@ -1,4 +1,7 @@
-"""The in-process ledger backend (offline `replay`, unit tests): the `.lua` scripts ported to Python.
+"""The in-process ledger backend (offline `replay`, unit tests): the scripts' writes on dicts.
+
+A charge reads a `decision.View` of the scope's dicts, `decide`s and applies the `Decision`;
+the other steps are the small `.lua` scripts ported to Python.
 
 Same contract as the Redis backend, checked by one contract test suite. Each step runs without
 awaiting, under a lock, so it is atomic for every task and thread of the process. Nothing is
@@ -16,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.allocation import Snapshot
 from dpstream.workers.ledger.base import (
     REGISTER_REFUSED,
     REGISTER_RETRY,
@@ -24,16 +26,16 @@ from dpstream.workers.ledger.base import (
     Ledger,
     RawCharge,
     RawRegister,
-    _breaker_for,
     parked_from_json,
 )
-from dpstream.workers.ledger.types import RATIO_TOKEN, ParkedRelease, PendingRelease, ReleaseRequest
-
-_EMPTY: dict[str, str] = {}
-"""A period block not opened yet (read only)."""
+from dpstream.workers.ledger.decision import Charge, Decision, View, decide
+from dpstream.workers.ledger.types import ParkedRelease, PendingRelease, ReleaseRequest
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
-"""Audit fields every reserve entry carries; other empty fields are left out (as charge.lua does)."""
+"""Audit fields every entry carries; other empty fields are left out (as the scripts' XADD does)."""
+
+_AUTO_FIELDS = ("auto_period", "auto_start", "auto_reason", "auto_at")
+"""The breaker's automatic open."""
 
 
 @dataclass
@@ -87,326 +89,10 @@ def _incr(h: dict[str, str], name: str, by: int) -> int:
     return value
 
 
-@dataclass
-class _Period:
-    """One period a reserve touches, as charge.lua's `load_period` reads it (the terms as stored
-    strings, and as numbers, converted once as the script's `tonumber` does)."""
-
-    pid: str
-    pstart: int
-    cap_s: str
-    reserve_s: str
-    warn_s: str
-    acc: str
-    dcap_s: str
-    spent: int
-    grant: int
-    dspent: int
-    opened: bool = False
-    """The block exists (its terms are its own, not the config's)."""
-    plen_s: str = ""
-    """The block's period length (the registered one when the block does not record its own)."""
-    cap: int = field(init=False)
-    reserve: int = field(init=False)
-    warn: int = field(init=False)
-    dcap: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.cap, self.reserve = int(self.cap_s), int(self.reserve_s)
-        self.warn, self.dcap = int(self.warn_s), int(self.dcap_s)
-
-
 def _payload(release: dict[str, str | bytes]) -> bytes:
     payload = release["payload"]
     assert isinstance(payload, bytes)  # the reserve step stores it as bytes
     return payload
-
-
-def _state_of(p: _Period, x: int, is_open: bool) -> str:
-    return "open" if is_open else ("warning" if x >= p.warn else "normal")
-
-
-def _ratio_of(p: _Period, x: int) -> str:
-    return "%.6f" % (x / p.cap)
-
-
-class _ChargeScript:
-    """One run of charge.lua's port (`MemoryLedger._charge_script`), step by step: what the script
-    reads first (the periods the window touches, the breaker), then each of its stages as a method.
-    Runs under the ledger's lock, like the script itself."""
-
-    def __init__(
-        self,
-        ledger: MemoryLedger,
-        s: _Scope,
-        req: ReleaseRequest,
-        cost: int,
-        delta: int,
-        pstart: int,
-        now_ms: int,
-        terms: ChargeTerms,
-    ) -> None:
-        self.ledger, self.s, self.req, self.now_ms, self.terms = ledger, s, req, now_ms, terms
-        self.cfg = s.config
-        self.cost, self.delta = cost, delta
-        self.cost_s, self.delta_s = str(cost), str(delta)
-        self.plen_s = str(terms.period_s)
-        pid = req.period_id
-        self.periods = [self.load_period(pid, pstart)] + [
-            self.load_period(p_id, int(p_start)) for p_id, p_start in req.extra_periods
-        ]
-        self.main = self.periods[0]
-        br = self.br = s.breaker
-        self.manual = br.get("manual") == "1"
-        self.auto_here = br.get("auto_period") == pid
-        self.auto_touched = next((p for p in self.periods if br.get("auto_period") == p.pid), None)
-        self.auto_stale = "auto_period" in br and self.auto_touched is None and int(br["auto_start"]) < pstart
-
-    def load_period(self, p_id: str, p_start: int) -> _Period:
-        """charge.lua's `load_period`: the block's terms, or the config's for a block not opened yet."""
-        f, cfg = self.s.periods.get(p_id, {}), self.cfg
-        return _Period(
-            p_id,
-            p_start,
-            f.get("cap", cfg["cap"]),
-            f.get("reserve", cfg["reserve"]),
-            f.get("warn", cfg["warn"]),
-            f.get("accounting", cfg.get("accounting", "")),
-            f.get("delta_cap", cfg.get("delta_cap", "0")),
-            int(f.get("spent", 0)),
-            int(f.get("grant", 0)),
-            int(f.get("delta_spent", 0)),
-            "cap" in f,
-            f.get("period_s", cfg.get("period_s", "")),
-        )
-
-    def answered_unwritten(self, expired: bool) -> RawCharge | None:
-        """A known release id (its first payload), an expired window or a stale quote: answered
-        before anything is written (None: none of these)."""
-        main, req = self.main, self.req
-        state = _state_of(main, main.spent, self.manual or self.auto_here)
-        known = self.s.releases.get(req.release_id)
-        if known is not None:
-            return RawCharge("duplicate", _payload(known), "", main.spent, main.cap, state, 0)
-        if expired:  # charge.lua's expired window: nothing written
-            return RawCharge("expired", b"", "expired", main.spent, main.cap, state, 0)
-        version = int(self.s.periods.get(req.period_id, {}).get("version", 0))
-        if req.quoted_version is not None and version != req.quoted_version:  # charge.lua's stale quote
-            reason = f"stale quote: the period's spend version is now {version}"
-            return RawCharge("stale_quote", b"", reason, main.spent, main.cap, state, 0)
-        return None
-
-    def audit(self, p: _Period, kind: str, **fields: str) -> None:
-        """An audit entry about period `p` (its spend and ratio as they are now); `fields` add or override."""
-        base = {
-            "kind": kind,
-            "period": p.pid,
-            "spent": str(p.spent),
-            "ratio": _ratio_of(p, p.spent),
-            "actor": self.req.actor,
-        }
-        base.update(fields)
-        self.ledger._xadd(self.s, self.now_ms, base)
-
-    def touch_period(self, p: _Period) -> dict[str, str]:
-        """`p`'s block, opened with its terms (and audited) if it is not opened yet."""
-        s = self.s
-        block = s.periods.setdefault(p.pid, {})
-        if p.pid not in s.period_index:
-            s.period_index[p.pid] = p.pstart
-            block.update(
-                cap=p.cap_s,
-                reserve=p.reserve_s,
-                warn=p.warn_s,
-                accounting=p.acc,
-                delta_cap=p.dcap_s,
-                start=str(p.pstart),
-                period_s=self.plen_s,
-            )
-            state = _state_of(p, p.spent, self.manual)
-            self.audit(p, "period", reason="period block opened", actor="ledger", state=state)
-        return block
-
-    def close_stale_automatic_open(self) -> None:
-        """An automatic breaker open of an earlier period, which this window does not touch, ends."""
-        if not self.auto_stale:
-            return
-        br, main = self.br, self.main
-        old = br["auto_period"]
-        for name in ("auto_period", "auto_start", "auto_reason", "auto_at"):
-            br.pop(name, None)
-        self.audit(
-            main,
-            "breaker_close",
-            reason=f"period rollover: automatic open of {old} ends",
-            actor="ledger",
-            state=_state_of(main, main.spent, self.manual),
-        )
-
-    def refuse(self, p: _Period, reason: str, open_now: bool) -> RawCharge:
-        """Refused in period `p`: its refusal counted and audited, and the automatic breaker opened
-        when `open_now` (the cap itself ran out) and no breaker is open yet."""
-        req, br, manual = self.req, self.br, self.manual
-        block = self.touch_period(p)
-        _incr(block, "refused", 1)
-        is_open = manual or br.get("auto_period") == p.pid or open_now
-        self.audit(
-            p,
-            "refusal",
-            release_id=req.release_id,
-            metric=req.metric,
-            cost=self.cost_s,
-            delta=self.delta_s,
-            reason=reason,
-            state=_state_of(p, p.spent, is_open),
-        )
-        if open_now and not (manual or self.auto_touched is not None):
-            br.update(auto_period=p.pid, auto_start=str(p.pstart), auto_reason=reason, auto_at=str(self.now_ms))
-            _incr(block, "version", 1)
-            self.audit(p, "breaker_open", reason=reason, actor="ledger", state="open")
-        return RawCharge("refused", b"", reason, p.spent, p.cap, _state_of(p, p.spent, is_open), 0)
-
-    def where(self, p: _Period) -> str:
-        return "" if p is self.main else f" (in later period {p.pid}, which this window also touches)"
-
-    def conflict(self, p: _Period) -> tuple[_Period, str] | None:
-        """charge.lua's `conflict`: the block whose fixed terms are not the caller's."""
-        if p.opened:
-            return self.terms_conflict(p)
-        return self.overlap_conflict(p)
-
-    def terms_conflict(self, p: _Period) -> tuple[_Period, str] | None:
-        """An opened block: its accounting, cap and length against the caller's."""
-        terms, plen_s = self.terms, self.plen_s
-        if p.acc != terms.accounting:
-            return p, f"accounting {p.acc}, this worker {terms.accounting}"
-        if p.cap > terms.cap_units:
-            return p, f"cap {p.cap_s} units, this worker {terms.cap_units} (smaller)"
-        if p.plen_s != plen_s:
-            return p, f"period {p.plen_s} s, this worker {plen_s} s"
-        return None
-
-    def overlap_conflict(self, p: _Period) -> tuple[_Period, str] | None:
-        """A block not opened yet: it must not overlap a block of another length."""
-        s = self.s
-        end = p.pstart + self.terms.period_s
-        inside = sorted((start, b) for b, start in s.period_index.items() if p.pstart <= start < end)
-        found = inside[0] if inside else None
-        if found is None:
-            before = [(start, b) for b, start in s.period_index.items() if start < p.pstart]
-            if before:
-                start, b = max(before)
-                if start + int(s.periods.get(b, {}).get("period_s", self.cfg.get("period_s", "0"))) > p.pstart:
-                    found = (start, b)
-        if found is not None and found[1] != p.pid:
-            q = self.load_period(found[1], found[0])
-            return q, f"period {q.plen_s} s, this worker {self.plen_s} s, whose period {p.pid} overlaps it"
-        return None
-
-    def refusal(self, digest: str) -> RawCharge | None:
-        """The first reason to refuse, in charge.lua's order (None: the charge is granted): the
-        topology digest, period terms, the breakers, then each period's cap, pool and selection δ."""
-        cfg, main = self.cfg, self.main
-        if digest != cfg.get("digest"):
-            registered = cfg.get("digest", "?")
-            return self.refuse(
-                main,
-                f"topology disagrees with the scope's registered terms (digest {registered}, "
-                f"this worker {digest}): restart it with the current topology",
-                False,
-            )
-        for p in self.periods:
-            clash = self.conflict(p)
-            if clash is not None:
-                q, what = clash
-                return self.refuse(
-                    q,
-                    f"period terms differ: block {q.pid} keeps {what}: a period keeps the terms it opened with; "
-                    "release its windows under those terms, or use a new scope name",
-                    False,
-                )
-        if self.manual:
-            return self.refuse(main, "breaker open (manual): " + self.br.get("manual_reason", ""), False)
-        auto = self.auto_touched
-        if auto is not None:
-            return self.refuse(
-                auto, "breaker open (automatic): " + self.br.get("auto_reason", "") + self.where(auto), False
-            )
-        for p in self.periods:
-            refused = self.budget_refusal(p)
-            if refused is not None:
-                return refused
-        return None
-
-    def budget_refusal(self, p: _Period) -> RawCharge | None:
-        """Period `p` cannot take the cost: its cap (which opens the breaker), its pool outside the
-        reserve, or its selection δ."""
-        cost, delta = self.cost, self.delta
-        if p.spent + cost > p.cap:
-            return self.refuse(
-                p,
-                f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap" + self.where(p),
-                True,
-            )
-        limit = p.cap - p.reserve + p.grant
-        if self.req.may_use_reserve or limit > p.cap:
-            limit = p.cap
-        if p.spent + cost > limit:
-            return self.refuse(
-                p,
-                f"pool exhausted: cost {cost} exceeds the {max(0, limit - p.spent)} units left outside the reserve "
-                "(only may_use_reserve metrics or an operator grant draw on it)" + self.where(p),
-                False,
-            )
-        if p.dspent + delta > p.dcap:
-            return self.refuse(
-                p,
-                f"selection delta exhausted: delta {delta} exceeds the {max(0, p.dcap - p.dspent)} units (1e-18) "
-                "left of the period's selection delta cap" + self.where(p),
-                False,
-            )
-        return None
-
-    def grant(self) -> RawCharge:
-        """Charged in every period the window touches (blocks opened as needed), the release
-        recorded as reserved, each period's charge (and state change) audited."""
-        s, req, P, main = self.s, self.req, self.periods, self.main
-        rid, cost_s, delta_s = req.release_id, self.cost_s, self.delta_s
-        before = []
-        blocks = []
-        for p in P:
-            before.append(_state_of(p, p.spent, False))
-            blocks.append(self.touch_period(p))
-        for p, block in zip(P, blocks, strict=True):
-            p.spent = _incr(block, "spent", self.cost)
-            _incr(block, "version", 1)
-            p.dspent = _incr(block, "delta_spent", self.delta)
-            _incr(block, "granted", 1)
-            _zadd(s, (p.pid, req.metric), rid, int(req.window_end))
-        ratio = _ratio_of(main, main.spent)
-        payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
-        s.releases[rid] = {
-            "state": "reserved",
-            "period": req.period_id,
-            "metric": req.metric,
-            "window_start": str(req.window_start),
-            "window_end": str(req.window_end),
-            "cost": cost_s,
-            "delta": delta_s,
-            "extra_periods": " ".join(p.pid for p in P[1:]),
-            "payload": payload,
-            "ratio_after": ratio,
-            "reserved_at": str(self.now_ms),
-        }
-        s.pending[rid] = self.now_ms
-        for p, was in zip(P, before, strict=True):
-            after = _state_of(p, p.spent, False)
-            self.audit(p, "charge", release_id=rid, metric=req.metric, cost=cost_s, delta=delta_s, state=after)
-            if after != was:
-                self.audit(
-                    p, "state", reason=f"{was} -> {after} at ratio {_ratio_of(p, p.spent)}", actor="ledger", state=after
-                )
-        return RawCharge("granted", payload, "", main.spent, main.cap, _state_of(main, main.spent, False), self.cost)
 
 
 class MemoryLedger(Ledger):
@@ -502,140 +188,44 @@ class MemoryLedger(Ledger):
         terms: ChargeTerms,
         expired: bool,
     ) -> RawCharge:
-        with self._lock:
-            if not req.extra_periods and not expired:
-                granted = self._grant_in_open_period(req, cost_units, delta_units, digest, now_ms, terms)
-                if granted is not None:
-                    return granted
-            return self._charge_script(req, cost_units, delta_units, period_start, digest, now_ms, terms, expired)
+        with self._lock:  # read the view, decide, apply: no await in between
+            s = self._store.get(req.scope)
+            if s is None or not s.config:
+                raise InternalError(f"reserve: scope not registered ({req.scope})")
+            known = s.releases.get(req.release_id)
+            view = View(s.config, s.breaker, s.periods, s.period_index, None if known is None else _payload(known))
+            charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
+            decision = decide(view, charge)
+            self._apply(s, charge, decision)
+            return decision.answer
 
-    def _grant_in_open_period(
-        self, req: ReleaseRequest, cost: int, delta: int, digest: str, now_ms: int, terms: ChargeTerms
-    ) -> RawCharge | None:
-        """The common charge, straight: a new release of one already opened period whose terms are
-        the caller's, no breaker state at all, the quoted version current, the cost within cap, pool
-        and selection δ. It writes exactly what `_charge_script` writes then; in any other case it
-        writes nothing and answers None (the script's port decides)."""
-        s = self._store.get(req.scope)
-        if s is None:
-            return None
-        cfg, pid, rid, metric = s.config, req.period_id, req.release_id, req.metric
-        block = s.periods.get(pid)
-        if not cfg or s.breaker or block is None or pid not in s.period_index or digest != cfg.get("digest"):
-            return None
-        if not rid or not metric or rid in s.releases:
-            return None
-        version = int(block.get("version", 0))
-        if req.quoted_version is not None and req.quoted_version != version:
-            return None
-        cap_s, reserve_s, warn_s, dcap_s = (
-            block.get("cap"),
-            block.get("reserve"),
-            block.get("warn"),
-            block.get("delta_cap"),
-        )
-        if cap_s is None or reserve_s is None or warn_s is None or dcap_s is None:
-            return None  # an opened block holds its terms; the port reads the config's otherwise
-        cap = int(cap_s)
-        if (
-            block.get("accounting", cfg.get("accounting", "")) != terms.accounting
-            or cap > terms.cap_units
-            or block.get("period_s", cfg.get("period_s", "")) != str(terms.period_s)
-        ):
-            return None  # the port refuses: the block's terms are not the caller's
-        spent = int(block.get("spent", 0)) + cost
-        limit = cap - int(reserve_s) + int(block.get("grant", 0))
-        if req.may_use_reserve or limit > cap:
-            limit = cap
-        dspent = int(block.get("delta_spent", 0)) + delta
-        if spent > cap or spent > limit or dspent > int(dcap_s):
-            return None
-        warn = int(warn_s)
-        was = "warning" if spent - cost >= warn else "normal"
-        after = "warning" if spent >= warn else "normal"
-        spent_s, cost_s, delta_s = str(spent), str(cost), str(delta)
-        block["spent"] = spent_s
-        block["version"] = str(version + 1)
-        block["delta_spent"] = str(dspent)
-        block["granted"] = str(int(block.get("granted", 0)) + 1)
-        key = (pid, metric)
-        members, scores = s.ends.get(key), s.ends_sorted.get(key)
-        if members is None or scores is None or rid in members:
-            _zadd(s, key, rid, int(req.window_end))
-        else:  # ZADD of a new member: `_zadd` without looking for a score to replace
-            end = int(req.window_end)
-            members[rid] = end
-            if not scores or scores[-1] <= end:
-                scores.append(end)  # = insort (bisect right), without the bisection: windows mostly close in order
-            else:
-                insort(scores, end)
-        ratio = "%.6f" % (spent / cap)
-        payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
-        s.releases[rid] = {
-            "state": "reserved",
-            "period": pid,
-            "metric": metric,
-            "window_start": str(req.window_start),
-            "window_end": str(req.window_end),
-            "cost": cost_s,
-            "delta": delta_s,
-            "extra_periods": "",
-            "payload": payload,
-            "ratio_after": ratio,
-            "reserved_at": str(now_ms),
-        }
-        s.pending[rid] = now_ms
-        # every value is non-empty (checked above), so `_xadd`'s filter would keep them all
-        ms, seq = self._last_id  # `_next_audit_id`, inline
-        self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
-        s.audit.append(
-            (
-                f"{last[0]}-{last[1]}",
-                {
-                    "kind": "charge",
-                    "period": pid,
-                    "spent": spent_s,
-                    "ratio": ratio,
-                    "actor": req.actor,
-                    "release_id": rid,
-                    "metric": metric,
-                    "cost": cost_s,
-                    "delta": delta_s,
-                    "state": after,
-                },
-            )
-        )
-        if after != was:
-            fields = {"kind": "state", "period": pid, "spent": spent_s, "ratio": ratio, "actor": "ledger"}
-            fields.update(reason=f"{was} -> {after} at ratio {ratio}", state=after)
-            self._xadd(s, now_ms, fields)
-        return RawCharge("granted", payload, "", spent, cap, after, cost)
-
-    def _charge_script(
-        self,
-        req: ReleaseRequest,
-        cost: int,
-        delta: int,
-        pstart: int,
-        digest: str,
-        now_ms: int,
-        terms: ChargeTerms,
-        expired: bool,
-    ) -> RawCharge:
-        """charge.lua, ported: every case (duplicates, expired windows, stale quotes, period terms,
-        breakers, refusals, period blocks opened, windows straddling periods), in `_ChargeScript`'s steps."""
-        s = self._scope(req.scope)
-        if not s.config:
-            raise InternalError(f"reserve: scope not registered ({req.scope})")
-        script = _ChargeScript(self, s, req, cost, delta, pstart, now_ms, terms)
-        answer = script.answered_unwritten(expired)
-        if answer is not None:
-            return answer
-        script.close_stale_automatic_open()
-        refusal = script.refusal(digest)
-        if refusal is not None:
-            return refusal
-        return script.grant()
+    def _apply(self, s: _Scope, c: Charge, d: Decision) -> None:
+        """Make a decision's writes, in charge.lua's order (blocks, counters, breaker, release, audit)."""
+        periods, req, now_ms = s.periods, c.req, c.now_ms
+        for pid, start, terms in d.opened:
+            s.period_index[pid] = start
+            periods.setdefault(pid, {}).update(terms)
+        rid, cost, delta = req.release_id, c.cost, c.delta
+        for pid in d.charged:
+            block = periods[pid]
+            block["spent"] = str(int(block.get("spent", 0)) + cost)
+            block["version"] = str(int(block.get("version", 0)) + 1)
+            block["delta_spent"] = str(int(block.get("delta_spent", 0)) + delta)
+            block["granted"] = str(int(block.get("granted", 0)) + 1)
+            _zadd(s, (pid, req.metric), rid, int(req.window_end))
+        if d.refused_in is not None:
+            _incr(periods.setdefault(d.refused_in, {}), "refused", 1)
+        if d.breaker_drop_auto:
+            for name in _AUTO_FIELDS:
+                s.breaker.pop(name, None)
+        if d.breaker_set:
+            s.breaker.update(d.breaker_set)
+            _incr(periods.setdefault(d.breaker_set["auto_period"], {}), "version", 1)
+        if d.release is not None:
+            s.releases[rid] = d.release
+            s.pending[rid] = now_ms
+        for entry in d.audit:
+            s.audit.append((self._next_audit_id(now_ms), entry))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:
@@ -825,34 +415,6 @@ class MemoryLedger(Ledger):
             s = self._scope(scope)
             counts = {m: _zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
-
-    async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
-        """`_snapshot` as `quote` reads it, from the stored fields themselves (no copies)."""
-        with self._lock:
-            s = self._store.get(scope) or self._scope(scope)
-            cfg = s.config
-            if not cfg:
-                return None
-            period = s.periods.get(pid) or _EMPTY
-            br = s.breaker
-            ends = s.ends_sorted
-            counts = {}
-            for m in metrics:  # ZCOUNT ends(pid, m) window_end +inf
-                scores = ends.get((pid, m))
-                if not scores or scores[-1] < window_end:
-                    counts[m] = 0  # windows mostly close in order: none charged ends this late
-                else:
-                    counts[m] = len(scores) - bisect_left(scores, window_end)
-            return Snapshot(
-                int(period.get("cap", cfg["cap"])),
-                int(period.get("reserve", cfg["reserve"])),
-                int(period.get("warn", cfg["warn"])),
-                int(period.get("spent", 0)),
-                int(period.get("grant", 0)),
-                _breaker_for(br, pid) if br else None,
-                counts,
-                int(period.get("version", 0)),
-            )
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
         with self._lock:

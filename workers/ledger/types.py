@@ -34,9 +34,6 @@ def fill_ratio(payload: bytes, ratio: float) -> bytes:
     return payload.replace(RATIO_TOKEN, b'"ratio_after":' + f"{ratio:.6f}".encode(), 1)
 
 
-_new = object.__new__
-
-
 class Outcome(Enum):
     """What `reserve` did."""
 
@@ -109,43 +106,6 @@ class ReleaseRequest:
     """The period's spend version the cost was quoted at (`Quote.version`): the charge answers
     STALE_QUOTE, writing nothing, if it changed since (None: no check)."""
 
-    @classmethod
-    def of(
-        cls,
-        release_id: str,
-        scope: str,
-        period_id: str,
-        metric: str,
-        window_start: int,
-        window_end: int,
-        cost: float,
-        payload: bytes,
-        may_use_reserve: bool,
-        actor: str,
-        delta: float,
-        extra_periods: tuple[tuple[str, int], ...],
-        quoted_version: int | None,
-    ) -> ReleaseRequest:
-        """`ReleaseRequest(...)` with every field given, built without the frozen `__init__`'s
-        per-field `object.__setattr__` (one is built per release; the same value, half the cost)."""
-        request = _new(cls)
-        request.__dict__.update(
-            release_id=release_id,
-            scope=scope,
-            period_id=period_id,
-            metric=metric,
-            window_start=window_start,
-            window_end=window_end,
-            cost=cost,
-            payload=payload,
-            may_use_reserve=may_use_reserve,
-            actor=actor,
-            delta=delta,
-            extra_periods=extra_periods,
-            quoted_version=quoted_version,
-        )
-        return request
-
 
 @dataclass(frozen=True)
 class ChargeResult:
@@ -160,23 +120,6 @@ class ChargeResult:
     state: State
     cost_units: int = 0
     """Units charged now (0 unless GRANTED)."""
-
-    @classmethod
-    def of(
-        cls, outcome: Outcome, payload: bytes, reason: str, ratio_after: float, state: State, cost_units: int
-    ) -> ChargeResult:
-        """`ChargeResult(...)` with every field given, built without the frozen `__init__`'s
-        per-field `object.__setattr__` (one is built per release; the same value, half the cost)."""
-        result = _new(cls)
-        result.__dict__.update(
-            outcome=outcome,
-            payload=payload,
-            reason=reason,
-            ratio_after=ratio_after,
-            state=state,
-            cost_units=cost_units,
-        )
-        return result
 
 
 @dataclass(frozen=True)
@@ -206,43 +149,6 @@ class Quote:
     """spent / cap of the period after a charge at this quote, with the releases of the same close
     counted in their canonical (P(w), metric) order (None when not priced from a snapshot): what the
     record's `budget.ratio_after` says, whichever order the charges ran in."""
-
-    @classmethod
-    def of(
-        cls,
-        metric: str,
-        scope: str,
-        period_id: str,
-        cost: float,
-        cost_units: int,
-        state: State,
-        thinned: bool,
-        stretched: bool,
-        refused_reason: str | None,
-        may_use_reserve: bool,
-        version: int | None,
-        expired: bool = False,
-        ratio_after: float | None = None,
-    ) -> Quote:
-        """`Quote(...)` with every field given, built without the frozen `__init__`'s per-field
-        `object.__setattr__` (one is built per release; the same value, half the cost)."""
-        quote = _new(cls)
-        quote.__dict__.update(
-            metric=metric,
-            scope=scope,
-            period_id=period_id,
-            cost=cost,
-            cost_units=cost_units,
-            state=state,
-            thinned=thinned,
-            stretched=stretched,
-            refused_reason=refused_reason,
-            may_use_reserve=may_use_reserve,
-            version=version,
-            expired=expired,
-            ratio_after=ratio_after,
-        )
-        return quote
 
     @property
     def ok(self) -> bool:

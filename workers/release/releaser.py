@@ -320,7 +320,7 @@ class Releaser:
             conversion_delta=self._conversion_deltas[budget.name],
             built_at=self.topology.publish_time(m, end),  # published_at = P(w): public, never processing time
         )
-        request = ReleaseRequest.of(
+        request = ReleaseRequest(
             release_id=rid,
             scope=budget.name,
             period_id=quote.period_id,

@@ -67,7 +67,7 @@ from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
-from dpstream.workers.ledger.allocation import state_of
+from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import AuditKind, State
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, share_of_units, units_to_float
 from dpstream.workers.release.record import publish_time_of

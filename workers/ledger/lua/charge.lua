@@ -191,7 +191,7 @@ local function refuse(p, reason, open_now)
   local open = manual or br[3] == p.pid or open_now
   audit(p, 'refusal', {'release_id', rid, 'metric', metric, 'cost', cost_s, 'delta', delta_s, 'reason', reason,
                        'state', state_of(p, p.spent, open)})
-  if open_now and not (manual or auto_touched) then
+  if open_now then  -- only a budget refusal opens it, and it comes after both breaker checks
     redis.call('HSET', KEYS[2], 'auto_period', p.pid, 'auto_start', p.pstart, 'auto_reason', reason, 'auto_at', now)
     redis.call('HINCRBY', p.key, 'version', 1)
     audit(p, 'breaker_open', {'reason', reason, 'actor', 'ledger', 'state', 'open'})

@@ -1,0 +1,394 @@
+"""The charge decision, once, in Python: `decide(view, charge)` → what to answer and what to write.
+
+A pure function of what a backend read (`View`) and what the caller asked (`Charge`): it never
+writes; its `Decision` lists the writes (blocks to open, counters to add, breaker changes, audit
+entries, the release record) and the backend applies them in the same atomic step as the read.
+The in-process ledger applies it under its lock; `lua/charge.lua` states the same rules for
+Redis, where the script decides by itself (why: `redis_backend`'s module doc).
+
+Rules, in order: a known release id answers its first stored bytes; an expired window and a
+stale quote answer, writing nothing; an automatic breaker open of an earlier period closes; then
+the first refusal (topology digest, a block's fixed terms, the breakers, each period's cap,
+pool and selection δ) is counted and audited; else every period the window touches is charged.
+"""
+
+from __future__ import annotations
+
+__all__ = ["View", "Charge", "ChargeTerms", "Decision", "RawCharge", "decide", "state_of", "stale_reason"]
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from dpstream.workers.ledger.types import RATIO_TOKEN, ReleaseRequest, State
+
+_EMPTY: Mapping[str, str] = {}
+
+_ALWAYS = ("kind", "period", "spent", "ratio", "actor")
+"""Audit fields every charge-time entry carries; other empty fields are left out (as charge.lua does)."""
+
+
+def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
+    """normal / warning / open, from the spend and the breaker (the one rule; charge.lua states it too)."""
+    if is_open:
+        return State.OPEN
+    return State.WARNING if spent_units >= warn_units else State.NORMAL
+
+
+def _state(spent: int, warn: int, is_open: bool) -> str:
+    return "open" if is_open else ("warning" if spent >= warn else "normal")
+
+
+class ChargeTerms(NamedTuple):
+    """The terms a caller's topology gives a scope, sent with every charge: a block it would
+    charge refuses it unless it keeps the same accounting and period length and no larger cap."""
+
+    accounting: str
+    cap_units: int
+    period_s: int
+
+
+class RawCharge(NamedTuple):
+    """What the reserve step returns, before it is typed (a tuple: one is built per charge)."""
+
+    outcome: str
+    payload: bytes
+    reason: str
+    spent_units: int
+    cap_units: int
+    state: str
+    cost_units: int
+
+
+class View(NamedTuple):
+    """What the backend read for one charge, in the same atomic step as it applies the decision."""
+
+    config: Mapping[str, str]
+    breaker: Mapping[str, str]
+    blocks: Mapping[str, Mapping[str, str]]
+    """Every stored period block by period id (a block not opened yet is absent or has no `cap`)."""
+    starts: Mapping[str, int]
+    """Every opened block's start (the `periods` zset): a new block must not overlap another length."""
+    known: bytes | None
+    """The stored payload of the release id, if it is known."""
+
+
+class Charge(NamedTuple):
+    """What the caller asks: the request, in units, with its topology's digest and terms."""
+
+    req: ReleaseRequest
+    cost: int
+    delta: int
+    period_start: int
+    digest: str
+    terms: ChargeTerms
+    expired: bool
+    now_ms: int
+
+
+class Decision(NamedTuple):
+    """The answer and the writes that go with it, in the order the backend makes them: blocks
+    opened, counters added, the breaker, the release and its `ends` entries, then the audit."""
+
+    answer: RawCharge
+    opened: tuple[_OpenBlock, ...] = ()
+    """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
+    charged: tuple[str, ...] = ()
+    """The periods charged (granted): each adds the cost to `spent`, the δ to `delta_spent`, 1 to
+    `granted` and `version`, and takes the release in the metric's `ends` at its window end."""
+    refused_in: str | None = None
+    """The period whose `refused` counter counts this refusal."""
+    breaker_drop_auto: bool = False
+    """Drop the automatic open (before `breaker_set`)."""
+    breaker_set: Mapping[str, str] | None = None
+    """Breaker fields to set: an automatic open, which also adds 1 to its period's `version`."""
+    audit: tuple[dict[str, str], ...] = ()
+    release: dict[str, str | bytes] | None = None
+    """The release hash to store (granted only); it joins the pending set at `now_ms`."""
+
+
+_OpenBlock = tuple[str, int, dict[str, str]]
+"""(period id, start, terms) of a block to open."""
+
+
+class _Period(NamedTuple):
+    """One period block as the decision reads it: its terms (its own once opened, else the config's)."""
+
+    pid: str
+    start: int
+    cap_s: str
+    reserve_s: str
+    warn_s: str
+    acc: str
+    dcap_s: str
+    plen_s: str
+    opened: bool
+    spent: int
+    grant: int
+    dspent: int
+    cap: int
+    warn: int
+    version: int
+    """The block's spend version (bumped by every charge, grant and automatic open of the period)."""
+
+
+_TERMS = frozenset(("cap", "reserve", "warn", "accounting", "delta_cap", "period_s"))
+"""A block's fixed terms (each one the config's until the block holds it)."""
+_NO_TERMS = {"accounting": "", "delta_cap": "0", "period_s": ""}
+"""Terms neither the block nor the config holds (a config registered before they existed)."""
+
+
+def _read(view: View, pid: str, start: int) -> _Period:
+    """The block `pid`, with the config's terms for any it does not hold yet (charge.lua's `read_period`)."""
+    f = view.blocks.get(pid) or _EMPTY
+    t = f if f.keys() >= _TERMS else {**_NO_TERMS, **view.config, **f}
+    cap_s, warn_s = t["cap"], t["warn"]
+    return _Period(
+        pid,
+        start,
+        cap_s,
+        t["reserve"],
+        warn_s,
+        t["accounting"],
+        t["delta_cap"],
+        t["period_s"],
+        "cap" in f,
+        int(f.get("spent", 0)),
+        int(f.get("grant", 0)),
+        int(f.get("delta_spent", 0)),
+        int(cap_s),
+        int(warn_s),
+        int(f.get("version", 0)),
+    )
+
+
+def audit_entry(kind: str, p: _Period, actor: str, spent: int, fields: Mapping[str, str]) -> dict[str, str]:
+    """An audit entry about period `p` at spend `spent`; `fields` add or override (`actor` too),
+    empty ones are left out."""
+    entry = {"kind": kind, "period": p.pid, "spent": str(spent), "ratio": "%.6f" % (spent / p.cap), "actor": actor}
+    for name, value in fields.items():
+        if value != "" or name in _ALWAYS:
+            entry[name] = value
+    return entry
+
+
+def _entry(kind: str, p: _Period, actor: str, /, **fields: str) -> dict[str, str]:
+    """An audit entry about period `p` as it stands (`audit_entry` at its spend)."""
+    return audit_entry(kind, p, actor, p.spent, fields)
+
+
+def _opened(
+    view: View, c: Charge, periods: list[_Period], manual: bool
+) -> tuple[list[_OpenBlock], list[dict[str, str]]]:
+    """The blocks of `periods` not opened yet, with the terms each keeps for its whole life, and
+    their audit entries."""
+    blocks, entries = [], []
+    for p in periods:
+        if p.pid in view.starts:
+            continue
+        terms = {
+            "cap": p.cap_s,
+            "reserve": p.reserve_s,
+            "warn": p.warn_s,
+            "accounting": p.acc,
+            "delta_cap": p.dcap_s,
+            "start": str(p.start),
+            "period_s": str(c.terms.period_s),
+        }
+        blocks.append((p.pid, p.start, terms))
+        state = _state(p.spent, p.warn, manual)
+        entries.append(_entry("period", p, c.req.actor, reason="period block opened", actor="ledger", state=state))
+    return blocks, entries
+
+
+def _rollover(view: View, periods: list[_Period], manual: bool, actor: str) -> list[dict[str, str]]:
+    """An automatic open of an earlier period, which this window does not touch, ends: its audit
+    entry (none: nothing to close)."""
+    auto, main = view.breaker.get("auto_period"), periods[0]
+    if auto is None or any(p.pid == auto for p in periods) or int(view.breaker["auto_start"]) >= main.start:
+        return []
+    reason = f"period rollover: automatic open of {auto} ends"
+    return [
+        _entry("breaker_close", main, actor, reason=reason, actor="ledger", state=_state(main.spent, main.warn, manual))
+    ]
+
+
+def _later(p: _Period, main: _Period) -> str:
+    return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
+
+
+def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
+    """The block whose fixed terms are not the caller's: `p` itself once opened, else a block of
+    another length that `p` would overlap (blocks never overlap, so the nearest ones tell)."""
+    terms, plen_s = c.terms, str(c.terms.period_s)
+    if p.opened:
+        if p.acc != terms.accounting:
+            return p, f"accounting {p.acc}, this worker {terms.accounting}"
+        if p.cap > terms.cap_units:
+            return p, f"cap {p.cap_s} units, this worker {terms.cap_units} (smaller)"
+        if p.plen_s != plen_s:
+            return p, f"period {p.plen_s} s, this worker {plen_s} s"
+        return None
+    end = p.start + terms.period_s
+    inside = [(start, b) for b, start in view.starts.items() if p.start <= start < end]
+    found = min(inside) if inside else None
+    if found is None:
+        before = [(start, b) for b, start in view.starts.items() if start < p.start]
+        if before:
+            start, b = max(before)
+            length = (view.blocks.get(b) or _EMPTY).get("period_s", view.config.get("period_s", "0"))
+            if start + int(length) > p.start:
+                found = (start, b)
+    if found is None or found[1] == p.pid:
+        return None
+    q = _read(view, found[1], found[0])
+    return q, f"period {q.plen_s} s, this worker {plen_s} s, whose period {p.pid} overlaps it"
+
+
+def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, str, bool] | None:
+    """The first reason to refuse, in charge.lua's order: (the period it is counted in, the reason,
+    whether it opens the breaker: the cap itself ran out); None: granted."""
+    cfg, br, main = view.config, view.breaker, periods[0]
+    if c.digest != cfg.get("digest"):
+        why = (
+            f"topology disagrees with the scope's registered terms (digest {cfg.get('digest', '?')}, "
+            f"this worker {c.digest}): restart it with the current topology"
+        )
+        return main, why, False
+    for p in periods:
+        clash = _conflict(view, c, p)
+        if clash is not None:
+            q, what = clash
+            why = (
+                f"period terms differ: block {q.pid} keeps {what}: a period keeps the terms it opened with; "
+                "release its windows under those terms, or use a new scope name"
+            )
+            return q, why, False
+    if br.get("manual") == "1":
+        return main, "breaker open (manual): " + br.get("manual_reason", ""), False
+    for p in periods:
+        if br.get("auto_period") == p.pid:
+            return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
+    cost, delta = c.cost, c.delta
+    for p in periods:
+        if p.spent + cost > p.cap:
+            return (
+                p,
+                f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap" + _later(p, main),
+                True,
+            )
+        limit = p.cap - int(p.reserve_s) + p.grant
+        if c.req.may_use_reserve or limit > p.cap:
+            limit = p.cap
+        if p.spent + cost > limit:
+            why = (
+                f"pool exhausted: cost {cost} exceeds the {max(0, limit - p.spent)} units left outside the reserve "
+                "(only may_use_reserve metrics or an operator grant draw on it)"
+            )
+            return p, why + _later(p, main), False
+        dcap = int(p.dcap_s)
+        if p.dspent + delta > dcap:
+            why = (
+                f"selection delta exhausted: delta {delta} exceeds the {max(0, dcap - p.dspent)} units (1e-18) "
+                "left of the period's selection delta cap"
+            )
+            return p, why + _later(p, main), False
+    return None
+
+
+def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tuple[_Period, str, bool]) -> Decision:
+    """Refused in period `p`: its block opened if need be, the refusal counted and audited, and the
+    breaker opened automatically when the cap itself ran out (no breaker holds the window then:
+    both breaker checks come first)."""
+    p, reason, open_now = refusal
+    req, br = c.req, view.breaker
+    manual = br.get("manual") == "1"
+    blocks, entries = _opened(view, c, [p], manual)
+    is_open = manual or br.get("auto_period") == p.pid or open_now
+    state = _state(p.spent, p.warn, is_open)
+    fields = {"release_id": req.release_id, "metric": req.metric, "cost": str(c.cost), "delta": str(c.delta)}
+    entries.append(_entry("refusal", p, req.actor, **fields, reason=reason, state=state))
+    breaker = None
+    if open_now:
+        breaker = {"auto_period": p.pid, "auto_start": str(p.start), "auto_reason": reason, "auto_at": str(c.now_ms)}
+        entries.append(_entry("breaker_open", p, req.actor, reason=reason, actor="ledger", state="open"))
+    answer = RawCharge("refused", b"", reason, p.spent, p.cap, state, 0)
+    return Decision(answer, tuple(blocks), (), p.pid, bool(rollover), breaker, tuple(rollover + entries))
+
+
+def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[str, str]]) -> Decision:
+    """Charged in every period the window touches (blocks opened as needed), the release recorded,
+    each period's charge (and state change) audited."""
+    req = c.req
+    blocks, entries = _opened(view, c, periods, False)
+    cost_s, delta_s, actor = str(c.cost), str(c.delta), req.actor
+    ratios = []
+    for p in periods:
+        spent = p.spent + c.cost
+        after = "warning" if spent >= p.warn else "normal"
+        ratio = "%.6f" % (spent / p.cap)
+        ratios.append(ratio)
+        entries.append(
+            {
+                "kind": "charge",
+                "period": p.pid,
+                "spent": str(spent),
+                "ratio": ratio,
+                "actor": actor,
+                "release_id": req.release_id,
+                "metric": req.metric,
+                "cost": cost_s,
+                "delta": delta_s,
+                "state": after,
+            }
+        )  # (every field is non-empty: no filter needed)
+        was = "warning" if p.spent >= p.warn else "normal"
+        if after != was:
+            fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
+            entries.append(audit_entry("state", p, actor, spent, fields))
+    main, ratio = periods[0], ratios[0]
+    spent = main.spent + c.cost
+    payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
+    release: dict[str, str | bytes] = {
+        "state": "reserved",
+        "period": req.period_id,
+        "metric": req.metric,
+        "window_start": str(req.window_start),
+        "window_end": str(req.window_end),
+        "cost": cost_s,
+        "delta": delta_s,
+        "extra_periods": " ".join([p.pid for p in periods[1:]]),
+        "payload": payload,
+        "ratio_after": ratio,
+        "reserved_at": str(c.now_ms),
+    }
+    answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", c.cost)
+    charged = tuple([p.pid for p in periods])
+    audit = tuple(rollover + entries) if rollover else tuple(entries)
+    return Decision(answer, tuple(blocks), charged, None, bool(rollover), None, audit, release)
+
+
+def stale_reason(version: int | str) -> str:
+    """The reason of a STALE_QUOTE answer: the main period's spend version moved to `version`."""
+    return f"stale quote: the period's spend version is now {version}"
+
+
+def decide(view: View, c: Charge) -> Decision:
+    """What charge.lua decides for this charge on this view: the answer and the writes (see the module doc)."""
+    req = c.req
+    periods = [_read(view, req.period_id, c.period_start)]
+    for pid, start in req.extra_periods:
+        periods.append(_read(view, pid, int(start)))
+    main, br, quoted = periods[0], view.breaker, req.quoted_version
+    if view.known is not None or c.expired or (quoted is not None and main.version != quoted):
+        state = _state(main.spent, main.warn, br.get("manual") == "1" or br.get("auto_period") == main.pid)
+        if view.known is not None:
+            return Decision(RawCharge("duplicate", view.known, "", main.spent, main.cap, state, 0))
+        if c.expired:
+            return Decision(RawCharge("expired", b"", "expired", main.spent, main.cap, state, 0))
+        reason = stale_reason(main.version)
+        return Decision(RawCharge("stale_quote", b"", reason, main.spent, main.cap, state, 0))
+    rollover = _rollover(view, periods, br.get("manual") == "1", req.actor) if br else []
+    refusal = _refusal(view, c, periods)
+    if refusal is not None:
+        return _refuse(view, c, rollover, refusal)
+    return _grant(view, c, periods, rollover)
