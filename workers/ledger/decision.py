@@ -104,6 +104,9 @@ class Decision(NamedTuple):
     audit: tuple[dict[str, str], ...] = ()
     release: dict[str, str | bytes] | None = None
     """The release hash to store (granted only); it joins the pending set at `now_ms`."""
+    counters: tuple[tuple[str, str, str, str], ...] = ()
+    """Each charged block's (`spent`, `delta_spent`, `granted`, `version`) after the charge, in
+    `charged`'s order: the backend sets them (it read the block in the same atomic step)."""
 
 
 _OpenBlock = tuple[str, int, dict[str, str]]
@@ -181,7 +184,8 @@ def _opened(
 ) -> tuple[list[_OpenBlock], list[dict[str, str]]]:
     """The blocks of `periods` not opened yet, with the terms each keeps for its whole life, and
     their audit entries."""
-    blocks, entries = [], []
+    blocks: list[_OpenBlock] = []
+    entries: list[dict[str, str]] = []
     for p in periods:
         if p.pid in view.starts:
             continue
@@ -263,11 +267,12 @@ def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, st
                 "release its windows under those terms, or use a new scope name"
             )
             return q, why, False
-    if br.get("manual") == "1":
-        return main, "breaker open (manual): " + br.get("manual_reason", ""), False
-    for p in periods:
-        if br.get("auto_period") == p.pid:
-            return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
+    if br:  # (no breaker field at all: neither check can refuse)
+        if br.get("manual") == "1":
+            return main, "breaker open (manual): " + br.get("manual_reason", ""), False
+        for p in periods:
+            if br.get("auto_period") == p.pid:
+                return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
     cost, delta = c.cost, c.delta
     for p in periods:
         if p.spent + cost > p.cap:
@@ -318,53 +323,59 @@ def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tupl
 def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[str, str]]) -> Decision:
     """Charged in every period the window touches (blocks opened as needed), the release recorded,
     each period's charge (and state change) audited."""
-    req = c.req
+    req, cost, delta, blocks_of = c.req, c.cost, c.delta, view.blocks
     blocks, entries = _opened(view, c, periods, False)
-    cost_s, delta_s, actor = str(c.cost), str(c.delta), req.actor
+    if rollover:
+        entries = rollover + entries
+    cost_s, delta_s, actor, rid, metric = str(cost), str(delta), req.actor, req.release_id, req.metric
+    counters = []
     ratios = []
     for p in periods:
-        spent = p.spent + c.cost
+        spent = p.spent + cost
+        spent_s = str(spent)
         after = "warning" if spent >= p.warn else "normal"
         ratio = "%.6f" % (spent / p.cap)
         ratios.append(ratio)
+        granted = int((blocks_of.get(p.pid) or _EMPTY).get("granted", 0)) + 1
+        counters.append((spent_s, str(p.dspent + delta), str(granted), str(p.version + 1)))
         entries.append(
             {
                 "kind": "charge",
                 "period": p.pid,
-                "spent": str(spent),
+                "spent": spent_s,
                 "ratio": ratio,
                 "actor": actor,
-                "release_id": req.release_id,
-                "metric": req.metric,
+                "release_id": rid,
+                "metric": metric,
                 "cost": cost_s,
                 "delta": delta_s,
                 "state": after,
             }
         )  # (every field is non-empty: no filter needed)
-        was = "warning" if p.spent >= p.warn else "normal"
-        if after != was:
+        if after != ("warning" if p.spent >= p.warn else "normal"):
+            was = "warning" if after == "normal" else "normal"
             fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
             entries.append(audit_entry("state", p, actor, spent, fields))
     main, ratio = periods[0], ratios[0]
-    spent = main.spent + c.cost
+    spent = main.spent + cost
     payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
     release: dict[str, str | bytes] = {
         "state": "reserved",
         "period": req.period_id,
-        "metric": req.metric,
+        "metric": metric,
         "window_start": str(req.window_start),
         "window_end": str(req.window_end),
         "cost": cost_s,
         "delta": delta_s,
-        "extra_periods": " ".join([p.pid for p in periods[1:]]),
+        "extra_periods": " ".join([p.pid for p in periods[1:]]) if len(periods) > 1 else "",
         "payload": payload,
         "ratio_after": ratio,
         "reserved_at": str(c.now_ms),
     }
-    answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", c.cost)
-    charged = tuple([p.pid for p in periods])
-    audit = tuple(rollover + entries) if rollover else tuple(entries)
-    return Decision(answer, tuple(blocks), charged, None, bool(rollover), None, audit, release)
+    answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", cost)
+    charged = (main.pid,) if len(periods) == 1 else tuple([p.pid for p in periods])
+    opened = tuple(blocks) if blocks else ()
+    return Decision(answer, opened, charged, None, bool(rollover), None, tuple(entries), release, tuple(counters))
 
 
 def stale_reason(version: int | str) -> str:

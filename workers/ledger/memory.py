@@ -205,14 +205,16 @@ class MemoryLedger(Ledger):
         for pid, start, terms in d.opened:
             s.period_index[pid] = start
             periods.setdefault(pid, {}).update(terms)
-        rid, cost, delta = req.release_id, c.cost, c.delta
-        for pid in d.charged:
+        rid, metric, end = req.release_id, req.metric, int(req.window_end)
+        for pid, (spent, delta_spent, granted, version) in zip(d.charged, d.counters, strict=True):
             block = periods[pid]
-            block["spent"] = str(int(block.get("spent", 0)) + cost)
-            block["version"] = str(int(block.get("version", 0)) + 1)
-            block["delta_spent"] = str(int(block.get("delta_spent", 0)) + delta)
-            block["granted"] = str(int(block.get("granted", 0)) + 1)
-            _zadd(s, (pid, req.metric), rid, int(req.window_end))
+            block["spent"], block["delta_spent"], block["granted"], block["version"] = (
+                spent,
+                delta_spent,
+                granted,
+                version,
+            )
+            _zadd(s, (pid, metric), rid, end)
         if d.refused_in is not None:
             _incr(periods.setdefault(d.refused_in, {}), "refused", 1)
         if d.breaker_drop_auto:
@@ -224,8 +226,9 @@ class MemoryLedger(Ledger):
         if d.release is not None:
             s.releases[rid] = d.release
             s.pending[rid] = now_ms
+        audit, next_id = s.audit, self._next_audit_id
         for entry in d.audit:
-            s.audit.append((self._next_audit_id(now_ms), entry))
+            audit.append((next_id(now_ms), entry))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:
