@@ -55,6 +55,12 @@ class _Scope:
     pending: dict[str, int] = field(default_factory=dict)
     parked: dict[str, dict[str, Any]] = field(default_factory=dict)
     """park.lua's hash: release id → its (JSON) entry."""
+    view: View = field(init=False, repr=False, compare=False)
+    """What a charge reads of a new release id: the dicts above themselves (never replaced, only
+    changed in place), so a charge builds no View unless its release id is known."""
+
+    def __post_init__(self) -> None:
+        self.view = View(self.config, self.breaker, self.periods, self.period_index, None)
 
 
 def _zadd(s: _Scope, key: tuple[str, str], member: str, score: int) -> None:
@@ -193,7 +199,7 @@ class MemoryLedger(Ledger):
             if s is None or not s.config:
                 raise InternalError(f"reserve: scope not registered ({req.scope})")
             known = s.releases.get(req.release_id)
-            view = View(s.config, s.breaker, s.periods, s.period_index, None if known is None else _payload(known))
+            view = s.view if known is None else s.view._replace(known=_payload(known))
             charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
             decision = decide(view, charge)
             self._apply(s, charge, decision)
