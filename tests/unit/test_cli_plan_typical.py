@@ -190,3 +190,32 @@ def test_a_sample_without_events_of_the_source_is_a_one_line_error(capsys, topo,
     rc, _, err = _plan(capsys, str(topo), "--sample", str(bad))
     assert rc == 2 and f"--sample {bad}: no line is a valid event of source 'clicks'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_quantile_metric_in_the_sample_has_no_typical_value(capsys, topo, tmp_path):
+    """A quantile's error is in ranks, not in its value's unit: `--sample` gives it no typical value
+    (its partial is grid-cell counts) and the other metrics keep theirs."""
+    text = topo.read_text(encoding="utf-8").replace(
+        "metrics:\n",
+        "metrics:\n"
+        "  secs_pct:\n"
+        "    source: clicks\n"
+        "    budget: b\n"
+        "    weight: 1\n"
+        "    window: {tumbling: 1m}\n"
+        "    aggregate: quantile\n"
+        "    value: secs\n"
+        "    bounds: [0, 200]\n"
+        "    bins: 20\n"
+        "    quantiles: [0.5, 0.9]\n"
+        "    contribution: {max_per_key: 1}\n"
+        "    mechanism: exponential\n",
+        1,
+    )
+    with_quantile = tmp_path / "q.yaml"
+    with_quantile.write_text(text, encoding="utf-8")
+    rc, out, err = _plan(capsys, str(with_quantile), "--json", "--sample", str(_write_sample(tmp_path / "e.jsonl")))
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert "typical" not in _metric(doc, "secs_pct")
+    assert _metric(doc, "views")["typical"]["value"] == 5.0

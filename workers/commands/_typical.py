@@ -151,6 +151,8 @@ def sample_typicals(topology: Topology, path: str, source: str | None = None) ->
     per_metric: dict[str, list[float]] = {m.name: [] for m in topology.metrics.values() if m.source == src}
     for partial in partials:
         metric = topology.metrics[partial.metric]
+        if metric.aggregate is Aggregate.QUANTILE:
+            continue  # its error is in ranks, not in the value's unit: no CI to set beside a typical value
         v = _window_value(metric, true_values_for(metric, partial.values))
         if v is not None:
             per_metric[metric.name].append(v)
