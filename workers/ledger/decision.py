@@ -180,12 +180,11 @@ def _entry(kind: str, p: _Period, actor: str, /, **fields: str) -> dict[str, str
 
 
 def _opened(
-    view: View, c: Charge, periods: list[_Period], manual: bool
-) -> tuple[list[_OpenBlock], list[dict[str, str]]]:
-    """The blocks of `periods` not opened yet, with the terms each keeps for its whole life, and
-    their audit entries."""
-    blocks: list[_OpenBlock] = []
-    entries: list[dict[str, str]] = []
+    view: View, c: Charge, periods: list[_Period], manual: bool, entries: list[dict[str, str]]
+) -> tuple[_OpenBlock, ...]:
+    """The blocks of `periods` not opened yet, with the terms each keeps for its whole life; their
+    audit entries go on `entries`."""
+    blocks: tuple[_OpenBlock, ...] = ()
     for p in periods:
         if p.pid in view.starts:
             continue
@@ -198,10 +197,10 @@ def _opened(
             "start": str(p.start),
             "period_s": str(c.terms.period_s),
         }
-        blocks.append((p.pid, p.start, terms))
+        blocks += ((p.pid, p.start, terms),)
         state = _state(p.spent, p.warn, manual)
         entries.append(_entry("period", p, c.req.actor, reason="period block opened", actor="ledger", state=state))
-    return blocks, entries
+    return blocks
 
 
 def _rollover(view: View, periods: list[_Period], manual: bool, actor: str) -> list[dict[str, str]]:
@@ -307,7 +306,8 @@ def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tupl
     p, reason, open_now = refusal
     req, br = c.req, view.breaker
     manual = br.get("manual") == "1"
-    blocks, entries = _opened(view, c, [p], manual)
+    entries: list[dict[str, str]] = []
+    blocks = _opened(view, c, [p], manual, entries)
     is_open = manual or br.get("auto_period") == p.pid or open_now
     state = _state(p.spent, p.warn, is_open)
     fields = {"release_id": req.release_id, "metric": req.metric, "cost": str(c.cost), "delta": str(c.delta)}
@@ -317,27 +317,27 @@ def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tupl
         breaker = {"auto_period": p.pid, "auto_start": str(p.start), "auto_reason": reason, "auto_at": str(c.now_ms)}
         entries.append(_entry("breaker_open", p, req.actor, reason=reason, actor="ledger", state="open"))
     answer = RawCharge("refused", b"", reason, p.spent, p.cap, state, 0)
-    return Decision(answer, tuple(blocks), (), p.pid, bool(rollover), breaker, tuple(rollover + entries))
+    return Decision(answer, blocks, (), p.pid, bool(rollover), breaker, tuple(rollover + entries))
 
 
 def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[str, str]]) -> Decision:
     """Charged in every period the window touches (blocks opened as needed), the release recorded,
     each period's charge (and state change) audited."""
     req, cost, delta, blocks_of = c.req, c.cost, c.delta, view.blocks
-    blocks, entries = _opened(view, c, periods, False)
-    if rollover:
-        entries = rollover + entries
+    dropped = bool(rollover)
+    entries = rollover  # (this decision's own list: the rollover entry, if any, comes first)
+    blocks = _opened(view, c, periods, False, entries)
     cost_s, delta_s, actor, rid, metric = str(cost), str(delta), req.actor, req.release_id, req.metric
-    counters = []
-    ratios = []
+    counters: tuple[tuple[str, str, str, str], ...] = ()
+    main_ratio = ""
     for p in periods:
         spent = p.spent + cost
         spent_s = str(spent)
         after = "warning" if spent >= p.warn else "normal"
         ratio = "%.6f" % (spent / p.cap)
-        ratios.append(ratio)
+        main_ratio = main_ratio or ratio
         granted = int((blocks_of.get(p.pid) or _EMPTY).get("granted", 0)) + 1
-        counters.append((spent_s, str(p.dspent + delta), str(granted), str(p.version + 1)))
+        counters += ((spent_s, str(p.dspent + delta), str(granted), str(p.version + 1)),)
         entries.append(
             {
                 "kind": "charge",
@@ -356,7 +356,7 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
             was = "warning" if after == "normal" else "normal"
             fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
             entries.append(audit_entry("state", p, actor, spent, fields))
-    main, ratio = periods[0], ratios[0]
+    main, ratio = periods[0], main_ratio
     spent = main.spent + cost
     payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
     release: dict[str, str | bytes] = {
@@ -374,8 +374,7 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
     }
     answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", cost)
     charged = (main.pid,) if len(periods) == 1 else tuple([p.pid for p in periods])
-    opened = tuple(blocks) if blocks else ()
-    return Decision(answer, opened, charged, None, bool(rollover), None, tuple(entries), release, tuple(counters))
+    return Decision(answer, blocks, charged, None, dropped, None, tuple(entries), release, counters)
 
 
 def stale_reason(version: int | str) -> str:
