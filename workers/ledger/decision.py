@@ -132,6 +132,8 @@ class _Period(NamedTuple):
     warn: int
     version: int
     """The block's spend version (bumped by every charge, grant and automatic open of the period)."""
+    charges: int
+    """The charges granted in the block so far (its `granted` counter)."""
 
 
 _TERMS = frozenset(("cap", "reserve", "warn", "accounting", "delta_cap", "period_s"))
@@ -161,6 +163,7 @@ def _read(view: View, pid: str, start: int) -> _Period:
         int(cap_s),
         int(warn_s),
         int(f.get("version", 0)),
+        int(f.get("granted", 0)),
     )
 
 
@@ -272,20 +275,21 @@ def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, st
         for p in periods:
             if br.get("auto_period") == p.pid:
                 return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
-    cost, delta = c.cost, c.delta
+    cost, delta, may_use_reserve = c.cost, c.delta, c.req.may_use_reserve
     for p in periods:
-        if p.spent + cost > p.cap:
+        spent, cap = p.spent, p.cap
+        if spent + cost > cap:
             return (
                 p,
-                f"budget exhausted: cost {cost} exceeds the {p.cap - p.spent} units left of the cap" + _later(p, main),
+                f"budget exhausted: cost {cost} exceeds the {cap - spent} units left of the cap" + _later(p, main),
                 True,
             )
-        limit = p.cap - int(p.reserve_s) + p.grant
-        if c.req.may_use_reserve or limit > p.cap:
-            limit = p.cap
-        if p.spent + cost > limit:
+        limit = cap - int(p.reserve_s) + p.grant
+        if may_use_reserve or limit > cap:
+            limit = cap
+        if spent + cost > limit:
             why = (
-                f"pool exhausted: cost {cost} exceeds the {max(0, limit - p.spent)} units left outside the reserve "
+                f"pool exhausted: cost {cost} exceeds the {max(0, limit - spent)} units left outside the reserve "
                 "(only may_use_reserve metrics or an operator grant draw on it)"
             )
             return p, why + _later(p, main), False
@@ -323,7 +327,7 @@ def _refuse(view: View, c: Charge, rollover: list[dict[str, str]], refusal: tupl
 def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[str, str]]) -> Decision:
     """Charged in every period the window touches (blocks opened as needed), the release recorded,
     each period's charge (and state change) audited."""
-    req, cost, delta, blocks_of = c.req, c.cost, c.delta, view.blocks
+    req, cost, delta = c.req, c.cost, c.delta
     dropped = bool(rollover)
     entries = rollover  # (this decision's own list: the rollover entry, if any, comes first)
     blocks = _opened(view, c, periods, False, entries)
@@ -336,8 +340,7 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
         after = "warning" if spent >= p.warn else "normal"
         ratio = "%.6f" % (spent / p.cap)
         main_ratio = main_ratio or ratio
-        granted = int((blocks_of.get(p.pid) or _EMPTY).get("granted", 0)) + 1
-        counters += ((spent_s, str(p.dspent + delta), str(granted), str(p.version + 1)),)
+        counters += ((spent_s, str(p.dspent + delta), str(p.charges + 1), str(p.version + 1)),)
         entries.append(
             {
                 "kind": "charge",
