@@ -93,8 +93,8 @@ class Decision(NamedTuple):
     opened: tuple[_OpenBlock, ...] = ()
     """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
     charged: tuple[str, ...] = ()
-    """The periods charged (granted): each adds the cost to `spent`, the δ to `delta_spent`, 1 to
-    `granted` and `version`, and takes the release in the metric's `ends` at its window end."""
+    """The periods charged (granted): each takes `counters` (the cost added to `spent`, the δ to
+    `delta_spent`, 1 to `granted` and `version`) and the release in the metric's `ends` at its window end."""
     refused_in: str | None = None
     """The period whose `refused` counter counts this refusal."""
     breaker_drop_auto: bool = False
