@@ -86,12 +86,15 @@ async def _partitions(bootstrap: str, topic: str, security: KafkaSecurity, on_wa
 
 
 async def _seek(consumer: Any, tps: list[Any], since_s: float | None) -> None:
-    """Each partition at its first record with timestamp ≥ since_s (its end when none), or its beginning."""
+    """Each partition at its first record with timestamp ≥ since_s (its end when none), or its beginning.
+
+    The end offsets are read before the time index: a record appended between the two reads is then
+    either found by the index or at or past the end, never skipped."""
     await consumer.seek_to_beginning(*tps)
     if since_s is None:
         return
-    found = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in tps})
     ends = await consumer.end_offsets(tps)
+    found = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in tps})
     for tp in tps:
         at = found.get(tp)
         consumer.seek(tp, at.offset if at is not None else ends[tp])
