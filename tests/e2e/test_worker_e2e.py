@@ -212,8 +212,17 @@ def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: 
     recs = poll(lambda: _released_all(deployment, [t0]), timeout_s=120)
     assert recs, deployment.log("w2")[-3000:]
     _assert_exactly_once(recs)
-    raw = {k: v for k, v in read_all(deployment.bootstrap, deployment.topology.sinks.releases)}
-    assert raw[stuck[0].release_id.encode()] == stuck[0].payload
+    # the stuck release may be an earlier (empty) window of the schedule than t0, which the sweeper
+    # publishes on its own round, after w2 has released t0's windows: wait for it by its id
+    stuck_id = stuck[0].release_id.encode()
+
+    def stored_on_topic() -> dict[bytes, bytes] | None:
+        raw = {k: v for k, v in read_all(deployment.bootstrap, deployment.topology.sinks.releases)}
+        return raw if stuck_id in raw else None
+
+    raw = poll(stored_on_topic, timeout_s=120)
+    assert raw, deployment.log("w2")[-3000:]
+    assert raw[stuck_id] == stuck[0].payload
     # committed now (later windows of the schedule keep being released, so others may be in flight)
     assert poll(lambda: stuck[0].release_id not in {p.release_id for p in asyncio.run(pending())}, timeout_s=60)
 
