@@ -192,9 +192,9 @@ def scores(alpha: float, candidates: Sequence[float], cells: Sequence[int]) -> l
 def rank_distance(alpha: float, candidates: Sequence[float], cells: Sequence[int], chosen: float) -> float:
     """Distance from α·n to the rank range [#values < c, #values ≤ c] of candidate `chosen` (at most
     its rank error, the score: so the statement bounds this distance too)."""
-    i = list(candidates).index(chosen)
+    at = cell_index(candidates, chosen)
     n = sum(cells)
-    lt = sum(cells[: 2 * i + 1])
-    le = lt + cells[2 * i + 1]
+    lt = sum(cells[:at])
+    le = lt + cells[at]
     target = alpha * n
     return max(0.0, lt - target, target - le)

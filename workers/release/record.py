@@ -37,6 +37,7 @@ from dpstream.topology.model import Accounting, Aggregate, Budget, Metric, Sourc
 from dpstream.workers.frozen import FrozenFields
 from dpstream.workers.ledger.types import RATIO_TOKEN
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
+from dpstream.workers.pipeline.quantile_cells import cell_count
 
 RATIO_PLACEHOLDER = RATIO_TOKEN
 """The ledger's placeholder (`ledger.types.RATIO_TOKEN`, one constant): exactly what canonical bytes
@@ -167,7 +168,7 @@ def true_values_for(metric: Metric, merged: dict[str, Any]) -> dict[str, Any]:
 
 def _quantile_cells(metric: Metric, cells: Any) -> tuple[int, ...]:
     """A quantile window's counts per grid cell (2m + 1 of them; all zero for an empty window)."""
-    size = 2 * len(metric.candidates or ()) + 1
+    size = cell_count(metric.candidates or ())
     if cells is None:
         return (0,) * size
     out = tuple(int(c) for c in cells)
