@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from dpstream.topology.periods import period_id
@@ -46,9 +47,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2], 8))
 """
 
 
-async def _clients(url: str, n: int) -> list[int]:
+async def _clients(url: str, n: int, go: Callable[[], None] = lambda: None) -> list[int]:
     ledger = await open_ledger(url, one_scope_topology(**TOPO))
     granted: list[int] = []
+    go()  # the other racers start once this ledger is open, so all of them race from the start
 
     async def client(c: int) -> None:
         i = 0
@@ -79,11 +81,14 @@ def test_64_clients_and_4_processes_never_overspend(fresh_redis: Any) -> None:
     ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    local = asyncio.run(_clients(fresh_redis.url, 64))
+
+    def go() -> None:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+
+    local = asyncio.run(_clients(fresh_redis.url, 64, go))
     remote: list[int] = []
     for p in procs:
         out, _ = p.communicate(timeout=300)  # the rest of stdout: the JSON list

@@ -27,7 +27,7 @@ from dpstream.workers.ledger import base as ledger_base
 from dpstream.workers.ledger import open_ledger
 from dpstream.workers.ledger.allocation import Snapshot, _adaptive_units, _demands, _grantable, _units
 from dpstream.workers.ledger.config import ScopeConfig
-from dpstream.workers.ledger.memory import _Scope, _zadd, _zcount_from
+from dpstream.workers.ledger.state import ScopeState, _zadd, zcount_from
 from dpstream.workers.ledger.testing import one_scope_topology
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, cost_to_units, grantable_float
 from dpstream.workers.noise import build_release_mechanism, discrete
@@ -158,12 +158,12 @@ def test_integer_grant_equals_the_fraction_rule(
 )
 def test_sorted_ends_count_like_a_scan(ops: list[tuple[int, int]], queries: list[int]) -> None:
     """ZADD (a member's score replaced) and ZCOUNT low +inf by bisection count what a scan of the members counts."""
-    s = _Scope()
+    s = ScopeState()
     for member, score in ops:
         _zadd(s, ("p", "m"), f"r{member}", score)
     members = s.ends.get(("p", "m"), {})
     for low in queries:
-        assert _zcount_from(s, ("p", "m"), low) == sum(1 for end in members.values() if end >= low)
+        assert zcount_from(s, ("p", "m"), low) == sum(1 for end in members.values() if end >= low)
 
 
 @settings(max_examples=300, deadline=None)

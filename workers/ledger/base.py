@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import TypeVar
 
 from dpstream.topology.accounting import conversion_delta, epsilon_equivalent
 from dpstream.topology.errors import ConfigError, InternalError
@@ -47,6 +48,8 @@ from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
+from dpstream.workers.ledger.operator import decide_breaker, decide_grant
+from dpstream.workers.ledger.state import Op, ScopeState
 from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
@@ -71,6 +74,7 @@ from dpstream.workers.ledger.units import (
     units_to_float,
 )
 
+_A = TypeVar("_A")
 _period_id = lru_cache(maxsize=4096)(_period_id_uncached)
 """`topology.periods.period_id`, memoised: every release of a period names the same period."""
 _cost_units = lru_cache(maxsize=4096)(cost_to_units)
@@ -545,7 +549,8 @@ class Ledger(ABC):
         period_s = int(stored["period_s"])
         pstart = _period_start(period_s, self._clock())
         pid = _period_id(period_s, pstart)
-        outcome, figures = await self._grant(scope, pid, pstart, grant_to_units(amount), reason, actor, self._now_ms())
+        units = grant_to_units(amount)
+        outcome, figures = await self._step(scope, (pid,), lambda s: decide_grant(s, pid, pstart, units, reason, actor))
         if outcome == "granted":
             return figures[0]
         left, spent, cap, ungranted = (units_to_float(u) for u in figures)
@@ -623,7 +628,8 @@ class Ledger(ABC):
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
         pid = _period_id_uncached(period_s, self._clock())
-        return await self._breaker(scope, action, reason, actor, pid, self._now_ms())
+        now_ms = self._now_ms()
+        return await self._step(scope, (), lambda s: decide_breaker(s, action, reason, actor, pid, now_ms))
 
     # ---- backend primitives ---------------------------------------------------------------------
 
@@ -691,8 +697,9 @@ class Ledger(ABC):
         terms: ChargeTerms,
         expired: bool,
     ) -> RawCharge:
-        """charge.lua: `terms` are the caller's; `expired` (the window is past the idempotency horizon)
-        answers EXPIRED after the known release_id check, writing nothing."""
+        """Decide and apply one charge atomically (`decision`): `terms` are the caller's; `expired`
+        (the window is past the idempotency horizon) answers EXPIRED
+        after the known release_id check, writing nothing."""
 
     @abstractmethod
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
@@ -720,12 +727,11 @@ class Ledger(ABC):
     async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]: ...
 
     @abstractmethod
-    async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool: ...
-
-    @abstractmethod
-    async def _grant(
-        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
-    ) -> tuple[str, list[int]]: ...
+    async def _step(
+        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+    ) -> _A:
+        """Read the scope (its config, breaker, period index and the blocks `pids`), `decide`, and
+        apply the writes decided, atomically; the answer decided."""
 
     @abstractmethod
     async def _scopes(self) -> list[str]: ...

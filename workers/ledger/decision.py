@@ -2,9 +2,10 @@
 
 A pure function of what a backend read (`View`) and what the caller asked (`Charge`): it never
 writes; its `Decision` lists the writes (blocks to open, counters to add, breaker changes, audit
-entries, the release record) and the backend applies them in the same atomic step as the read.
-The in-process ledger applies it under its lock; `lua/charge.lua` states the same rules for
-Redis, where the script decides by itself (why: `redis_backend`'s module doc).
+entries, the release record), `writes` turns them into ops on the scope's keys, and the backend
+applies those: the in-process ledger under its lock (`state.apply_ops`), the Redis ledger with
+`lua/apply.lua`, which applies them only if the scope is still where it was decided and checks
+the invariants by itself.
 
 Rules, in order: a known release id answers its first stored bytes; an expired window and a
 stale quote answer, writing nothing; an automatic breaker open of an earlier period closes; then
@@ -14,28 +15,41 @@ pool and selection δ) is counted and audited; else every period the window touc
 
 from __future__ import annotations
 
-__all__ = ["View", "Charge", "ChargeTerms", "Decision", "RawCharge", "decide", "state_of", "stale_reason"]
+__all__ = [
+    "View",
+    "Charge",
+    "ChargeTerms",
+    "Decision",
+    "RawCharge",
+    "AUTO_FIELDS",
+    "decide",
+    "neighbours",
+    "writes",
+    "state_of",
+    "stale_reason",
+]
 
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from dpstream.workers.ledger.state import Op
 from dpstream.workers.ledger.types import RATIO_TOKEN, ReleaseRequest, State
 
 _EMPTY: Mapping[str, str] = {}
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
-"""Audit fields every charge-time entry carries; other empty fields are left out (as charge.lua does)."""
+"""Audit fields every charge-time entry carries; other empty fields are left out."""
 
 
 def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
-    """normal / warning / open, from the spend and the breaker (the one rule; charge.lua states it too)."""
+    """normal / warning / open, from the spend and the breaker (the one rule)."""
     if is_open:
         return State.OPEN
     return State.WARNING if spent_units >= warn_units else State.NORMAL
 
 
 def _state(spent: int, warn: int, is_open: bool) -> str:
-    return "open" if is_open else ("warning" if spent >= warn else "normal")
+    return state_of(spent, warn, is_open).value
 
 
 class ChargeTerms(NamedTuple):
@@ -93,8 +107,8 @@ class Decision(NamedTuple):
     opened: tuple[_OpenBlock, ...] = ()
     """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
     charged: tuple[str, ...] = ()
-    """The periods charged (granted): each takes `counters` (the cost added to `spent`, the δ to
-    `delta_spent`, 1 to `granted` and `version`) and the release in the metric's `ends` at its window end."""
+    """The periods charged (granted): each adds the cost to `spent`, the δ to `delta_spent`, 1 to
+    `granted` and `version`, and the release to the metric's `ends` at its window end."""
     refused_in: str | None = None
     """The period whose `refused` counter counts this refusal."""
     breaker_drop_auto: bool = False
@@ -104,9 +118,6 @@ class Decision(NamedTuple):
     audit: tuple[dict[str, str], ...] = ()
     release: dict[str, str | bytes] | None = None
     """The release hash to store (granted only); it joins the pending set at `now_ms`."""
-    counters: tuple[tuple[str, str, str, str], ...] = ()
-    """Each charged block's (`spent`, `delta_spent`, `granted`, `version`) after the charge, in
-    `charged`'s order: the backend sets them (it read the block in the same atomic step)."""
 
 
 _OpenBlock = tuple[str, int, dict[str, str]]
@@ -132,8 +143,6 @@ class _Period(NamedTuple):
     warn: int
     version: int
     """The block's spend version (bumped by every charge, grant and automatic open of the period)."""
-    charges: int
-    """The charges granted in the block so far (its `granted` counter)."""
 
 
 _TERMS = frozenset(("cap", "reserve", "warn", "accounting", "delta_cap", "period_s"))
@@ -143,7 +152,7 @@ _NO_TERMS = {"accounting": "", "delta_cap": "0", "period_s": ""}
 
 
 def _read(view: View, pid: str, start: int) -> _Period:
-    """The block `pid`, with the config's terms for any it does not hold yet (charge.lua's `read_period`)."""
+    """The block `pid`, with the config's terms for any it does not hold yet."""
     f = view.blocks.get(pid) or _EMPTY
     t = f if f.keys() >= _TERMS else {**_NO_TERMS, **view.config, **f}
     cap_s, warn_s = t["cap"], t["warn"]
@@ -163,7 +172,6 @@ def _read(view: View, pid: str, start: int) -> _Period:
         int(cap_s),
         int(warn_s),
         int(f.get("version", 0)),
-        int(f.get("granted", 0)),
     )
 
 
@@ -222,6 +230,16 @@ def _later(p: _Period, main: _Period) -> str:
     return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
 
 
+def neighbours(
+    starts: Mapping[str, int], start: int, length: int
+) -> tuple[tuple[int, str] | None, tuple[int, str] | None]:
+    """The (start, id) of the first opened block starting in [start, start + length), and of the
+    last one starting before `start`: the blocks a new block there could overlap."""
+    inside = [(s, b) for b, s in starts.items() if start <= s < start + length]
+    before = [(s, b) for b, s in starts.items() if s < start]
+    return (min(inside) if inside else None), (max(before) if before else None)
+
+
 def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
     """The block whose fixed terms are not the caller's: `p` itself once opened, else a block of
     another length that `p` would overlap (blocks never overlap, so the nearest ones tell)."""
@@ -234,16 +252,12 @@ def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
         if p.plen_s != plen_s:
             return p, f"period {p.plen_s} s, this worker {plen_s} s"
         return None
-    end = p.start + terms.period_s
-    inside = [(start, b) for b, start in view.starts.items() if p.start <= start < end]
-    found = min(inside) if inside else None
-    if found is None:
-        before = [(start, b) for b, start in view.starts.items() if start < p.start]
-        if before:
-            start, b = max(before)
-            length = (view.blocks.get(b) or _EMPTY).get("period_s", view.config.get("period_s", "0"))
-            if start + int(length) > p.start:
-                found = (start, b)
+    inside, before = neighbours(view.starts, p.start, terms.period_s)
+    found = inside
+    if found is None and before is not None:
+        length = (view.blocks.get(before[1]) or _EMPTY).get("period_s", view.config.get("period_s", "0"))
+        if before[0] + int(length) > p.start:
+            found = before
     if found is None or found[1] == p.pid:
         return None
     q = _read(view, found[1], found[0])
@@ -251,7 +265,7 @@ def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
 
 
 def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, str, bool] | None:
-    """The first reason to refuse, in charge.lua's order: (the period it is counted in, the reason,
+    """The first reason to refuse, in the module doc's order: (the period it is counted in, the reason,
     whether it opens the breaker: the cap itself ran out); None: granted."""
     cfg, br, main = view.config, view.breaker, periods[0]
     if c.digest != cfg.get("digest"):
@@ -332,15 +346,13 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
     entries = rollover  # (this decision's own list: the rollover entry, if any, comes first)
     blocks = _opened(view, c, periods, False, entries)
     cost_s, delta_s, actor, rid, metric = str(cost), str(delta), req.actor, req.release_id, req.metric
-    counters: tuple[tuple[str, str, str, str], ...] = ()
     main_ratio = ""
     for p in periods:
         spent = p.spent + cost
         spent_s = str(spent)
-        after = "warning" if spent >= p.warn else "normal"
+        after = _state(spent, p.warn, False)
         ratio = "%.6f" % (spent / p.cap)
         main_ratio = main_ratio or ratio
-        counters += ((spent_s, str(p.dspent + delta), str(p.charges + 1), str(p.version + 1)),)
         entries.append(
             {
                 "kind": "charge",
@@ -355,8 +367,8 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
                 "state": after,
             }
         )  # (every field is non-empty: no filter needed)
-        if after != ("warning" if p.spent >= p.warn else "normal"):
-            was = "warning" if after == "normal" else "normal"
+        was = _state(p.spent, p.warn, False)
+        if after != was:
             fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
             entries.append(audit_entry("state", p, actor, spent, fields))
     main, ratio = periods[0], main_ratio
@@ -375,9 +387,9 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
         "ratio_after": ratio,
         "reserved_at": str(c.now_ms),
     }
-    answer = RawCharge("granted", payload, "", spent, main.cap, "warning" if spent >= main.warn else "normal", cost)
+    answer = RawCharge("granted", payload, "", spent, main.cap, _state(spent, main.warn, False), cost)
     charged = (main.pid,) if len(periods) == 1 else tuple([p.pid for p in periods])
-    return Decision(answer, blocks, charged, None, dropped, None, tuple(entries), release, counters)
+    return Decision(answer, blocks, charged, None, dropped, None, tuple(entries), release)
 
 
 def stale_reason(version: int | str) -> str:
@@ -386,7 +398,7 @@ def stale_reason(version: int | str) -> str:
 
 
 def decide(view: View, c: Charge) -> Decision:
-    """What charge.lua decides for this charge on this view: the answer and the writes (see the module doc)."""
+    """The answer to this charge on this view, and the writes that go with it (see the module doc)."""
     req = c.req
     periods = [_read(view, req.period_id, c.period_start)]
     for pid, start in req.extra_periods:
@@ -405,3 +417,46 @@ def decide(view: View, c: Charge) -> Decision:
     if refusal is not None:
         return _refuse(view, c, rollover, refusal)
     return _grant(view, c, periods, rollover)
+
+
+AUTO_FIELDS = ("auto_period", "auto_start", "auto_reason", "auto_at")
+"""The breaker's automatic open."""
+
+
+def _flat(fields: Mapping[str, str | bytes]) -> tuple[str | bytes, ...]:
+    return tuple(x for pair in fields.items() for x in pair)
+
+
+def writes(c: Charge, d: Decision, retention_s: int) -> tuple[Op, ...]:
+    """The writes of decision `d` as ops on the scope's keys, in the order the Decision lists them."""
+    req, ops = c.req, []
+    for pid, start, terms in d.opened:
+        ops += [("ZADDNX", ("periods",), (start, pid)), ("HSET", ("period", pid), _flat(terms))]
+    for pid in d.charged:
+        block, ends = ("period", pid), ("ends", pid, req.metric)
+        ops += [
+            ("HINCRBY", block, ("spent", c.cost)),
+            ("HINCRBY", block, ("delta_spent", c.delta)),
+            ("HINCRBY", block, ("granted", 1)),
+            ("HINCRBY", block, ("version", 1)),
+            ("ZADD", ends, (int(req.window_end), req.release_id)),
+            ("EXPIRE", ends, (retention_s,)),
+        ]
+    if d.refused_in is not None:
+        ops.append(("HINCRBY", ("period", d.refused_in), ("refused", 1)))
+    if d.breaker_drop_auto:
+        ops.append(("HDEL", ("breaker",), AUTO_FIELDS))
+    if d.breaker_set:
+        ops += [
+            ("HSET", ("breaker",), _flat(d.breaker_set)),
+            ("HINCRBY", ("period", d.breaker_set["auto_period"]), ("version", 1)),
+        ]
+    if d.release is not None:
+        rid = req.release_id
+        ops += [
+            ("HSET", ("release", rid), _flat(d.release)),
+            ("EXPIRE", ("release", rid), (retention_s,)),
+            ("ZADD", ("pending",), (c.now_ms, rid)),
+        ]
+    ops += [("XADD", ("audit",), _flat(entry)) for entry in d.audit]
+    return tuple(ops)

@@ -95,6 +95,12 @@ class ScopeKeys:
         return f"{self.base}:fence"
 
     @property
+    def turn(self) -> str:
+        """String: the process whose charges go first for a moment, after others' writes kept them
+        stale (set NX with an expiry; see `lua/apply.lua`)."""
+        return f"{self.base}:turn"
+
+    @property
     def config(self) -> str:
         """Hash: cap, reserve, warn threshold (units), accounting, digest of the registered config,
         and `schedule_start`: the first deployment start S recorded with the scope (schedule.lua)."""

@@ -13,10 +13,8 @@ from __future__ import annotations
 __all__ = ["MemoryLedger"]
 
 import threading
-from bisect import bisect_left, insort
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import (
@@ -28,76 +26,19 @@ from dpstream.workers.ledger.base import (
     RawRegister,
     parked_from_json,
 )
-from dpstream.workers.ledger.decision import Charge, Decision, View, decide
+from dpstream.workers.ledger.decision import Charge, View, decide, writes
+from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
 from dpstream.workers.ledger.types import ParkedRelease, PendingRelease, ReleaseRequest
+
+_A = TypeVar("_A")
 
 _ALWAYS = ("kind", "period", "spent", "ratio", "actor")
 """Audit fields every entry carries; other empty fields are left out (as the scripts' XADD does)."""
 
-_AUTO_FIELDS = ("auto_period", "auto_start", "auto_reason", "auto_at")
-"""The breaker's automatic open."""
 
-
-@dataclass
-class _Scope:
-    """Everything one scope's Redis keys hold, as Python values."""
-
-    config: dict[str, str] = field(default_factory=dict)
-    breaker: dict[str, str] = field(default_factory=dict)
-    periods: dict[str, dict[str, str]] = field(default_factory=dict)
-    period_index: dict[str, int] = field(default_factory=dict)
-    releases: dict[str, dict[str, str | bytes]] = field(default_factory=dict)
-    """A release's hash: text fields, and `payload` as bytes."""
-    ends: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
-    ends_sorted: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    """The scores of each `ends` zset in order, so ZCOUNT end +inf is a bisection, not a scan."""
-    audit: list[tuple[str, dict[str, str]]] = field(default_factory=list)
-    pending: dict[str, int] = field(default_factory=dict)
-    parked: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """park.lua's hash: release id → its (JSON) entry."""
-    view: View = field(init=False, repr=False, compare=False)
-    """What a charge reads of a new release id: the dicts above themselves (never replaced, only
-    changed in place), so a charge builds no View unless its release id is known."""
-
-    def __post_init__(self) -> None:
-        self.view = View(self.config, self.breaker, self.periods, self.period_index, None)
-
-
-def _zadd(s: _Scope, key: tuple[str, str], member: str, score: int) -> None:
-    """ZADD key score member: a member's score is replaced, never counted twice."""
-    members = s.ends.get(key)
-    if members is None:
-        members = s.ends[key] = {}
-    scores = s.ends_sorted.get(key)
-    if scores is None:
-        scores = s.ends_sorted[key] = []
-    old = members.get(member)
-    if old is not None:
-        del scores[bisect_left(scores, old)]
-    members[member] = score
-    if not scores or scores[-1] <= score:
-        scores.append(score)  # = insort, without the bisection: windows mostly close in order
-    else:
-        insort(scores, score)
-
-
-def _zcount_from(s: _Scope, key: tuple[str, str], low: int) -> int:
-    """ZCOUNT key low +inf."""
-    scores = s.ends_sorted.get(key)
-    if not scores or scores[-1] < low:
-        return 0  # none ends this late (the common case: a bisection touches the whole list's cache lines)
-    return len(scores) - bisect_left(scores, low)
-
-
-def _incr(h: dict[str, str], name: str, by: int) -> int:
-    value = int(h.get(name, 0)) + by
-    h[name] = str(value)
-    return value
-
-
-def _payload(release: dict[str, str | bytes]) -> bytes:
+def _payload(release: dict[str, Any]) -> bytes:
     payload = release["payload"]
-    assert isinstance(payload, bytes)  # the reserve step stores it as bytes
+    assert isinstance(payload, bytes)  # the charge step stores it as bytes
     return payload
 
 
@@ -114,14 +55,14 @@ class MemoryLedger(Ledger):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
-        self._store: dict[str, _Scope] = {}
+        self._store: dict[str, ScopeState] = {}
         self._deploy: dict[str, int] = {}
         self._last_id = (0, -1)
 
-    def _scope(self, scope: str) -> _Scope:
+    def _scope(self, scope: str) -> ScopeState:
         s = self._store.get(scope)
         if s is None:
-            s = self._store[scope] = _Scope()
+            s = self._store[scope] = ScopeState()
         return s
 
     def _next_audit_id(self, now_ms: int) -> str:
@@ -130,7 +71,7 @@ class MemoryLedger(Ledger):
         self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
         return f"{last[0]}-{last[1]}"
 
-    def _xadd(self, s: _Scope, now_ms: int, fields: dict[str, str]) -> None:
+    def _xadd(self, s: ScopeState, now_ms: int, fields: dict[str, str]) -> None:
         entry = {k: v for k, v in fields.items() if v != "" or k in _ALWAYS}
         s.audit.append((self._next_audit_id(now_ms), entry))
 
@@ -197,44 +138,13 @@ class MemoryLedger(Ledger):
         with self._lock:  # read the view, decide, apply: no await in between
             s = self._store.get(req.scope)
             if s is None or not s.config:
-                raise InternalError(f"reserve: scope not registered ({req.scope})")
+                raise InternalError(f"charge: scope not registered ({req.scope})")
             known = s.releases.get(req.release_id)
-            view = s.view if known is None else s.view._replace(known=_payload(known))
+            view = View(s.config, s.breaker, s.periods, s.period_index, None if known is None else _payload(known))
             charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
             decision = decide(view, charge)
-            self._apply(s, charge, decision)
+            apply_ops(s, writes(charge, decision, self._retention_s), lambda: self._next_audit_id(now_ms))
             return decision.answer
-
-    def _apply(self, s: _Scope, c: Charge, d: Decision) -> None:
-        """Make a decision's writes, in charge.lua's order (blocks, counters, breaker, release, audit)."""
-        periods, req, now_ms = s.periods, c.req, c.now_ms
-        for pid, start, terms in d.opened:
-            s.period_index[pid] = start
-            periods.setdefault(pid, {}).update(terms)
-        rid, metric, end = req.release_id, req.metric, int(req.window_end)
-        for pid, (spent, delta_spent, granted, version) in zip(d.charged, d.counters, strict=True):
-            block = periods[pid]
-            block["spent"], block["delta_spent"], block["granted"], block["version"] = (
-                spent,
-                delta_spent,
-                granted,
-                version,
-            )
-            _zadd(s, (pid, metric), rid, end)
-        if d.refused_in is not None:
-            _incr(periods.setdefault(d.refused_in, {}), "refused", 1)
-        if d.breaker_drop_auto:
-            for name in _AUTO_FIELDS:
-                s.breaker.pop(name, None)
-        if d.breaker_set:
-            s.breaker.update(d.breaker_set)
-            _incr(periods.setdefault(d.breaker_set["auto_period"], {}), "version", 1)
-        if d.release is not None:
-            s.releases[rid] = d.release
-            s.pending[rid] = now_ms
-        audit, next_id = s.audit, self._next_audit_id
-        for entry in d.audit:
-            audit.append((next_id(now_ms), entry))
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         with self._lock:
@@ -249,70 +159,15 @@ class MemoryLedger(Ledger):
             s.pending.pop(release_id, None)
             return 1
 
-    async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool:
+    async def _step(
+        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+    ) -> _A:
         with self._lock:
             s = self._scope(scope)
-            br = s.breaker
-            fields = {"period": pid, "reason": reason, "actor": actor}
-            if action == "open":
-                if br.get("manual") == "1":
-                    return False
-                br.update(manual="1", manual_reason=reason, manual_actor=actor, manual_at=str(now_ms))
-                self._xadd(s, now_ms, {**fields, "kind": "breaker_open", "state": "open"})
-                return True
-            if br.get("manual") != "1" and "auto_period" not in br:
-                return False
-            br.clear()
-            self._xadd(s, now_ms, {**fields, "kind": "breaker_close", "state": "closed"})
-            return True
-
-    async def _grant(
-        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
-    ) -> tuple[str, list[int]]:
-        with self._lock:
-            s = self._scope(scope)
-            if not s.config:
-                raise InternalError(f"grant: scope not registered ({scope})")
-            # what is left to grant (grant.lua): the block's own terms once opened, the config's before
-            terms = s.periods.get(pid, {})
-            cap = int(terms.get("cap", s.config["cap"]))
-            reserve = int(terms.get("reserve", s.config["reserve"]))
-            spent = int(terms.get("spent", 0))
-            ungranted = max(0, reserve - int(terms.get("grant", 0)))
-            left = max(0, min(ungranted, cap - spent))
-            if units > left:
-                return "refused", [left, spent, cap, ungranted]
-            block = s.periods.setdefault(pid, {})
-            if pid not in s.period_index:  # a block opened here takes the config's terms, as reserve's would
-                s.period_index[pid] = pstart
-                cfg = s.config
-                block.update(
-                    cap=cfg["cap"],
-                    reserve=cfg["reserve"],
-                    warn=cfg["warn"],
-                    accounting=cfg.get("accounting", ""),
-                    delta_cap=cfg.get("delta_cap", "0"),
-                    start=str(pstart),
-                )
-                if "period_s" in cfg:  # the block's own length, which every later charge checks (grant.lua)
-                    block["period_s"] = cfg["period_s"]
-                self._xadd(
-                    s, now_ms, {"kind": "period", "period": pid, "reason": "period block opened", "actor": "ledger"}
-                )
-            total = _incr(block, "grant", units)
-            _incr(block, "version", 1)
-            self._xadd(
-                s, now_ms, {"kind": "grant", "period": pid, "cost": str(units), "reason": reason, "actor": actor}
-            )
-            if s.breaker.get("auto_period") == pid:
-                for name in ("auto_period", "auto_start", "auto_reason", "auto_at"):
-                    s.breaker.pop(name, None)
-                self._xadd(
-                    s,
-                    now_ms,
-                    {"kind": "breaker_close", "period": pid, "reason": "reserve granted: " + reason, "actor": actor},
-                )
-            return "granted", [total]
+            answer, ops = decide(s)
+            now_ms = self._now_ms()
+            apply_ops(s, ops, lambda: self._next_audit_id(now_ms))
+            return answer
 
     async def _park(
         self,
@@ -422,7 +277,7 @@ class MemoryLedger(Ledger):
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
         with self._lock:
             s = self._scope(scope)
-            counts = {m: _zcount_from(s, (pid, m), window_end) for m in metrics}
+            counts = {m: zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
 
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:

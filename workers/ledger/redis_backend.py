@@ -12,21 +12,26 @@ ordered, so the WAIT covers every earlier write of the scope, whichever client m
 confirmations raise `LedgerUnavailable`: the caller publishes nothing and retries later, and the
 retry finds the stored bytes (and WAITs again) or, if a failover lost the charge, charges afresh.
 
-charge.lua decides a charge itself (the rules `decision.decide` states for the in-process ledger).
-Deciding in Python first needs a view of the keys: the quote's hashes serve a quoted charge, but
-an unquoted one (`bench ledger`, retries without a version) reads one more round trip, and under
-contention the view moves before the script runs. Measured on branch
-`ledger-decide-redis-attempt`: 1 client reserve/INCRBY 0.41 against 0.78 here; at 4 and 16
-clients unquoted charges never got through (retried until LedgerUnavailable).
+A charge is decided in Python (`decision.decide`) and applied by `lua/apply.lua`, which writes
+only if the scope's `seq` and `writer` are still those the decision read, and checks the
+invariants by itself. Each scope's charges go through one flusher per process (group commit):
+it decides the queued charges one after another on its cached view of the scope, as each leaves
+it, and sends them in one pipeline, so a process needs no read per charge and many charges share a
+round trip. Another process's write moves `seq`: the charges from there on are stale, and are
+decided again on a fresh read.
 """
 
 from __future__ import annotations
 
 __all__ = ["RedisLedger", "connect"]
 
+import asyncio
+import itertools
 import json
+import os
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -36,14 +41,16 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, RawRegister, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
-from dpstream.workers.ledger.decision import stale_reason
+from dpstream.workers.ledger.decision import Charge, Decision, View, decide, neighbours, writes
 from dpstream.workers.ledger.durability import check_durability, replica_problem
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
+from dpstream.workers.ledger.state import Key, Op, ScopeState, apply_ops
 from dpstream.workers.ledger.types import ChargeResult, Outcome, ParkedRelease, PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
+_A = TypeVar("_A")
 
 
 def _s(value: Any) -> str:
@@ -52,6 +59,50 @@ def _s(value: Any) -> str:
 
 def _hash(raw: dict[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in raw.items()}
+
+
+_ATTEMPTS = 50
+"""Fresh reads a batch of charges gets while other processes keep writing its scope."""
+_TURN_AFTER = 2
+"""Stale attempts in a row after which a process asks for the scope's turn (apply.lua)."""
+_TURN_MS = 100
+"""How long a turn lasts at most (its holder's first write ends it sooner)."""
+_VIEW_BLOCKS = 16
+"""Period blocks a cached view holds before it is read afresh (with only the blocks in use)."""
+
+
+@dataclass
+class _CachedView:
+    """A scope as this process last read or wrote it, and the `seq`/`writer` it stood at then."""
+
+    state: ScopeState
+    seq: str
+    writer: str
+
+
+def _blocks_read(state: ScopeState, batch: Sequence[tuple[Charge, object]]) -> list[str]:
+    """The period blocks deciding the batch reads: each charge's periods, and for a block not
+    opened yet the neighbours it could overlap."""
+    out = []
+    for charge, _ in batch:
+        req = charge.req
+        for pid, start in ((req.period_id, charge.period_start), *req.extra_periods):
+            out.append(pid)
+            if pid not in state.period_index:
+                out += [b for _, b in filter(None, neighbours(state.period_index, int(start), charge.terms.period_s))]
+    return out
+
+
+def _key_name(k: ScopeKeys, key: Key) -> str:
+    """The Redis name of a scope's key by role (`state.Key`)."""
+    role = key[0]
+    if role == "period":
+        return k.period(key[1])
+    if role == "ends":
+        return k.ends(key[1], key[2])
+    if role == "release":
+        return k.release(key[1])
+    return str(getattr(k, role))
 
 
 class RedisLedger(Ledger):
@@ -71,6 +122,11 @@ class RedisLedger(Ledger):
         self.min_replicas = self._address.min_replicas or 0
         """Replicas a WAIT must confirm before a charge is acknowledged (settled by `check_durability`)."""
         self._scripts = {name: client.register_script(script_text(name)) for name in SCRIPT_NAMES}
+        self._queued: dict[str, list[tuple[Charge, asyncio.Future[RawCharge]]]] = {}
+        self._flushers: dict[str, asyncio.Task[None]] = {}
+        self._views: dict[str, _CachedView] = {}
+        self._writer_prefix = os.urandom(6).hex()
+        self._writers = itertools.count()
 
     def _keys(self, scope: str) -> ScopeKeys:
         """The keys of `scope` in this ledger's namespace (kept: a worker names a few scopes)."""
@@ -206,6 +262,8 @@ class RedisLedger(Ledger):
 
     async def close(self) -> None:
         """Close the client and its pool (and, under Sentinel, the connections to the sentinels)."""
+        for flusher in list(self._flushers.values()):
+            flusher.cancel()
         pool = None if self._cluster else self._client.connection_pool
         await self._client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose (redis >= 5.0.1)
         if isinstance(pool, SentinelPool):
@@ -267,49 +325,162 @@ class RedisLedger(Ledger):
         terms: ChargeTerms,
         expired: bool,
     ) -> RawCharge:
-        k = self._keys(req.scope)
-        keys = [
-            k.config,
-            k.breaker,
-            k.period(req.period_id),
-            k.release(req.release_id),
-            k.ends(req.period_id, req.metric),
-            k.audit,
-            k.pending,
-            k.periods,
-        ]
-        fields = [
-            req.release_id,
-            req.period_id,
-            str(period_start),
-            req.metric,
-            str(int(req.window_start)),
-            str(int(req.window_end)),
-            str(cost_units),
-            "1" if req.may_use_reserve else "0",
-            str(now_ms),
-            str(self._retention_s),
-            req.actor,
-            digest,
-            str(delta_units),
-            terms.accounting,
-            str(terms.cap_units),
-            str(terms.period_s),
-            "1" if expired else "0",
-        ]
-        for pid, pstart in req.extra_periods:
-            keys += [k.period(pid), k.ends(pid, req.metric)]
-            fields += [pid, str(int(pstart))]
-        header = "\n".join(fields)
-        quoted = "" if req.quoted_version is None else str(req.quoted_version)
-        out = await self._guard(self._scripts["charge"](keys=keys, args=[header, bytes(req.payload), quoted]))
-        outcome, spent, cap, state, charged, rest = bytes(out).split(b"\n", 5)
-        if outcome == b"stale_quote":
-            return RawCharge("stale_quote", b"", stale_reason(rest.decode()), int(spent), int(cap), state.decode(), 0)
-        refused = outcome == b"refused" or outcome == b"expired"
-        reason = rest.decode() if refused else ""
-        payload = b"" if refused else rest
-        return RawCharge(outcome.decode(), payload, reason, int(spent), int(cap), state.decode(), int(charged))
+        """Queue the charge for its scope's flusher, which decides the queued charges on its cached
+        view and applies them in one pipeline (group commit): one round trip for many charges."""
+        charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
+        answer: asyncio.Future[RawCharge] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(req.scope, []).append((charge, answer))
+        if req.scope not in self._flushers:
+            self._flushers[req.scope] = asyncio.create_task(self._flush(req.scope))
+        return await answer
+
+    async def _flush(self, scope: str) -> None:
+        """Apply the scope's queued charges, batch after batch, until none is queued."""
+        try:
+            while batch := self._queued.pop(scope, None):
+                try:
+                    await self._apply_batch(scope, batch)
+                except BaseException as exc:
+                    for _, answer in batch:
+                        if answer.done():
+                            continue
+                        if isinstance(exc, asyncio.CancelledError):
+                            answer.cancel()
+                        else:
+                            answer.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            self._flushers.pop(scope, None)
+
+    async def _apply_batch(self, scope: str, batch: list[tuple[Charge, asyncio.Future[RawCharge]]]) -> None:
+        """Decide each charge on the view as the ones before it leave it, and apply them all in
+        one pipeline; a charge whose scope moved (another process wrote) is decided again on a
+        fresh read, with every charge after it (each was decided on the ones before)."""
+        stale, contended = 0, False
+        while batch:
+            if stale >= _ATTEMPTS:
+                raise LedgerUnavailable(
+                    f"ledger Redis {self._url}: scope {scope!r} moved under each of {_ATTEMPTS} attempts to "
+                    "charge it in a row (other processes charging it all the while): nothing charged, retried later"
+                )
+            # once contended, one charge at a time: the shortest window between the read and the write
+            chunk, batch = (batch[:1], batch[1:]) if contended else (batch, [])
+            retry = await self._apply_chunk(scope, chunk)
+            stale = stale + 1 if retry else 0
+            if retry:
+                contended = True
+                self._views.pop(scope, None)
+                batch = retry + batch
+                if stale >= _TURN_AFTER:  # others' writes keep this process's charges stale: take a turn
+                    await self._guard(
+                        self._client.set(self._keys(scope).turn, self._writer_prefix, nx=True, px=_TURN_MS)
+                    )
+                    await asyncio.sleep(0.0005)
+
+    async def _apply_chunk(
+        self, scope: str, chunk: list[tuple[Charge, asyncio.Future[RawCharge]]]
+    ) -> list[tuple[Charge, asyncio.Future[RawCharge]]]:
+        """Decide and apply `chunk` in one pipeline; the charges found stale (to decide again)."""
+        view = await self._view(scope, chunk)
+        pipe = self._client.pipeline(transaction=False)
+        steps = []
+        for charge, answer in chunk:
+            state = view.state
+            decided_on = View(state.config, state.breaker, state.periods, state.period_index, None)
+            decision = decide(decided_on, charge)
+            ops = writes(charge, decision, self._retention_s)
+            writer = f"{self._writer_prefix}.{next(self._writers)}"
+            keys, args = self._encode(scope, charge, decision, ops, view.seq, view.writer, writer)
+            await self._scripts["apply"](keys=keys, args=args, client=pipe)  # queued in the pipeline
+            steps.append((charge, answer, decision, decided_on))
+            if ops:
+                apply_ops(view.state, ops, str, view_only=True)
+                view.seq, view.writer = str(int(view.seq) + 1), writer
+        replies = await self._guard(pipe.execute())
+        retry = []
+        for (charge, answer, decision, decided_on), reply in zip(steps, replies, strict=True):
+            kind = _s(reply[0])
+            if kind == "stale":
+                retry.append((charge, answer))
+                continue
+            if kind == "duplicate":
+                decision = decide(decided_on._replace(known=bytes(reply[1])), charge)
+                self._views.pop(scope, None)  # it wrote nothing: the view ran ahead
+            if not answer.done():
+                answer.set_result(decision.answer)
+        return retry
+
+    async def _view(self, scope: str, batch: list[tuple[Charge, asyncio.Future[RawCharge]]]) -> _CachedView:
+        """The scope's view as this process last read or wrote it, read afresh when it lacks a
+        block the batch's charges read."""
+        view = self._views.get(scope)
+        if (
+            view is not None
+            and len(view.state.periods) <= _VIEW_BLOCKS
+            and all(pid in view.state.periods for pid in _blocks_read(view.state, batch))
+        ):
+            return view
+        pids = sorted({c.req.period_id for c, _ in batch} | {pid for c, _ in batch for pid, _ in c.req.extra_periods})
+        view = await self._read_view(scope, pids)
+        more = sorted(set(_blocks_read(view.state, batch)) - set(view.state.periods))
+        if more:  # a new block's neighbours (a later write shows in seq, which apply.lua checks)
+            pipe = self._client.pipeline(transaction=True)
+            for pid in more:
+                pipe.hgetall(self._keys(scope).period(pid))
+            view.state.periods.update(zip(more, map(_hash, await self._guard(pipe.execute())), strict=True))
+        if not view.state.config:
+            raise InternalError(f"charge: scope not registered ({scope})")
+        self._views[scope] = view
+        return view
+
+    async def _read_view(self, scope: str, pids: Sequence[str]) -> _CachedView:
+        """The scope's config, breaker, period index and blocks `pids`, in one MULTI."""
+        k = self._keys(scope)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hgetall(k.config)
+        pipe.hgetall(k.breaker)
+        pipe.zrange(k.periods, 0, -1, withscores=True)
+        for pid in pids:
+            pipe.hgetall(k.period(pid))
+        out = await self._guard(pipe.execute())
+        config = _hash(out[0])
+        state = ScopeState(config=config, breaker=_hash(out[1]))
+        state.period_index = {_s(member): int(score) for member, score in out[2]}
+        state.periods = {pid: _hash(fields) for pid, fields in zip(pids, out[3:], strict=True)}
+        return _CachedView(state, config.get("seq", "0"), config.get("writer", ""))
+
+    def _encode(
+        self, scope: str, charge: Charge, decision: Decision, ops: Sequence[Op], seq: str, writer: str, new_writer: str
+    ) -> tuple[list[str], list[str | bytes]]:
+        """apply.lua's KEYS and ARGV for one decided charge (see its header)."""
+        k, req, terms = self._keys(scope), charge.req, charge.terms
+        keys = [k.config, k.release(req.release_id), k.turn]
+        index: dict[Key, int] = {("config",): 1, ("release", req.release_id): 2}
+        args: list[str | bytes] = [seq, writer, new_writer, str(len(decision.charged))]
+        for pid in decision.charged:
+            block = self._key_index(k, ("period", pid), keys, index)
+            args += [block, str(charge.cost), str(charge.delta), terms.accounting, str(terms.cap_units)]
+            args.append(str(terms.period_s))
+        self._encode_ops(k, ops, keys, index, args)
+        return keys, args
+
+    @staticmethod
+    def _key_index(k: ScopeKeys, key: Key, keys: list[str], index: dict[Key, int]) -> str:
+        """`key`'s index in apply.lua's KEYS (appended on first use)."""
+        i = index.get(key)
+        if i is None:
+            keys.append(_key_name(k, key))
+            i = index[key] = len(keys)
+        return str(i)
+
+    def _encode_ops(
+        self, k: ScopeKeys, ops: Sequence[Op], keys: list[str], index: dict[Key, int], args: list[str | bytes]
+    ) -> None:
+        """Append apply.lua's ops section for `ops` to `args` (their keys to `keys`)."""
+        for command, key, values in ops:
+            args += [command, self._key_index(k, key, keys, index), str(len(values))]
+            args += [v if isinstance(v, bytes) else str(v) for v in values]
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         k = self._keys(scope)
@@ -319,20 +490,26 @@ class RedisLedger(Ledger):
             )
         )
 
-    async def _breaker(self, scope: str, action: str, reason: str, actor: str, pid: str, now_ms: int) -> bool:
+    async def _step(
+        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+    ) -> _A:
         k = self._keys(scope)
-        out = await self._guard(
-            self._scripts["breaker"](keys=[k.breaker, k.audit], args=[action, reason, actor, now_ms, pid])
+        for _ in range(_ATTEMPTS):
+            view = await self._read_view(scope, sorted(pids))
+            answer, ops = decide(view.state)
+            if not ops:
+                return answer
+            args: list[str | bytes] = [view.seq, view.writer, f"{self._writer_prefix}.{next(self._writers)}", "0"]
+            keys = [k.config, k.config, k.turn]  # (the config as the release: this step charges none)
+            self._encode_ops(k, ops, keys, {}, args)
+            reply = await self._guard(self._scripts["apply"](keys=keys, args=args))
+            self._views.pop(scope, None)
+            if _s(reply[0]) == "ok":
+                return answer
+        raise LedgerUnavailable(
+            f"ledger Redis {self._url}: scope {scope!r} moved under each of {_ATTEMPTS} attempts to change it: "
+            "nothing written, try again"
         )
-        return int(out[0]) == 1
-
-    async def _grant(
-        self, scope: str, pid: str, pstart: int, units: int, reason: str, actor: str, now_ms: int
-    ) -> tuple[str, list[int]]:
-        k = self._keys(scope)
-        keys = [k.period(pid), k.breaker, k.audit, k.config, k.periods]
-        raw = await self._guard(self._scripts["grant"](keys=keys, args=[units, reason, actor, now_ms, pid, pstart]))
-        return _s(raw[0]), [int(v) for v in raw[1:]]
 
     # ---- reads ---------------------------------------------------------------------------------
 

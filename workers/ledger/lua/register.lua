@@ -16,8 +16,10 @@
 -- refused while the current period's block exists (a larger cap, reserve or warn is stored
 -- and applies from the next period); a change of period length is refused too while any block
 -- starts inside the current period of the new length (hourly -> daily at 10:00 would open a
--- daily block over ten hourly ones). charge.lua refuses whatever slips past (a block that
--- overlaps another of another length, terms that are not the caller's).
+-- daily block over ten hourly ones). A charge is refused whatever slips past (a block that
+-- overlaps another of another length, terms that are not the caller's: ledger.decision).
+-- A stored change bumps the config's `seq` and clears its `writer`: a charge decided before it
+-- is stale (apply.lua).
 
 local old = redis.call('HGET', KEYS[1], 'digest')
 if old == ARGV[1] then return {0} end
@@ -45,6 +47,8 @@ local fields = {}
 for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[1], 'registered_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('HDEL', KEYS[1], 'writer')
 local reason = 'config registered ' .. ARGV[1]
 if old then reason = 'config changed ' .. old .. ' -> ' .. ARGV[1] end
 local cap = redis.call('HGET', KEYS[1], 'cap')

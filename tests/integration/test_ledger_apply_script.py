@@ -1,0 +1,94 @@
+"""`lua/apply.lua` on real Redis holds the ledger's invariants whatever Python decided: a decision
+made on a false view (spend 0 when the cap is nearly spent, a block not yet open, a stale seq, a
+known release, another process's turn) writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dpstream.topology.errors import InternalError
+from dpstream.topology.periods import period_id
+from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.decision import Charge, View, decide, writes
+from dpstream.workers.ledger.redis_backend import RedisLedger
+from dpstream.workers.ledger.testing import one_scope_topology
+from dpstream.workers.ledger.units import cost_to_units
+
+DAY = 86_400
+P0 = (1_796_000_000 // DAY) * DAY
+PID = period_id(DAY, P0)
+RECORD = b'{"release_id":"%s","budget":{"ratio_after":null}}'
+
+
+async def _spent(ledger: RedisLedger) -> int:
+    return int((await ledger._period_fields("s", PID)).get("spent", 0))
+
+
+def _req(rid: str, cost: float) -> ReleaseRequest:
+    return ReleaseRequest(rid, "s", PID, "m", P0, P0 + DAY, cost, RECORD % rid.encode())
+
+
+async def _apply(ledger: RedisLedger, charge: Charge, view: View, seq: str, writer: str, new_writer: str) -> Any:
+    """Decide `charge` on `view` (true or not) and run apply.lua with it at (`seq`, `writer`)."""
+    decision = decide(view, charge)
+    ops = writes(charge, decision, 3600)
+    keys, args = ledger._encode("s", charge, decision, ops, seq, writer, new_writer)
+    return await ledger._guard(ledger._scripts["apply"](keys=keys, args=args))
+
+
+async def _setup(url: str) -> tuple[RedisLedger, View, Charge, str, str]:
+    """A scope with 0.9 of its cap spent, and a charge of 0.5 decided on a view that says nothing was spent."""
+    ledger = await open_ledger(url, one_scope_topology(epsilon=1.0, reserve=0.0))
+    assert isinstance(ledger, RedisLedger)
+    assert (await ledger.charge(_req("first", 0.9))).outcome is Outcome.GRANTED
+    k = ledger._keys("s")
+    config = {key.decode(): value.decode() for key, value in (await ledger._client.hgetall(k.config)).items()}
+    false_view = View(config, {}, {}, {}, None)  # no block, no spend: the 0.9 charged is not in it
+    terms = ledger._terms["s"]
+    charge = Charge(_req("second", 0.5), cost_to_units(0.5), 0, P0, config["digest"], terms, False, 1)
+    return ledger, false_view, charge, config["seq"], config["writer"]
+
+
+def test_apply_refuses_an_overspend_decided_on_a_false_view(fresh_redis: Any) -> None:
+    """Python decided a grant that would take spend past the cap: the script refuses it, writes nothing."""
+
+    async def body() -> None:
+        ledger, view, charge, seq, writer = await _setup(fresh_redis.url)
+        assert decide(view, charge).answer.outcome == "granted"  # the false view lets it through
+        with pytest.raises(InternalError, match="overspend"):  # (checked before its block-opens-once check)
+            await _apply(ledger, charge, view, seq, writer, "p.1")
+        view_with_block = View(view.config, {}, {PID: {**view.config, "start": str(P0)}}, {PID: P0}, None)
+        with pytest.raises(InternalError, match="overspend"):
+            await _apply(ledger, charge, view_with_block, seq, writer, "p.2")
+        assert await _spent(ledger) == cost_to_units(0.9) and await ledger.stored_payload("s", "second") is None
+        await ledger.close()
+
+    asyncio.run(body())
+
+
+def test_apply_writes_nothing_when_stale_known_or_not_its_turn(fresh_redis: Any) -> None:
+    """A seq or writer that moved, a known release id, or another process's turn: nothing is written."""
+
+    async def body() -> None:
+        ledger, view, charge, seq, writer = await _setup(fresh_redis.url)
+        small = charge._replace(req=_req("second", 0.05), cost=cost_to_units(0.05))
+        true_view = await ledger._view("s", [(small, None)])  # type: ignore[list-item]  # (the future is unused)
+        state = true_view.state
+        now = View(state.config, state.breaker, state.periods, state.period_index, None)
+        assert (await _apply(ledger, small, now, str(int(seq) - 1), writer, "p.1"))[0] == b"stale"
+        assert (await _apply(ledger, small, now, seq, "someone-else.7", "p.2"))[0] == b"stale"
+        known = small._replace(req=_req("first", 0.05))
+        reply = await _apply(ledger, known, now, seq, writer, "p.3")
+        assert reply[0] == b"duplicate" and b'"release_id":"first"' in reply[1]
+        await ledger._client.set(ledger._keys("s").turn, "other-process", px=10_000)
+        assert (await _apply(ledger, small, now, seq, writer, "p.4"))[0] == b"stale"
+        await ledger._client.delete(ledger._keys("s").turn)
+        assert await ledger.stored_payload("s", "second") is None and await _spent(ledger) == cost_to_units(0.9)
+        reply = await _apply(ledger, small, now, seq, writer, "p.5")  # the same step, now at its state: written
+        assert reply[0] == b"ok" and await _spent(ledger) == cost_to_units(0.9) + cost_to_units(0.05)
+        await ledger.close()
+
+    asyncio.run(body())

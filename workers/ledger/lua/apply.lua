@@ -1,0 +1,79 @@
+-- apply.lua: make one charge's writes, decided in Python (ledger.decision), atomically, if the scope
+-- still stands where it was decided; the ledger's invariants are enforced here whatever was decided.
+--
+-- KEYS[1] config   hash    dpstream:{S}:config    its `seq` counts every write a decision reads
+--                                                 (charges, grants, breaker changes, registrations)
+--                                                 and `writer` names the charge that wrote last
+-- KEYS[2] release  hash    dpstream:{S}:release:R the release being charged
+-- KEYS[3] turn     string  dpstream:{S}:turn      a process that others' writes kept stale holds
+--                                                 the scope for a moment (SET NX PX): only its steps
+--                                                 write, and its first write ends the turn
+-- KEYS[4..]        the keys the ops and guards name, by index into KEYS
+-- ARGV[1] seq and ARGV[2] writer the step was decided at ('0' and '' for a scope never written)
+-- ARGV[3] this step's writer id '<process>.<n>' (unique per step), set as `writer` when it writes
+-- ARGV[4] g: guards follow, 6 fields each: key index of a period block to charge, cost units,
+--         delta units, the caller's accounting, cap units and period length (s)
+-- ARGV[5 + 6g ..] ops, each: command, key index, argument count, arguments; commands HSET,
+--         HINCRBY, HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
+-- Returns {'duplicate', payload} for a known release id, {'stale', seq} when the scope moved since
+-- the decision, each writing nothing, else {'ok', seq after}.
+-- Invariants, checked before the first write: a known release id is never charged again; a step
+-- decided on another state writes nothing; in every charged block spent + cost <= cap and
+-- delta_spent + delta <= delta_cap (its own terms once opened, else the config's); an opened
+-- block keeps its accounting and period length and no larger cap than the caller's; a block is
+-- opened once. All or nothing: one script, every write after every check.
+
+local known = redis.call('HGET', KEYS[2], 'payload')
+if known then return {'duplicate', known} end
+local now = redis.call('HMGET', KEYS[1], 'seq', 'writer')
+if (now[1] or '0') ~= ARGV[1] or (now[2] or '') ~= ARGV[2] then return {'stale', now[1] or '0'} end
+local process = string.match(ARGV[3], '^[^.]*')
+local turn = redis.call('GET', KEYS[3])
+if turn and turn ~= process then return {'stale', now[1] or '0'} end
+
+local function fail(what) return redis.error_reply('dpstream: apply: ' .. what) end
+local g = tonumber(ARGV[4])
+local at = 5
+local cfg = redis.call('HMGET', KEYS[1], 'cap', 'delta_cap', 'accounting', 'period_s')
+for _ = 1, g do
+  local key = KEYS[tonumber(ARGV[at])]
+  local cost, delta = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  local acc, cap_in, plen = ARGV[at + 3], tonumber(ARGV[at + 4]), ARGV[at + 5]
+  local b = redis.call('HMGET', key, 'spent', 'cap', 'delta_spent', 'delta_cap', 'accounting', 'period_s')
+  local cap, dcap = tonumber(b[2] or cfg[1]), tonumber(b[4] or cfg[2] or '0')
+  if tonumber(b[1] or '0') + cost > cap then return fail('overspend in ' .. key) end
+  if tonumber(b[3] or '0') + delta > dcap then return fail('selection delta over its cap in ' .. key) end
+  if b[2] and ((b[5] or cfg[3] or '') ~= acc or cap > cap_in or (b[6] or cfg[4] or '') ~= plen) then
+    return fail('charge against the fixed terms of ' .. key)
+  end
+  at = at + 6
+end
+
+local COMMANDS = {HSET = true, HINCRBY = true, HDEL = true, ZADD = true, ZADDNX = true, XADD = true, EXPIRE = true}
+local ops = {}
+while at <= #ARGV do
+  local n, key = tonumber(ARGV[at + 2]), KEYS[tonumber(ARGV[at + 1])]
+  if not COMMANDS[ARGV[at]] or not key or not n then return fail('bad op at argument ' .. at) end
+  ops[#ops + 1] = {ARGV[at], key, at + 3, n}
+  at = at + 3 + n
+end
+for _, op in ipairs(ops) do  -- the one check that needs the op itself: a block opens once
+  if op[1] == 'ZADDNX' and redis.call('ZSCORE', op[2], ARGV[op[3] + 1]) then
+    return fail('block ' .. ARGV[op[3] + 1] .. ' is open already')
+  end
+end
+if #ops == 0 then return {'ok', now[1] or '0'} end
+
+for _, op in ipairs(ops) do
+  local cmd, key, args = op[1], op[2], {unpack(ARGV, op[3], op[3] + op[4] - 1)}
+  if cmd == 'XADD' then
+    redis.call('XADD', key, '*', unpack(args))
+  elseif cmd == 'ZADDNX' then
+    redis.call('ZADD', key, 'NX', unpack(args))
+  else
+    redis.call(cmd, key, unpack(args))
+  end
+end
+redis.call('HSET', KEYS[1], 'writer', ARGV[3])
+if turn then redis.call('DEL', KEYS[3]) end
+return {'ok', tostring(redis.call('HINCRBY', KEYS[1], 'seq', 1))}
