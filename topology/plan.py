@@ -403,23 +403,14 @@ def _metric_plan(
 
 def _horizon(budget: Budget, cap: float, planned: float, selection: float, conversion: float) -> HorizonGuarantee:
     periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
-    if budget.accounting is Accounting.ZCDP:
-        rho = periods * planned
-        eps = _to_epsilon(budget, conversion, rho)
-        eps_full = _to_epsilon(budget, conversion, periods * cap)
-        delta = conversion + periods * selection
-    else:
-        rho = None
-        eps = periods * planned
-        eps_full = periods * cap
-        delta = periods * selection
+    zcdp = budget.accounting is Accounting.ZCDP
     return HorizonGuarantee(
         days=HORIZON_DAYS,
         periods=periods,
-        rho=rho,
-        epsilon=eps,
-        delta=delta,
-        epsilon_if_reserve_spent=eps_full,
+        rho=periods * planned if zcdp else None,
+        epsilon=_to_epsilon(budget, conversion, periods * planned),
+        delta=conversion + periods * selection,  # a pure scope converts at δ = 0
+        epsilon_if_reserve_spent=_to_epsilon(budget, conversion, periods * cap),
         naive_epsilon=periods * budget.epsilon,
         naive_delta=periods * budget.delta,
     )
