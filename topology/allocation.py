@@ -1,33 +1,42 @@
-"""Budget allocation: static plan and adaptive re-division of what is left.
+"""Budget allocation: the one pricing rule, for the static plan and the ledger's adaptive grant.
 
 All amounts are in the scope's currency (ρ for zCDP scopes, ε for pure ones). The reserve is
 never part of the pool: pool = cap × (1 − reserve).
 
-Adaptive rule: the next release of metric m gets
-    L × (w_m·f_m / Σ_j w_j·f_j) / n_m  =  L × (w_m / N_m) / Σ_j (w_j · n_j / N_j)
-where L is the pool left, N_j a metric's releases per period, n_j its releases still to come
-(the current one included) and f_j = n_j / N_j. On plan this equals the static
-pool × (w_m / Σw) / N_m; a skipped or cheaper release leaves its share to the rest.
+The rule: the next release of metric m gets
+    L × c_m / Σ_j c_j·n_j,   c_j = w_j / N_j
+where L is the pool left, w_j a metric's weight, N_j its releases per period and n_j its releases
+still to come (the one priced included; metrics with none left drop out). With every release to
+come (n_j = N_j) it is the static plan pool × (w_m / Σw) / N_m; a skipped or cheaper release leaves
+its share to the rest.
 
 A deployment that starts at S inside a period releases only the windows starting at or after S
 (the public schedule), so in that first period n_j counts only those: a metric with no such window
 gets no share, and the others share the whole pool (on plan each release then costs
-pool × (w_m / N_m) / Σ_j (w_j · n_j⁰ / N_j), with n_j⁰ the windows the first period releases).
+pool × c_m / Σ_j c_j·n_j⁰, with n_j⁰ the windows the first period releases).
+
+The rule is evaluated exactly: the c_j as integers over one common denominator (`release_rates`,
+computed once per scope), the share c_m / Σ_j c_j·n_j as a Fraction (`release_share`). The ledger
+floors L_units × share to its units; the plan, the gauges and the report multiply a float pool by it.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "MetricDemand",
-    "static_release_cost",
+    "release_rates",
+    "release_share",
     "adaptive_release_cost",
+    "planned_release_costs",
     "windows_left",
     "warning_cost_factor",
     "thinned_out",
 ]
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, WarningPolicy, Window
@@ -38,32 +47,59 @@ from dpstream.topology.schedule import Schedule
 class MetricDemand:
     """What one metric of a scope still wants this period."""
 
-    weight: float
+    weight: float | Fraction
+    """w: as a float (the topology's) or an exact Fraction (the ledger's decimal reading)."""
     per_period: int
     """N: the metric's releases in a whole period."""
     left: int
     """n: releases still to come, the one being priced included."""
 
 
-def static_release_cost(pool: float, metric: str, demands: Mapping[str, MetricDemand]) -> float:
-    """Planned per-release cost: pool × (w_m / Σ w) / N_m."""
-    total_weight = sum(d.weight for d in demands.values())
-    demand = demands[metric]
-    return pool * (demand.weight / total_weight) / demand.per_period
+def release_rates(demands: Mapping[str, MetricDemand]) -> dict[str, int]:
+    """k_j = (w_j / N_j) × the lcm of their denominators: each metric's c_j, exact, over one common
+    denominator (the rule only compares them, so any common scale prices the same). `left` is not used."""
+    rates: dict[str, Fraction] = {}
+    for name, d in demands.items():
+        if d.per_period < 1:
+            raise InternalError(f"metric {name!r} is priced with no release in a whole period")
+        rates[name] = Fraction(d.weight) / d.per_period
+    lcm = math.lcm(*(r.denominator for r in rates.values()))
+    return {name: r.numerator * (lcm // r.denominator) for name, r in rates.items()}
+
+
+def release_share(metric: str, rates: Mapping[str, int], left: Mapping[str, int]) -> Fraction:
+    """The rule: the part of the pool left that the next release of `metric` gets, c_m / Σ_j c_j·n_j
+    over the metrics with releases left (`rates` from `release_rates`, `left` the n_j; 0 when none has).
+
+    At most 1 when `metric` has a release left itself."""
+    total = 0
+    for name, k in rates.items():
+        n = left.get(name, 0)
+        if n > 0:
+            total += k * n
+    return Fraction(rates[metric], total) if total > 0 else Fraction(0)
 
 
 def adaptive_release_cost(pool_left: float, metric: str, demands: Mapping[str, MetricDemand]) -> float:
-    """Cost granted to the next release of `metric` from what is left of the pool.
+    """Cost granted to the next release of `metric` from what is left of the pool (`release_share`).
 
     Returns 0 when nothing is left; never more than `pool_left`.
     """
-    demand = demands[metric]
-    if demand.left < 1:
+    if demands[metric].left < 1:
         raise InternalError(f"metric {metric!r} is priced with no release left in the period")
     if pool_left <= 0:
         return 0.0
-    planned_left = sum(d.weight * d.left / d.per_period for d in demands.values() if d.left > 0)
-    return min(pool_left, pool_left * (demand.weight / demand.per_period) / planned_left)
+    share = release_share(metric, release_rates(demands), {name: d.left for name, d in demands.items()})
+    return min(pool_left, pool_left * share)
+
+
+def planned_release_costs(pool: float, demands: Mapping[str, MetricDemand]) -> dict[str, float]:
+    """Each metric's per-release cost on plan when the releases `left` all happen from a full `pool`
+    (`release_share`): with left = N the static plan, pool × (w_m / Σw) / N_m. A metric with none left
+    gets what one release would cost at the others' rate."""
+    rates = release_rates(demands)
+    left = {name: d.left for name, d in demands.items()}
+    return {name: pool * release_share(name, rates, left) for name in demands}
 
 
 def windows_left(

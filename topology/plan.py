@@ -1,7 +1,7 @@
 """The budget plan: what every release of a topology costs and how noisy it is.
 
 `build_plan(topology)` divides each scope's pool, cap × (1 − reserve), over its metrics by weight
-and over each metric's releases in one period (`topology.allocation.static_release_cost`), then
+and over each metric's releases in one period (`topology.allocation.planned_release_costs`), then
 calibrates the noise of one release from its cost. `plan_to_json(plan)` is the stable,
 machine-readable form printed by `dpstream plan FILE --json`; later code and tests read it.
 
@@ -127,11 +127,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpstream.topology import accounting as acc
-from dpstream.topology.allocation import MetricDemand, static_release_cost
+from dpstream.topology.allocation import MetricDemand, planned_release_costs
 from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error
 from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import DEFAULT_PUBLISH_DELAY_S, Accounting, Budget, Mechanism, Metric, Topology, WindowKind
+from dpstream.topology.schedule import Schedule
 from dpstream.topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
 
 PLAN_JSON_VERSION = 1
@@ -267,6 +268,28 @@ class ScopePlan:
         """True when any metric of the scope is event-level (the weaker guarantee)."""
         return any(m.event_level for m in self.metrics)
 
+    def planned_from(
+        self, period_start: int, period_end: int, schedule_start: int | None = None
+    ) -> dict[str, tuple[int, float]]:
+        """Per metric, (releases, per-release cost) the plan spends the pool on in [period_start,
+        period_end): the whole period's (N_m, static cost); in a deployment's first period (S,
+        `schedule_start`, after the period start) the windows starting at or after S, priced by the same
+        rule over those alone (`allocation.planned_release_costs`). No window from S: (0, static cost)."""
+        if schedule_start is None or schedule_start <= period_start:
+            return {m.name: (m.releases_per_period, m.per_release_cost) for m in self.metrics}
+        demands = {
+            m.name: MetricDemand(
+                m.weight,
+                m.releases_per_period,
+                Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end),
+            )
+            for m in self.metrics
+        }
+        if not any(d.left for d in demands.values()):
+            return {m.name: (0, m.per_release_cost) for m in self.metrics}
+        costs = planned_release_costs(self.pool, demands)
+        return {name: (d.left, costs[name]) for name, d in demands.items()}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -339,11 +362,10 @@ def _metric_plan(
     topology: Topology,
     budget: Budget,
     metric: Metric,
-    pool: float,
+    cost: float,
     demands: dict[str, MetricDemand],
     conversion: float,
 ) -> MetricPlan:
-    cost = static_release_cost(pool, metric.name, demands)
     grid = len(metric.candidates) if metric.candidates is not None else None
     total_weight = math.fsum(d.weight for d in demands.values())
     source = topology.sources.get(metric.source)
@@ -381,23 +403,14 @@ def _metric_plan(
 
 def _horizon(budget: Budget, cap: float, planned: float, selection: float, conversion: float) -> HorizonGuarantee:
     periods = -(-HORIZON_DAYS * _DAY_S // budget.period_s)
-    if budget.accounting is Accounting.ZCDP:
-        rho = periods * planned
-        eps = _to_epsilon(budget, conversion, rho)
-        eps_full = _to_epsilon(budget, conversion, periods * cap)
-        delta = conversion + periods * selection
-    else:
-        rho = None
-        eps = periods * planned
-        eps_full = periods * cap
-        delta = periods * selection
+    zcdp = budget.accounting is Accounting.ZCDP
     return HorizonGuarantee(
         days=HORIZON_DAYS,
         periods=periods,
-        rho=rho,
-        epsilon=eps,
-        delta=delta,
-        epsilon_if_reserve_spent=eps_full,
+        rho=periods * planned if zcdp else None,
+        epsilon=_to_epsilon(budget, conversion, periods * planned),
+        delta=conversion + periods * selection,  # a pure scope converts at δ = 0
+        epsilon_if_reserve_spent=_to_epsilon(budget, conversion, periods * cap),
         naive_epsilon=periods * budget.epsilon,
         naive_delta=periods * budget.delta,
     )
@@ -418,7 +431,8 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
         )
         for m in metrics
     }
-    plans = tuple(_metric_plan(topology, budget, m, pool, demands, conversion) for m in metrics)
+    costs = planned_release_costs(pool, demands)
+    plans = tuple(_metric_plan(topology, budget, m, costs[m.name], demands, conversion) for m in metrics)
     planned = math.fsum(p.per_period_cost for p in plans)
     return ScopePlan(
         name=budget.name,

@@ -1,13 +1,16 @@
-"""Tests of topology.allocation: the static plan, DESIGN §5's adaptive re-division, windows left, warning."""
+"""Tests of topology.allocation: the one pricing rule (static plan and adaptive re-division), windows left, warning."""
 
 import math
+from fractions import Fraction
 
 import pytest
 
 from dpstream.topology.allocation import (
     MetricDemand,
     adaptive_release_cost,
-    static_release_cost,
+    planned_release_costs,
+    release_rates,
+    release_share,
     thinned_out,
     warning_cost_factor,
     windows_left,
@@ -49,8 +52,8 @@ def _run(scope, pool, period_s, skip=frozenset()):
 
 
 def _static(scope, pool, period_s):
-    demands = {n: MetricDemand(w, win.releases_per_period(period_s), 0) for n, (w, win) in scope.items()}
-    return {n: static_release_cost(pool, n, demands) for n in scope}
+    demands = {n: MetricDemand(w, N, N) for n, (w, win) in scope.items() for N in [win.releases_per_period(period_s)]}
+    return planned_release_costs(pool, demands)
 
 
 def test_static_cost_is_pool_times_weight_share_over_releases():
@@ -153,3 +156,21 @@ def test_warning_cost_factor_and_thinning():
     window = Window(60, 60)
     kept = [s for s in range(0, 600, 60) if not thinned_out(policy, s, window)]
     assert kept == [0, 120, 240, 360, 480]
+
+
+def test_the_share_is_exact_and_scale_free():
+    """The rates are w/N over one denominator; the share is c_m / Σ c_j·n_j exactly, whatever the common scale."""
+    demands = {"a": MetricDemand(0.25, 24, 10), "b": MetricDemand(3.0, 144, 1), "c": MetricDemand(1.0, 1, 0)}
+    rates = release_rates(demands)
+    assert all(isinstance(k, int) for k in rates.values())
+    left = {n: d.left for n, d in demands.items()}
+    want = (Fraction(1, 4) / 24) / (Fraction(1, 4) / 24 * 10 + Fraction(3, 144) * 1)  # c has none left: no share
+    assert release_share("a", rates, left) == want
+    assert release_share("a", {n: 7 * k for n, k in rates.items()}, left) == want
+    assert release_share("a", rates, {n: 0 for n in left}) == 0
+
+
+def test_a_metric_without_a_release_per_period_is_a_bug():
+    """N = 0 has no rate: pricing it is an internal error, not a division by zero."""
+    with pytest.raises(InternalError):
+        release_rates({"a": MetricDemand(1.0, 0, 0)})

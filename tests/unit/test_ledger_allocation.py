@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Coroutine
 from typing import Any
 
@@ -39,6 +40,30 @@ def test_on_plan_grants_equal_the_static_plan() -> None:
             assert r.outcome is Outcome.GRANTED
         hist = await ledger.history("s")
         assert pool_units - 36 <= hist[0].spent_units <= pool_units
+
+    run(body())
+
+
+def test_first_grants_of_a_period_are_the_plans_static_cost_to_the_unit() -> None:
+    """At a fresh period's first close every release is still to come: each grant is exactly the plan's
+    static cost, floor(pool × (w/Σw) / N) in units, and the plan's float cost is that within a unit."""
+    from fractions import Fraction
+
+    from dpstream.topology.plan import build_plan
+
+    async def body() -> None:
+        metrics = (("a", 3.0, 3600, 3600, False), ("b", 0.333, 3600, 1800, False), ("c", 1.5, 3600, 600, False))
+        topo = one_scope_topology(metrics=metrics)
+        scope = build_plan(topo).scope("s")
+        ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
+        cfg = scope_configs(topo)["s"]
+        pool = cfg.cap_units - cfg.reserve_units
+        total = sum(Fraction(repr(w)) for _, w, *_ in metrics)
+        for (name, w, size, every, _), planned in zip(metrics, scope.metrics, strict=True):
+            q = await ledger.quote(name, P0, P0 + size)
+            static = pool * Fraction(repr(w)) / total / (DAY // every)
+            assert q.cost_units == math.floor(static), name  # quotes charge nothing: each sees the fresh period
+            assert abs(planned.per_release_cost * 10**12 - static) <= 1, name
 
     run(body())
 

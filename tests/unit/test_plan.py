@@ -76,6 +76,24 @@ def test_hopping_metric_shows_overlap_and_straddling_windows():
     assert (metric.releases_per_period, metric.overlap, metric.straddling_windows) == (720, 5, 4)
 
 
+def test_planned_from_the_deployment_start_spreads_the_pool_over_the_windows_from_s():
+    """A whole period is the static plan; from S = 06:30 the windows starting at or after S share the whole
+    pool in proportion to w/N (the daily window started before S: none); no window from S: nothing planned."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY, reserve=0.2)
+    hourly = _count("h", Window(3600, 3600), weight=1.0)
+    daily = _count("d", Window(DAY, DAY), weight=3.0)
+    scope = build_plan(_topology(budget, hourly, daily)).scope("b")
+    whole = scope.planned_from(0, DAY)
+    assert whole == {m.name: (m.releases_per_period, m.per_release_cost) for m in scope.metrics}
+    assert scope.planned_from(0, DAY, 0) == whole
+    first = scope.planned_from(0, DAY, 6 * 3600 + 1800)
+    assert first["h"][0] == 17 and first["d"][0] == 0
+    assert math.isclose(first["h"][1], scope.pool / 17, rel_tol=1e-15)
+    assert math.isclose(math.fsum(n * c for n, c in first.values()), scope.pool, rel_tol=1e-15)
+    late = scope.planned_from(0, DAY, DAY - 60)
+    assert {n for n, _ in late.values()} == {0}
+
+
 def test_per_release_epsilon_is_cks_of_rho_in_zcdp_and_epsilon_in_pure():
     """ε-equivalent: CKS20(ρ, δ) in a zCDP scope, the cost itself in a pure one."""
     zscope = build_plan(_reference_scope()).scope("b")

@@ -18,18 +18,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpstream.topology import accounting as acc
-from dpstream.topology.allocation import adaptive_release_cost
 from dpstream.topology.errors import InternalError
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Accounting, Aggregate, Contribution, Mechanism, Metric, Window
 from dpstream.topology.periods import period_id, periods_touched
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger import base as ledger_base
 from dpstream.workers.ledger import open_ledger
-from dpstream.workers.ledger.allocation import Snapshot, _adaptive_units, _demands, _grantable, _units
+from dpstream.workers.ledger.allocation import Snapshot, _adaptive_units, _grantable
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.state import ScopeState, _zadd, zcount_from
 from dpstream.workers.ledger.testing import one_scope_topology
-from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, cost_to_units, grantable_float
+from dpstream.workers.ledger.units import cost_to_units, grantable_float
 from dpstream.workers.noise import build_release_mechanism, discrete
 from dpstream.workers.noise import measurements as meas_mod
 from dpstream.workers.noise.measurements import (
@@ -104,7 +104,7 @@ def test_ledger_memos_equal_the_functions(units: int, cost: float, ts: int, peri
     assert ledger_base._period_id(period_s, ts) == period_id(period_s, ts)
 
 
-# ---- pricing: the integer grant is the Fraction rule ---------------------------------------------
+# ---- pricing: the ledger's grant is the rule on exact numbers ------------------------------------
 
 _WINDOWS = [(60, 60), (300, 60), (3600, 3600), (7200, 3600), (86_400, 86_400)]
 
@@ -120,32 +120,38 @@ _WINDOWS = [(60, 60), (300, 60), (3600, 3600), (7200, 3600), (86_400, 86_400)]
     pool_left=st.integers(min_value=0, max_value=10**15),
     at=st.integers(min_value=0, max_value=86_399),
     charged=st.lists(st.integers(min_value=0, max_value=2000), min_size=4, max_size=4),
+    start_at=st.one_of(st.none(), st.integers(min_value=-3600, max_value=86_400)),
 )
-def test_integer_grant_equals_the_fraction_rule(
-    specs: list[tuple[float, tuple[int, int]]], which: int, pool_left: int, at: int, charged: list[int]
+def test_integer_grant_equals_the_exact_rule(
+    specs: list[tuple[float, tuple[int, int]]],
+    which: int,
+    pool_left: int,
+    at: int,
+    charged: list[int],
+    start_at: int | None,
 ) -> None:
-    """floor(L x k_m / sum k_j n_j) in integers is _units(adaptive_release_cost(L / 1e12, ...)) on exact Fractions."""
+    """The ledger's grant is floor(L × (w_m/N_m) / Σ_j w_j·n_j/N_j) on exact Fractions (decimal weights,
+    n_j the windows left from S less those charged, the priced one at least 1), written out here."""
     metrics = tuple((f"m{i}", w, size, every, False) for i, (w, (size, every)) in enumerate(specs))
     topo = one_scope_topology(metrics=metrics)
     cfg = ScopeConfig.from_budget(topo.budgets["s"], list(topo.metrics.values()))
     name = metrics[which % len(metrics)][0]
     pstart = 1_796_083_200 - 1_796_083_200 % 86_400
     window_end = pstart + at + 1
-    snap = Snapshot(
-        cfg.cap_units,
-        cfg.reserve_units,
-        cfg.warn_units,
-        0,
-        0,
-        None,
-        {m[0]: c for m, c in zip(metrics, charged[: len(metrics)], strict=True)},
-    )
-    expected = _units(
-        adaptive_release_cost(
-            Fraction(pool_left, UNITS_PER_CURRENCY), name, _demands(cfg, snap, name, pstart, window_end)
-        )
-    )
-    assert _adaptive_units(cfg, snap, name, pstart, window_end, pool_left) == expected
+    start = None if start_at is None else pstart + start_at
+    counts = {m[0]: c for m, c in zip(metrics, charged[: len(metrics)], strict=True)}
+    snap = Snapshot(cfg.cap_units, cfg.reserve_units, cfg.warn_units, 0, 0, None, counts)
+    total = Fraction(0)
+    rate = Fraction(0)
+    for m_name, w, size, every, _ in metrics:
+        n = Schedule(size, every, start).left(pstart, 86_400, window_end) - counts[m_name]
+        if m_name == name:
+            n = max(n, 1)
+            rate = Fraction(repr(w)) / (86_400 // every)
+        if n > 0:
+            total += Fraction(repr(w)) / (86_400 // every) * n
+    expected = math.floor(pool_left * rate / total)
+    assert _adaptive_units(cfg, snap, name, pstart, window_end, pool_left, start) == expected
 
 
 # ---- the in-process ledger's ZCOUNT and the window-period shortcuts ------------------------------

@@ -1,12 +1,8 @@
-"""The adaptive grant (see dpstream.workers.ledger) applied to a ledger snapshot: the pure rule, in exact units.
+"""The adaptive grant (see dpstream.workers.ledger) applied to a ledger snapshot, in exact units.
 
-`topology.allocation.adaptive_release_cost` is evaluated on exact fractions (pool left in units
-/ 1e12, weights as written), so on plan the grants equal the static plan to the unit and the
-last release of a period takes exactly what is left.
-
-Speed: that rule is L × c_m / Σ_j c_j·n_j with c_j = w_j / N_j exact rationals, so with every c_j
-written over one common denominator (k_j = c_j × lcm, integers, once per scope config) the grant
-in units is the integer floor(L_units × k_m / Σ_j k_j·n_j): the same number, without Fractions.
+The grant is `topology.allocation`'s rule, L × c_m / Σ_j c_j·n_j, on the scope's exact rates
+(`ScopeConfig.pricing_rates`) and the pool left in units, floored to a unit: on plan the grants
+equal the static plan to the unit and the last release of a period takes exactly what is left.
 """
 
 from __future__ import annotations
@@ -20,19 +16,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
-from dpstream.topology.allocation import (
-    MetricDemand,
-    adaptive_release_cost,
-    static_release_cost,
-    thinned_out,
-    warning_cost_factor,
-)
+from dpstream.topology.allocation import release_share, thinned_out, warning_cost_factor
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
 from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
-from dpstream.workers.ledger.units import UNITS_PER_CURRENCY, grantable_float
+from dpstream.workers.ledger.units import grantable_float
 
 
 class Snapshot(NamedTuple):
@@ -54,8 +44,9 @@ class Snapshot(NamedTuple):
     """The period block's spend version (bumped by every charge and grant of the period)."""
 
 
-def _units(amount: Fraction | float) -> int:
-    return max(0, math.floor(Fraction(amount) * UNITS_PER_CURRENCY))
+def _units_of(pool_units: int, share: Fraction) -> int:
+    """floor(pool_units × share): a share of the pool in whole units (never more than the share)."""
+    return pool_units * share.numerator // share.denominator
 
 
 _grantable = lru_cache(maxsize=4096)(grantable_float)
@@ -64,11 +55,33 @@ _grantable = lru_cache(maxsize=4096)(grantable_float)
 
 @lru_cache(maxsize=256)
 def _schedules_of(
-    rows: tuple[tuple[str, int, Window], ...], schedule_start: int | None
-) -> tuple[tuple[str, int, Callable[[int, int, int], int]], ...]:
-    """(name, k_j, `Schedule.left` of the metric's schedule from S) per pricing row (the bound
-    method, so the quote's loop looks nothing up); one S per deployment, so a few entries."""
-    return tuple((name, k, Schedule.of_window(window, schedule_start).left) for name, k, window in rows)
+    windows: tuple[tuple[str, Window], ...], schedule_start: int | None
+) -> tuple[tuple[str, Callable[[int, int, int], int]], ...]:
+    """(name, `Schedule.left` of the metric's schedule from S) per metric (the bound method, so the
+    quote's loop looks nothing up); one S per deployment, so a few entries."""
+    return tuple((name, Schedule.of_window(window, schedule_start).left) for name, window in windows)
+
+
+def _releases_left(
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    metric: str,
+    period_start: int,
+    window_end: int,
+    schedule_start: int | None = None,
+) -> dict[str, int]:
+    """n_j per metric: the windows of its public schedule still to come (`Schedule.left`) less those
+    already charged; the priced metric counts at least its own release (if charged already, reserve
+    answers DUPLICATE)."""
+    charged = snap.charged_after
+    period_s = cfg.period_s
+    left = {
+        name: windows_left(period_start, period_s, window_end) - charged.get(name, 0)
+        for name, windows_left in _schedules_of(cfg.pricing_windows, schedule_start)
+    }
+    if left[metric] < 1:
+        left[metric] = 1
+    return left
 
 
 def _adaptive_units(
@@ -80,52 +93,11 @@ def _adaptive_units(
     pool_left: int,
     schedule_start: int | None = None,
 ) -> int:
-    """`_units(adaptive_release_cost(pool_left / 1e12, metric, demands))`, in integers where it can."""
-    ks = cfg.pricing_rates
-    if ks is not None:
-        if pool_left <= 0:
-            return 0
-        # Σ_j k_j·n_j with n_j = the windows of metric j's public schedule still to come
-        # (`Schedule.left`) minus what is charged already; per metric per quote, this loop is the
-        # quote's cost in a wide scope
-        charged = snap.charged_after
-        period_s = cfg.period_s
-        total = 0
-        for name, k, windows_left in _schedules_of(cfg.pricing_rows, schedule_start):
-            left = windows_left(period_start, period_s, window_end) - charged.get(name, 0)
-            if left < 1 and name == metric:  # already charged: reserve will answer DUPLICATE
-                left = 1
-            if left > 0:
-                total += k * left
-        if total > 0:
-            units = pool_left * ks[metric] // total
-            return pool_left if units > pool_left else (units if units > 0 else 0)  # max(0, min(pool_left, units))
-    return _units(
-        adaptive_release_cost(
-            Fraction(pool_left, UNITS_PER_CURRENCY),  # type: ignore[arg-type]  # exact: the same arithmetic on a Fraction
-            metric,
-            _demands(cfg, snap, metric, period_start, window_end, schedule_start),
-        )
-    )
-
-
-def _demands(
-    cfg: ScopeConfig,
-    snap: Snapshot,
-    metric: str,
-    period_start: int,
-    window_end: int,
-    schedule_start: int | None = None,
-) -> dict[str, MetricDemand]:
-    plan = cfg.metric(metric)
-    demands: dict[str, MetricDemand] = {}
-    for p in cfg.metrics:
-        schedule = Schedule.of_window(p.window, schedule_start)
-        left = schedule.left(period_start, cfg.period_s, window_end) - snap.charged_after.get(p.name, 0)
-        demands[p.name] = MetricDemand(weight=p.weight, per_period=p.per_period, left=max(0, left))  # type: ignore[arg-type]  # exact Fraction weight
-    if demands[metric].left < 1:  # already charged: reserve will answer DUPLICATE
-        demands[metric] = MetricDemand(weight=plan.weight, per_period=plan.per_period, left=1)  # type: ignore[arg-type]  # exact Fraction weight
-    return demands
+    """The grant in units from `pool_left` units: floor(pool_left × `release_share`), 0 when nothing is left."""
+    if pool_left <= 0:
+        return 0
+    left = _releases_left(cfg, snap, metric, period_start, window_end, schedule_start)
+    return _units_of(pool_left, release_share(metric, cfg.pricing_rates, left))
 
 
 def _quote(
@@ -187,9 +159,7 @@ def price(
         pool_left = 0
     units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
     if plan.may_use_reserve:
-        demands = _demands(cfg, snap, metric, period_start, window_end, schedule_start)
-        pool = Fraction(cap - reserve, UNITS_PER_CURRENCY)
-        static = _units(static_release_cost(pool, metric, demands))  # type: ignore[arg-type]  # exact: a Fraction pool
+        static = _units_of(cap - reserve, cfg.planned_shares[metric])
         units = min(cap - spent, max(units, static))
     elif units > pool_left:
         units = pool_left

@@ -11,11 +11,11 @@ __all__ = ["MetricShare", "ScopeConfig", "scope_configs"]
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+from dpstream.topology.allocation import MetricDemand, release_rates, release_share
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 from dpstream.topology.selection import scope_cap, selection_delta_total
@@ -107,22 +107,22 @@ class ScopeConfig:
         return plans
 
     @cached_property
-    def pricing_rates(self) -> dict[str, int] | None:
-        """Each metric's k_j = (w_j / N_j) × the lcm of their denominators (the adaptive grant in
-        integers, `allocation`), or None when some metric has no release per period or a name
-        repeats (then the Fraction rule prices, exactly as before, errors included)."""
-        names = [p.name for p in self.metrics]
-        if not all(p.per_period > 0 for p in self.metrics) or len(set(names)) != len(names):
-            return None
-        rates = [(p.name, Fraction(p.weight) / p.per_period) for p in self.metrics]
-        lcm = math.lcm(*(r.denominator for _, r in rates)) if rates else 1
-        return {name: r.numerator * (lcm // r.denominator) for name, r in rates}
+    def pricing_rates(self) -> dict[str, int]:
+        """Each metric's rate k_j (`topology.allocation.release_rates`), the pricing rule's input, once
+        per scope; a name that repeats is priced as its first plan (`plans`)."""
+        return release_rates({p.name: MetricDemand(p.weight, p.per_period, p.per_period) for p in self.plans.values()})
 
     @cached_property
-    def pricing_rows(self) -> tuple[tuple[str, int, Window], ...]:
-        """(name, k_j, window) per metric when `pricing_rates` is set (else empty)."""
-        ks = self.pricing_rates
-        return tuple((p.name, ks[p.name], p.window) for p in self.metrics) if ks else ()
+    def pricing_windows(self) -> tuple[tuple[str, Window], ...]:
+        """(name, window) of each metric `pricing_rates` prices."""
+        return tuple((p.name, p.window) for p in self.plans.values())
+
+    @cached_property
+    def planned_shares(self) -> dict[str, Fraction]:
+        """Each metric's share of the pool on plan (every release to come): w_m / Σw / N_m, exact."""
+        rates = self.pricing_rates
+        left = {p.name: p.per_period for p in self.plans.values()}
+        return {name: release_share(name, rates, left) for name in rates}
 
     @cached_property
     def digest(self) -> str:

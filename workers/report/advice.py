@@ -17,7 +17,7 @@ advised weights are W′_j ∝ N_j·cost(m_j), scaled so S keeps its total weigh
 non-numeric metrics keep theirs). The weights are for the next, whole period (N_j its releases).
 
 What is compared. The realised E of this period against the plans priced over the same span as this
-period (`planned.planned_over`): a whole period, or in a deployment's first period the windows from the
+period (`planned.planned_of_plan`): a whole period, or in a deployment's first period the windows from the
 deployment start S with the pool spread over them, as the ledger priced them. So a partial first period's
 boosted per-release share is never set against a whole period's plan. E′_j = c_j/m′_j under the advised
 weights over that span; the whole next period's figures (what `dpstream plan FILE --weights-from
@@ -107,8 +107,8 @@ def advice_section(
     for name, r in raw.items():
         weights[name] = _round(keep * r / total_raw)
     plan_new = build_plan(with_weights(topology, weights))
-    now = planned_of_plan(span, topology, plan_now, scope)  # both plans over this period's span
-    new = planned_of_plan(span, topology, plan_new, scope)
+    now = planned_of_plan(span, plan_now, scope)  # both plans over this period's span
+    new = planned_of_plan(span, plan_new, scope)
     rows = []
     j_now = j_plan = j_new = j_next_plan = j_next_new = 0.0
     for m in numeric:

@@ -61,7 +61,7 @@ def build_report(data: PeriodData) -> dict[str, Any]:
     plan = build_plan(data.topology)
     scope_plan = next(s for s in plan.scopes if s.name == data.scope)
     span = span_of(data)
-    planned = planned_of_plan(span, data.topology, plan, data.scope)
+    planned = planned_of_plan(span, plan, data.scope)
     checks = checks_of(data)
     util, util_rows = utility_of(data, accounting, planned)
     budget = data.topology.budgets[data.scope]

@@ -107,34 +107,24 @@ _KNOWN_TIMES = 4096
 # ---- plan arithmetic (pure) -------------------------------------------------------------------
 
 
-def _schedules(scope_plan: Any, schedule_start: int | None) -> list[tuple[float, Schedule]]:
-    """(per-release cost, public schedule from S) of each metric of the plan."""
-    return [
-        (m.per_release_cost, Schedule(m.window_size_s, m.window_every_s, schedule_start)) for m in scope_plan.metrics
-    ]
-
-
 def planned_spent(
     scope_plan: Any, period_start: int, period_end: int, now: float, schedule_start: int | None = None
 ) -> float:
     """What the plan (`topology.plan.scope_plan`) has spent by `now` in the period: each metric's
-    per-release cost (the pool spread by weight over its releases per period) times its windows of
-    the period that have ended. Reaches the pool when the period's last window ends.
+    per-release cost on plan times its windows of the period that have ended. Reaches the pool when the
+    period's last window ends.
 
-    In a deployment's first period (the deployment start S, `schedule_start`, after the period
-    start) only windows starting at or after S are released (the public schedule) and the ledger
-    spends the whole pool on them: each release then costs pool × c_m / Σ_j c_j·n_j
-    (c_j the per-release cost above, n_j the windows the period releases from S), so the plan
-    counts only those windows too and still reaches the pool. S at or before the period start
-    changes nothing."""
-    schedules = _schedules(scope_plan, schedule_start)
-    if schedule_start is None or schedule_start <= period_start:
-        return math.fsum(cost * s.ended(period_start, period_end, now) for cost, s in schedules)
-    released = math.fsum(cost * s.starts_in(period_start, period_end) for cost, s in schedules)
-    if released <= 0:
-        return 0.0  # no window of this period is released: the plan spends nothing in it
-    ended = math.fsum(cost * s.ended(period_start, period_end, now) for cost, s in schedules)
-    return float(scope_plan.pool) * ended / released
+    In a deployment's first period (the deployment start S, `schedule_start`, after the period start)
+    only windows starting at or after S are released (the public schedule) and the ledger spends the
+    whole pool on them: the costs are the plan's over those windows alone (`ScopePlan.planned_from`),
+    and only they count here. S at or before the period start changes nothing."""
+    planned = scope_plan.planned_from(period_start, period_end, schedule_start)
+    return math.fsum(
+        planned[m.name][1]
+        * Schedule(m.window_size_s, m.window_every_s, schedule_start).ended(period_start, period_end, now)
+        for m in scope_plan.metrics
+        if planned[m.name][0] > 0
+    )
 
 
 def planned_ratio(
@@ -164,7 +154,7 @@ def planned_spend_rate(
     period_s = float(scope_plan.period_s)
     if period_start is None or period_end is None or schedule_start is None or schedule_start <= period_start:
         return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
-    if not any(s.starts_in(period_start, period_end) for _, s in _schedules(scope_plan, schedule_start)):
+    if not any(n for n, _ in scope_plan.planned_from(period_start, period_end, schedule_start).values()):
         return 0.0
     return float(scope_plan.pool) / (period_end - int(schedule_start))
 
