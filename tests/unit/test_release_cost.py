@@ -566,6 +566,7 @@ def test_noisy_release_of_builds_what_the_constructor_builds() -> None:
     import dataclasses
 
     from dpstream.workers.noise.release import NoisyRelease
+    from dpstream.workers.release.event import Noise, NoiseEvent, PrivacyEvent
 
     fields = dict(
         values={"": 3.0},
@@ -575,6 +576,7 @@ def test_noisy_release_of_builds_what_the_constructor_builds() -> None:
         cost=0.5,
         postprocess={"round": False, "clamp_zero": False},
         partition_selection=None,
+        event=PrivacyEvent(Accounting.ZCDP, 0.5, (NoiseEvent(Noise.GAUSSIAN, 2.0, 1.0, 0.5),)),
     )
     fast = NoisyRelease.of(**fields)  # type: ignore[arg-type]  # the dict's values are the fields' types
     assert fast == NoisyRelease(**fields)  # type: ignore[arg-type]  # as above
