@@ -168,14 +168,14 @@ def test_a_release_carries_sorted_levels_and_a_data_free_rank_error() -> None:
 
 @pytest.mark.parametrize("accounting", list(Accounting))
 def test_the_report_cost_check_maps_a_quantile_record_to_its_charge(accounting: Accounting) -> None:
-    """`budget report`'s per-record check rebuilds each level from the record's scale: Σ maps = cost."""
+    """`budget report`'s per-record check maps each level of the record's event: Σ maps = cost."""
     from dpstream.workers.report.costcheck import components_of
 
     metric = _metric()
     mech = build_release_mechanism(metric, accounting, 0.05)
     fields = mech.release({"": (0,) * cell_count(metric.candidates or ())}).to_record_fields()
     key = "rho" if accounting is Accounting.ZCDP else "epsilon"
-    parts = components_of(metric, accounting, {"cost": {key: 0.05}, "noise": fields["noise"]})
+    parts = components_of(metric, accounting, {"cost": {key: 0.05}, "event": fields["event"]})
     assert [p.kind for p in parts] == ["top_k"] * 3
     assert math.fsum(p.mapped_cost for p in parts) == pytest.approx(0.05, rel=1e-9)
 
