@@ -393,9 +393,10 @@ def record_bytes(
 
     Why a template: a template per cost and set of noise-field names holds the fixed fields' text
     pre-joined in sorted key order, and only the release's own fields are encoded into its slots
-    (measured, `bench release` interleaved on a loaded 2-core box: 1-key ratio 1.05-1.08 with the
-    template against 1.20-1.24 encoding the whole record per release, i.e. 13 % less CPU per
-    release; stream 0.97-1.06 against 1.05-1.22; 1,000 keys: no difference). Bad input raises:
+    (measured, `bench release` interleaved on a loaded 2-core box, records with their `event`:
+    1-key ratio 1.07-1.11 with the template against 1.27-1.32 encoding the whole record per
+    release, i.e. ~16 % less CPU per release; stream 1.00-1.07 against 1.22-1.28; 1,000 keys: no
+    difference). Bad input raises:
     NaN or infinity ValueError, a time datetime cannot print, a noise-field name not a str."""
     fixed = _fixed_for(topology_version, metric, source, budget, cost, ledger, conversion_delta)
     names = tuple(noise_fields)
