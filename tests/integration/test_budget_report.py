@@ -174,7 +174,7 @@ def _selection_part(topo: Any, rho: float) -> float:
 
 
 def test_every_record_passes_the_cost_check(capped: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each charge of the period has its record, and the record's noise scale maps (OpenDP) to the charge."""
+    """Each charge of the period has its record, and the record's event maps (OpenDP) to the charge."""
     code, rep = _cached_report(capsys, capped)
     acc = rep["accounting"]
     assert acc["charged"]["reconciles"] and code == 0
@@ -185,13 +185,13 @@ def test_every_record_passes_the_cost_check(capped: str, capsys: pytest.CaptureF
 
 
 def test_a_tampered_record_is_flagged(capped: str, capsys: pytest.CaptureFixture[str], redis_server: Any) -> None:
-    """A record whose noise scale is changed in Redis after its charge is flagged, and the report exits 1."""
+    """A record whose event's noise scale is changed in Redis after its charge is flagged, and the report exits 1."""
     client = _client(redis_server, 3)
     key = next(iter(client.scan_iter(match=f"{ScopeKeys(SCOPE).base}:release:*", count=1000)))
     original = client.hget(key, "payload")
     rec = json.loads(original)
-    noise = rec["noise"]["sum"] if "sum" in rec["noise"] else rec["noise"]
-    noise["scale"] = noise["scale"] * 1.01
+    part = rec["event"]["parts"][0]
+    part["scale"] = part["scale"] * 1.01
     client.hset(key, "payload", json.dumps(rec, sort_keys=True, separators=(",", ":")))
     try:
         code, rep = _report(capsys, EXAMPLE, capped)
@@ -199,7 +199,7 @@ def test_a_tampered_record_is_flagged(capped: str, capsys: pytest.CaptureFixture
         client.hset(key, "payload", original)
     flagged = rep["accounting"]["record_check"]["flagged"]
     assert code == 1 and [f["release_id"] for f in flagged] == [rec["release_id"]]
-    assert "privacy map" in flagged[0]["problems"][0]
+    assert "privacy maps" in flagged[0]["problems"][0]
 
 
 def _with_weights(text: str, weights: dict[str, float]) -> str:

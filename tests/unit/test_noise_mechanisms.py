@@ -151,11 +151,14 @@ def test_top_k_data_keys_select_candidates_first() -> None:
 
 
 def test_record_fields_are_json() -> None:
-    """to_record_fields() gives DESIGN §6's values / mechanism / noise / ci as plain JSON."""
+    """to_record_fields() gives DESIGN §6's values / mechanism / noise / ci and the privacy event as plain
+    JSON (the event's parts are a read-only tuple, shared by every release at the cost: JSON's list)."""
     m = metric(group_by="page", keys=("a", "b"), contribution=Contribution(2, 1))
     fields = build_release_mechanism(m, Accounting.ZCDP, 0.1).release({"a": 3, "b": 4}).to_record_fields()
-    assert {"values", "mechanism", "noise", "ci"} <= set(fields)
+    assert {"values", "mechanism", "noise", "ci", "event"} <= set(fields)
+    event = fields.pop("event")
     assert json.loads(json.dumps(fields)) == fields
+    assert json.loads(json.dumps(event)) == dict(event, parts=[dict(p) for p in event["parts"]])
 
 
 def test_mechanisms_are_cached_per_metric_and_cost() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -18,7 +19,7 @@ from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.merger import merge_values
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
 from dpstream.workers.release.display import release_line
-from dpstream.workers.release.record import build_record, true_values_for
+from dpstream.workers.release.record import record_bytes, true_values_for
 
 _YAML = """\
 version: 1
@@ -143,20 +144,22 @@ def test_a_release_carries_sorted_levels_and_a_data_free_rank_error() -> None:
     assert fields["ci"]["rank_error"]["p50"] == pytest.approx(quantile_rank_error(scale, len(grid)))
     empty = mech.release({"": (0,) * cell_count(grid)}).to_record_fields()
     assert empty["ci"] == fields["ci"] and empty["noise"] == fields["noise"]  # nothing of the data in either
-    record = build_record(
-        release_id="r1",
-        topology_version=topo.topology_version,
-        metric=metric,
-        source=topo.sources["s"],
-        budget=topo.budgets["z"],
-        period_id="p",
-        window_start=0,
-        window_end=60,
-        cost=1.0,
-        noise_fields=fields,
-        built_at=65,
-        ledger=None,
-        conversion_delta=1e-6,
+    record = json.loads(
+        record_bytes(
+            release_id="r1",
+            topology_version=topo.topology_version,
+            metric=metric,
+            source=topo.sources["s"],
+            budget=topo.budgets["z"],
+            period_id="p",
+            window_start=0,
+            window_end=60,
+            cost=1.0,
+            noise_fields=fields,
+            built_at=65,
+            ledger=None,
+            conversion_delta=1e-6,
+        )
     )
     assert record["aggregate"] == "quantile" and record["quantiles"] == [0.5, 0.9, 0.99]
     line = release_line(record)
@@ -165,14 +168,14 @@ def test_a_release_carries_sorted_levels_and_a_data_free_rank_error() -> None:
 
 @pytest.mark.parametrize("accounting", list(Accounting))
 def test_the_report_cost_check_maps_a_quantile_record_to_its_charge(accounting: Accounting) -> None:
-    """`budget report`'s per-record check rebuilds each level from the record's scale: Σ maps = cost."""
+    """`budget report`'s per-record check maps each level of the record's event: Σ maps = cost."""
     from dpstream.workers.report.costcheck import components_of
 
     metric = _metric()
     mech = build_release_mechanism(metric, accounting, 0.05)
     fields = mech.release({"": (0,) * cell_count(metric.candidates or ())}).to_record_fields()
     key = "rho" if accounting is Accounting.ZCDP else "epsilon"
-    parts = components_of(metric, accounting, {"cost": {key: 0.05}, "noise": fields["noise"]})
+    parts = components_of(metric, accounting, {"cost": {key: 0.05}, "event": fields["event"]})
     assert [p.kind for p in parts] == ["top_k"] * 3
     assert math.fsum(p.mapped_cost for p in parts) == pytest.approx(0.05, rel=1e-9)
 

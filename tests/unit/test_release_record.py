@@ -10,7 +10,7 @@ import pytest
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.ledger.types import RATIO_TOKEN
 from dpstream.workers.pipeline.fixed_point import value_exponent
-from dpstream.workers.release import RATIO_PLACEHOLDER, build_record, canonical_bytes, true_values_for
+from dpstream.workers.release import RATIO_PLACEHOLDER, canonical_bytes, record_bytes, true_values_for
 
 _YAML = """
 version: 1
@@ -58,8 +58,12 @@ def topo():
 
 
 def _record(topo, metric: str, cost: float = 0.01):
+    return json.loads(_raw(topo, metric, cost))
+
+
+def _raw(topo, metric: str, cost: float = 0.01) -> bytes:
     m = topo.metrics[metric]
-    return build_record(
+    return record_bytes(
         release_id="r" * 64,
         topology_version=topo.topology_version,
         metric=m,
@@ -121,7 +125,7 @@ def test_record_has_the_design_fields(topo):
 
 def test_canonical_bytes_hold_the_ratio_placeholder_once(topo):
     """Canonical JSON is key-sorted and compact, and contains the ledger's ratio token exactly once."""
-    raw = canonical_bytes(_record(topo, "avg"))
+    raw = _raw(topo, "avg")
     assert RATIO_PLACEHOLDER == RATIO_TOKEN
     assert raw.count(RATIO_PLACEHOLDER) == 1
     assert raw == canonical_bytes(json.loads(raw))

@@ -70,16 +70,67 @@ def test_every_record_maps_to_its_charge(web_hour: Any, seed_day: Any) -> None:
             assert math.isclose(row["mapped_cost"], row["cost"], rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("factor", [1.001, 0.5, 2.0])
-def test_a_changed_scale_is_flagged(web_hour: Any, factor: float) -> None:
-    """A record whose scale differs from what was drawn (any factor) fails the check; the others pass."""
-    _topo, data = web_hour
+def _with_event_part(data: PeriodData, **changes: Any) -> tuple[PeriodData, str]:
+    """`data` with its first charge's record's first event part changed; and that release's id."""
     first = data.charges[0]
     rec = dict(first.record or {})
-    rec["noise"] = dict(rec["noise"]) | {"scale": rec["noise"]["scale"] * factor}
-    tampered = dataclasses.replace(data, charges=[dataclasses.replace(first, record=rec), *data.charges[1:]])
+    event = dict(rec["event"])
+    event["parts"] = [dict(event["parts"][0]) | changes, *event["parts"][1:]]
+    rec["event"] = event
+    return dataclasses.replace(
+        data, charges=[dataclasses.replace(first, record=rec), *data.charges[1:]]
+    ), first.release_id
+
+
+@pytest.mark.parametrize("factor", [1.001, 0.5, 2.0])
+def test_a_changed_scale_is_flagged(web_hour: Any, factor: float) -> None:
+    """A record whose event scale differs from what was drawn (any factor) fails the check; the others pass."""
+    _topo, data = web_hour
+    scale = data.charges[0].record["event"]["parts"][0]["scale"]
+    tampered, rid = _with_event_part(data, scale=scale * factor)
     flagged = build_report(tampered)["accounting"]["record_check"]["flagged"]
+    assert [f["release_id"] for f in flagged] == [rid]
+    assert any("map to" in p for p in flagged[0]["problems"])
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_a_changed_sensitivity_with_a_matching_scale_is_flagged(web_hour: Any, factor: float) -> None:
+    """Scale and d_in changed together (their map still equals the charge): the parts are not the
+    metric's declared ones, so the record is flagged all the same."""
+    _topo, data = web_hour
+    part = data.charges[0].record["event"]["parts"][0]
+    assert part["mechanism"] == "gaussian"
+    tampered, rid = _with_event_part(data, scale=part["scale"] * factor, d_in=part["d_in"] * factor)
+    (check,) = build_report(tampered)["accounting"]["record_check"]["flagged"]
+    assert check["release_id"] == rid
+    assert [p for p in check["problems"] if "not the metric's" in p] and not [
+        p for p in check["problems"] if "map" in p
+    ]
+
+
+def test_a_record_without_its_event_is_flagged(web_hour: Any) -> None:
+    """No `event` in the stored record: flagged, the others pass."""
+    _topo, data = web_hour
+    first = data.charges[0]
+    rec = {k: v for k, v in (first.record or {}).items() if k != "event"}
+    changed = dataclasses.replace(data, charges=[dataclasses.replace(first, record=rec), *data.charges[1:]])
+    flagged = build_report(changed)["accounting"]["record_check"]["flagged"]
     assert [f["release_id"] for f in flagged] == [first.release_id]
+    assert "privacy event" in flagged[0]["problems"][0]
+
+
+def test_each_event_sums_to_its_charge(web_hour: Any, seed_day: Any) -> None:
+    """Every stored record's event: its cost is the charged cost, its parts' costs add up to it, and its
+    parts' OpenDP maps equal their own costs."""
+    from dpstream.workers.report.accounting import checks_of
+
+    for _topo, data in (web_hour, seed_day):
+        for charge, check in zip(data.charges, checks_of(data), strict=True):
+            event = charge.record["event"]
+            assert math.isclose(event["cost"], charge.cost, rel_tol=1e-9)
+            assert math.isclose(math.fsum(p["cost"] for p in event["parts"]), event["cost"], rel_tol=1e-12)
+            for part, comp in zip(event["parts"], check.components, strict=True):
+                assert math.isclose(comp.mapped_cost, part["cost"], rel_tol=1e-9)
 
 
 def test_a_missing_or_foreign_record_is_flagged(web_hour: Any) -> None:

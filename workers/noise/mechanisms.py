@@ -31,8 +31,10 @@ from dpstream.topology.selection import TOP_K_SELECTION_SHARE  # the plan's spli
 from dpstream.workers.noise import discrete, measurements
 from dpstream.workers.noise.grid import FixedPointGrid, at_range_end, choose_grid
 from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_postprocess
+from dpstream.workers.release.event import Noise, NoiseEvent, PrivacyEvent
 
 _NAMES = {Mechanism.LAPLACE: "discrete_laplace", Mechanism.GAUSSIAN: "discrete_gaussian"}
+_EVENT_NOISE = {Mechanism.LAPLACE: Noise.LAPLACE, Mechanism.GAUSSIAN: Noise.GAUSSIAN}
 _I64 = 2**63
 
 
@@ -110,12 +112,26 @@ def _selection_info(thr: measurements.Threshold, unit: float, granted: float) ->
     return {"mechanism": thr.name, "threshold": thr.threshold * unit, "delta": thr.delta, "delta_granted": granted}
 
 
+def _noise_event(noise: measurements.IntegerNoise) -> NoiseEvent:
+    """Integer noise as drawn: its scale and d_in (L2 for the Gaussian, L1 for Laplace) in integer units."""
+    return NoiseEvent(_EVENT_NOISE[noise.mechanism], noise.scale, noise.d_in, noise.cost)
+
+
+def _event(
+    accounting: Accounting, cost: float, parts: tuple[NoiseEvent, ...], thr: measurements.Threshold | None
+) -> PrivacyEvent:
+    """The privacy event of a release at `cost`, its partition-selection δ the threshold's map (if any)."""
+    return PrivacyEvent(accounting, cost, parts, delta=thr.delta if thr is not None else 0.0)
+
+
 class ReleaseMechanism:
     """One metric's release at one cost: `release(true_values) -> NoisyRelease`."""
 
     metric: Metric
     cost: float
     delta: float
+    event: PrivacyEvent
+    """What a release at this cost is for privacy accounting (the record's `event`)."""
     partition_selection: dict[str, Any] | None = None
     """Static partition-selection facts (mechanism, threshold, δ) for the plan, or None."""
     clamped: int = 0
@@ -157,6 +173,7 @@ class _ValueRelease(ReleaseMechanism):
                 self._noise, accounting, metric.contribution.max_keys, self._codec.per_key_units, delta
             )
             self.partition_selection = _selection_info(self._threshold, self._codec.unit, delta)
+        self.event = _event(accounting, cost, (_noise_event(self._noise),), self._threshold)
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
         """Noisy value per public key (zero-filled), or per key surviving partition selection."""
@@ -184,6 +201,7 @@ class _ValueRelease(ReleaseMechanism):
             cost=self.cost,
             postprocess=self._flags,
             partition_selection=self.partition_selection,
+            event=self.event,
         )
 
     def noise_batch(self, true_value: Any, n: int) -> list[float]:
@@ -214,6 +232,7 @@ class _RatioMeanRelease(ReleaseMechanism):
                 self._count, accounting, metric.contribution.max_keys, self._count_codec.per_key_units, delta
             )
             self.partition_selection = _selection_info(self._threshold, 1.0, delta)
+        self.event = _event(accounting, cost, (_noise_event(self._sum), _noise_event(self._count)), self._threshold)
 
     def _centred_units(self, total: float | Fraction, count: int) -> int:
         if not isinstance(total, Fraction) and not math.isfinite(total):
@@ -260,6 +279,7 @@ class _RatioMeanRelease(ReleaseMechanism):
             cost=self.cost,
             postprocess=flags,
             partition_selection=self.partition_selection,
+            event=self.event,
         )
 
     def noise_batch(self, true_value: Any, n: int) -> list[float]:
@@ -281,6 +301,7 @@ class _TopKRelease(ReleaseMechanism):
         self._keys = metric.keys
         self._threshold = None
         select_cost = component.cost
+        parts: tuple[NoiseEvent, ...] = ()
         if selection:
             (part,) = selection
             noise = measurements.integer_noise(
@@ -290,7 +311,10 @@ class _TopKRelease(ReleaseMechanism):
             self.partition_selection = _selection_info(self._threshold, 1.0, delta) | {
                 "cost_share": TOP_K_SELECTION_SHARE
             }
+            parts = (_noise_event(noise),)
         self._top = measurements.top_k(accounting, select_cost, k, linf)
+        top = NoiseEvent(Noise.TOP_K, self._top.scale, float(linf), self._top.cost, k=self._top.k)
+        self.event = _event(accounting, cost, (top, *parts), self._threshold)
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
         """Keys in rank order; candidates are the declared keys or those surviving selection."""
@@ -310,6 +334,7 @@ class _TopKRelease(ReleaseMechanism):
             cost=self.cost,
             postprocess={"round": False, "clamp_zero": False},
             partition_selection=self.partition_selection,
+            event=self.event,
         )
 
     def noise_batch(self, true_value: Any, n: int) -> list[float]:

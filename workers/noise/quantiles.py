@@ -47,6 +47,7 @@ from dpstream.workers.noise.measurements import _scale_within, check_within_char
 from dpstream.workers.noise.mechanisms import ReleaseMechanism
 from dpstream.workers.noise.release import FrozenFields, NoisyRelease, apply_postprocess
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index, quantile_scores
+from dpstream.workers.release.event import Noise, NoiseEvent, PrivacyEvent
 
 STATEMENT = (
     "with probability >= {level} the released candidate c's rank error |(1-alpha)*#(x < c) - alpha*#(x > c)| "
@@ -152,6 +153,11 @@ class QuantileRelease(ReleaseMechanism):
             statement=STATEMENT.format(level=QUANTILE_LEVEL),
         )
         self._flags = FrozenFields(apply_postprocess({}, metric.postprocess)[1], sorted=True)
+        self.event = PrivacyEvent(
+            accounting,
+            cost,
+            tuple(NoiseEvent(Noise.QUANTILE, q.scale, float(q.d_in), q.cost, alpha=q.alpha) for q in self.levels),
+        )
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
         """The released candidate per level, sorted across levels (flagged post-processing)."""
@@ -169,6 +175,7 @@ class QuantileRelease(ReleaseMechanism):
             cost=self.cost,
             postprocess=self._flags,
             partition_selection=None,
+            event=self.event,
         )
 
     def noise_batch(self, true_value: Any, n: int) -> list[float]:

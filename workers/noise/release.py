@@ -5,10 +5,13 @@ from __future__ import annotations
 __all__ = ["FrozenFields", "NoisyRelease", "apply_postprocess"]
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpstream.topology.model import PostProcess
 from dpstream.workers.frozen import FrozenFields
+
+if TYPE_CHECKING:
+    from dpstream.workers.release.event import PrivacyEvent
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class NoisyRelease:
     units, or {component: {scale, stddev}} when several noisy parts make up the value.
     `ci` is {level, half_width}: the half-width is one number for every key, except for a
     noisy-ratio mean, where it is an approximate per-key dict (see `workers.noise.mechanisms`).
+    `event` is the mechanism's privacy event at this cost (the record's `event`).
     """
 
     values: dict[str, float]
@@ -30,6 +34,7 @@ class NoisyRelease:
     postprocess: dict[str, bool] = field(default_factory=dict)
     keys: tuple[str, ...] = ()
     partition_selection: dict[str, Any] | None = None
+    event: PrivacyEvent | None = None
 
     @classmethod
     def of(
@@ -41,6 +46,7 @@ class NoisyRelease:
         cost: float,
         postprocess: dict[str, bool],
         partition_selection: dict[str, Any] | None,
+        event: PrivacyEvent,
     ) -> NoisyRelease:
         """`NoisyRelease(...)` of a keyed value release (no top-k `keys`), built without the frozen
         `__init__`'s per-field `object.__setattr__` (one per release; the same value, half the cost)."""
@@ -54,6 +60,7 @@ class NoisyRelease:
             postprocess=postprocess,
             keys=(),
             partition_selection=partition_selection,
+            event=event,
         )
         return release
 
@@ -72,6 +79,8 @@ class NoisyRelease:
             fields["keys"] = list(self.keys)
         if self.partition_selection is not None:
             fields["partition_selection"] = _plain(self.partition_selection)
+        if self.event is not None:
+            fields["event"] = self.event.fields
         return fields
 
 

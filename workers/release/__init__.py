@@ -22,7 +22,7 @@ publication while the clock skew is past its bound.
 
 from dpstream.workers.release.ids import release_id
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult
-from dpstream.workers.release.record import RATIO_PLACEHOLDER, build_record, canonical_bytes, true_values_for
+from dpstream.workers.release.record import RATIO_PLACEHOLDER, canonical_bytes, record_bytes, true_values_for
 from dpstream.workers.release.releaser import Publish, Releaser, sweep
 
 __all__ = [
@@ -32,8 +32,8 @@ __all__ = [
     "ReleaseOutcome",
     "ReleaseResult",
     "Releaser",
-    "build_record",
     "canonical_bytes",
+    "record_bytes",
     "release_id",
     "sweep",
     "true_values_for",

@@ -305,7 +305,7 @@ class Releaser:
         clamped_before = mechanism.clamped
         noisy = mechanism.release(true_values)
         clamped = mechanism.clamped - clamped_before
-        payload = record_bytes(  # = canonical_bytes(build_record(...)), the fixed fields' text kept per cost
+        payload = record_bytes(  # the record's canonical bytes, the fixed fields' text kept per cost
             release_id=rid,
             topology_version=self.version,
             metric=m,

@@ -76,8 +76,9 @@ def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str,
             "checked": len(checks),
             "ok": len(checks) - len(flagged),
             "flagged": [{"release_id": c.release_id, "metric": c.metric, "problems": c.problems} for c in flagged],
-            "rule": "the OpenDP privacy map of the record's noise scale at the metric's declared sensitivity "
-            "equals the record's cost (1e-9 relative, never above), and that cost is the ledger's charged units",
+            "rule": "the OpenDP privacy maps of the record's privacy event (each part's scale at its d_in, the "
+            "parts the metric declares) sum to the record's cost (1e-9 relative, never above), and that cost is "
+            "the event's and the ledger's charged units",
         },
         "charged": {
             "total": spent,

@@ -1,10 +1,13 @@
-"""Per-record cost check: each stored record's noise scale, run through the privacy map of the
-OpenDP measurement that drew it, must give exactly the cost the ledger charged for it.
+"""Per-record cost check: each stored record's privacy event (`event`, see
+`workers.release.event`), run through the privacy maps of the OpenDP measurements it names,
+must give exactly the cost the ledger charged for it.
 
-The record carries the noise scale in value units (and the fixed-point grid step), the metric
-the sensitivity (from the topology's declared bounds), the audit entry the charged units. A
-record whose scale was changed after the charge (a tampered or corrupted ledger) maps to another
-cost and is flagged. The components found here are also what the tight re-accounting composes.
+The event names each noisy part's mechanism, scale (integer units, ranks for a quantile) and
+sensitivity d_in; the check maps every part at its d_in, and requires the parts to be the ones
+the metric declares (mechanism, d_in, selections, level: what the mechanism the topology builds
+at that cost names). A record whose scale or sensitivity was changed after the charge (a tampered
+or corrupted ledger) maps to another cost, or names other parts, and is flagged. The parts found
+here are also what the tight re-accounting composes.
 """
 
 from __future__ import annotations
@@ -13,18 +16,17 @@ __all__ = ["Component", "RecordCheck", "check_record", "components_of"]
 
 import math
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import opendp.prelude as dp
 
 from dpstream.topology import accounting as acc
-from dpstream.topology.calibration import calibrate
-from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
-from dpstream.topology.sensitivity import quantile_d_in
+from dpstream.topology.errors import InternalError
+from dpstream.topology.model import Accounting, Mechanism, Metric
 from dpstream.workers.ledger.units import cost_to_units
-from dpstream.workers.noise import measurements
+from dpstream.workers.noise import build_release_mechanism, measurements
 from dpstream.workers.noise.measurements import COST_RTOL
+from dpstream.workers.release.event import EventError, Noise, NoiseEvent, PrivacyEvent
 from dpstream.workers.report.collect import Charge
 
 dp.enable_features("contrib")
@@ -47,9 +49,6 @@ class Component:
     """top-k only: the pure ε of one selection by OpenDP's map on monotone scores
     (`linf_distance(monotonic=True)`: counts of bounded contributions only grow when a unit is
     added), half the 2Δ∞/scale the ledger charges; what the tight PLD composes."""
-    from_record: bool = True
-    """False when the record does not carry this part's scale (top-k's partition selection):
-    it is then recalibrated from the charged cost, as the releaser did."""
 
 
 @dataclass
@@ -66,7 +65,7 @@ class RecordCheck:
 
     @property
     def ok(self) -> bool:
-        """True when the record exists, names this release and its scale maps to the charge."""
+        """True when the record exists, names this release and its event maps to the charge."""
         return not self.problems
 
 
@@ -77,34 +76,17 @@ def _currency(accounting: Accounting, mechanism: Mechanism, mapped: float) -> fl
     return mapped
 
 
-def _integer(kind: Mechanism, scale: float, l1: float, l2: float, accounting: Accounting) -> Component:
+def _integer(kind: Mechanism, scale: float, d_in: float, accounting: Accounting) -> Component:
+    """Discrete Gaussian (d_in an L2 distance) or Laplace (an L1 distance, a whole number) on integers."""
     meas, _pool = measurements._measurement(kind, scale)  # the same (cached) OpenDP object the releaser drew from
     if kind is Mechanism.GAUSSIAN:
-        return Component("gaussian", scale, l2, float(meas.map(l2)))
-    return Component("laplace", scale, l1, _currency(accounting, kind, float(meas.map(int(l1)))))
+        return Component("gaussian", scale, d_in, float(meas.map(d_in)))
+    if not d_in.is_integer():
+        raise EventError(f"discrete Laplace part with a fractional L1 sensitivity {d_in!r}")
+    return Component("laplace", scale, d_in, _currency(accounting, kind, float(meas.map(int(d_in)))))
 
 
-def _per_key_units(linf: float, noise: dict[str, Any]) -> tuple[int, float]:
-    """(integer sensitivity per key, value unit) of a noisy part: counts are themselves; sums sit on
-    the record's power-of-two grid with ⌈Δ/step⌉ + 1 units per key (`workers.noise.grid`)."""
-    step = noise.get("grid_step")
-    if step is None:
-        return int(linf), 1.0
-    return math.ceil(Fraction(linf) / Fraction(float(step))) + 1, float(step)
-
-
-def _value_part(part: Any, noise: dict[str, Any], metric: Metric, accounting: Accounting, integer: bool) -> Component:
-    keys = metric.contribution.max_keys if metric.group_by is not None else 1
-    if integer:
-        units, unit = int(part.sensitivity.linf), 1.0
-    else:
-        units, unit = _per_key_units(part.sensitivity.linf, noise)
-    scale = float(noise["scale"]) / unit
-    return _integer(part.mechanism, scale, keys * units, math.sqrt(keys) * units, accounting)
-
-
-def _top_k(metric: Metric, accounting: Accounting, scale: float, linf: int) -> Component:
-    k = metric.k or 1
+def _top_k(k: int, accounting: Accounting, scale: float, linf: int) -> Component:
     measure = dp.zero_concentrated_divergence() if accounting is Accounting.ZCDP else dp.max_divergence()
     domain = dp.vector_domain(dp.atom_domain(T="i64"))
     meas = dp.m.make_noisy_top_k(domain, dp.linf_distance(T="i64"), measure, k=k, scale=scale)
@@ -116,7 +98,7 @@ def _top_k(metric: Metric, accounting: Accounting, scale: float, linf: int) -> C
 
 
 def _quantile(accounting: Accounting, scale: float, alpha: float, candidates: list[float], d_in: int) -> Component:
-    """One quantile level as drawn: OpenDP's private quantile at the record's scale (in ranks), mapped
+    """One quantile level as drawn: OpenDP's private quantile at the event's scale (in ranks), mapped
     at d_in; for the tight accounting an exponential mechanism (one selection, k = 1) of pure ε
     2Δ/scale, Δ = max(α, 1 − α)·d_in (its scores are not monotone, so no halving)."""
     measure = dp.zero_concentrated_divergence() if accounting is Accounting.ZCDP else dp.max_divergence()
@@ -128,34 +110,49 @@ def _quantile(accounting: Accounting, scale: float, alpha: float, candidates: li
     return Component("top_k", scale, sens, float(meas.map(d_in)), k=1, epsilon0=2.0 * sens / scale)
 
 
+def _mapped(part: NoiseEvent, metric: Metric, accounting: Accounting) -> Component:
+    """One part of an event with its OpenDP-mapped cost (in the scope's currency)."""
+    if part.mechanism is Noise.GAUSSIAN:
+        return _integer(Mechanism.GAUSSIAN, part.scale, part.d_in, accounting)
+    if part.mechanism is Noise.LAPLACE:
+        return _integer(Mechanism.LAPLACE, part.scale, part.d_in, accounting)
+    if not part.d_in.is_integer():
+        raise EventError(f"{part.mechanism.value} part with a fractional d_in {part.d_in!r}")
+    if part.mechanism is Noise.TOP_K:
+        return _top_k(part.k, accounting, part.scale, int(part.d_in))
+    if part.alpha is None:
+        raise EventError("quantile part without its level alpha")
+    return _quantile(accounting, part.scale, part.alpha, list(metric.candidates or ()), int(part.d_in))
+
+
+def event_of(accounting: Accounting, record: dict[str, Any]) -> PrivacyEvent:
+    """The record's privacy event (EventError when it has none, or one of another accounting)."""
+    event = PrivacyEvent.of_fields(record.get("event"))
+    if event.accounting is not accounting:
+        raise EventError(f"event accounting {event.accounting.value!r} in a {accounting.value} scope")
+    return event
+
+
 def components_of(metric: Metric, accounting: Accounting, record: dict[str, Any]) -> list[Component]:
-    """The noisy parts of a stored record, each with its OpenDP-mapped cost (KeyError/TypeError on a
-    record without the expected noise fields)."""
-    cost = float(record["cost"]["rho" if accounting is Accounting.ZCDP else "epsilon"])
-    noise = record["noise"]
-    if metric.aggregate is Aggregate.QUANTILE:  # every level at the record's one scale
-        grid, d_in = list(metric.candidates or ()), quantile_d_in(metric)
-        return [_quantile(accounting, float(noise["scale"]), a, grid, d_in) for a in metric.quantiles or ()]
-    parts = calibrate(metric, accounting, cost)  # sensitivities and the split, not the scales
-    if metric.aggregate is Aggregate.TOP_K:
-        *selection, top = parts
-        out = [_top_k(metric, accounting, float(noise["scale"]), int(top.sensitivity.linf))]
-        for sel in selection:
-            noise_sel = measurements.integer_noise(
-                sel.mechanism, accounting, sel.cost, sel.sensitivity.l1, sel.sensitivity.l2
-            )
-            c = _integer(sel.mechanism, noise_sel.scale, noise_sel.d_in, noise_sel.d_in, accounting)
-            out.append(Component(c.kind, c.scale, c.sensitivity, c.mapped_cost, from_record=False))
-        return out
-    if metric.aggregate is Aggregate.MEAN and metric.denominator is None:
-        sum_part, count_part = parts
-        return [
-            _value_part(sum_part, noise["sum"], metric, accounting, integer=False),
-            _value_part(count_part, noise["count"], metric, accounting, integer=True),
-        ]
-    (part,) = parts
-    integer = metric.aggregate in (Aggregate.COUNT, Aggregate.COUNT_UNITS)
-    return [_value_part(part, noise, metric, accounting, integer)]
+    """The noisy parts of a stored record's event, each with its OpenDP-mapped cost (EventError on a
+    record without a readable event)."""
+    return [_mapped(part, metric, accounting) for part in event_of(accounting, record).parts]
+
+
+def _declared(part: NoiseEvent) -> tuple[str, float, int, float | None]:
+    return (part.mechanism.value, part.d_in, part.k, part.alpha)
+
+
+def _undeclared(metric: Metric, accounting: Accounting, event: PrivacyEvent) -> str | None:
+    """Why the event's parts are not the ones the metric declares at the event's cost (None: they are)."""
+    try:
+        expected = build_release_mechanism(metric, accounting, event.cost, delta=event.delta).event
+    except InternalError as exc:
+        return f"the metric builds no mechanism at the event's cost and delta ({exc})"
+    got, want = [_declared(p) for p in event.parts], [_declared(p) for p in expected.parts]
+    if got != want:
+        return f"event parts {got} are not the metric's {want} (mechanism, d_in, k, alpha)"
+    return None
 
 
 def check_record(charge: Charge, metric: Metric | None, accounting: Accounting) -> RecordCheck:
@@ -175,9 +172,10 @@ def check_record(charge: Charge, metric: Metric | None, accounting: Accounting) 
         out.problems.append("stored record names another release or metric than its audit entry")
     try:
         out.record_cost = float(rec["cost"]["rho" if accounting is Accounting.ZCDP else "epsilon"])
-        out.components = components_of(metric, accounting, rec)
-    except (KeyError, TypeError, ValueError) as exc:
-        out.problems.append(f"record lacks its cost or noise fields ({type(exc).__name__}: {exc})")
+        event = event_of(accounting, rec)
+        out.components = [_mapped(part, metric, accounting) for part in event.parts]
+    except (KeyError, TypeError, ValueError) as exc:  # EventError is a ValueError
+        out.problems.append(f"record lacks its cost or privacy event ({type(exc).__name__}: {exc})")
         return out
     out.mapped = sum(c.mapped_cost for c in out.components)
     if cost_to_units(out.record_cost) != charge.cost_units:
@@ -185,10 +183,16 @@ def check_record(charge: Charge, metric: Metric | None, accounting: Accounting) 
             f"record cost {out.record_cost!r} is {cost_to_units(out.record_cost)} units; the ledger charged "
             f"{charge.cost_units}"
         )
+    if event.cost != out.record_cost:
+        out.problems.append(f"event cost {event.cost!r} is not the record's cost {out.record_cost!r}")
+    undeclared = _undeclared(metric, accounting, event)
+    if undeclared is not None:
+        out.problems.append(undeclared)
     if not math.isclose(out.mapped, out.record_cost, rel_tol=COST_RTOL, abs_tol=0.0):
         out.problems.append(
-            f"noise scale maps to {out.mapped!r} by the mechanism's privacy map, not the {out.record_cost!r} charged"
+            f"the event's scales map to {out.mapped!r} by the mechanisms' privacy maps, not the "
+            f"{out.record_cost!r} charged"
         )
     elif out.mapped > out.record_cost:
-        out.problems.append(f"noise scale maps to {out.mapped!r}, above the {out.record_cost!r} charged")
+        out.problems.append(f"the event's scales map to {out.mapped!r}, above the {out.record_cost!r} charged")
     return out

@@ -1,8 +1,8 @@
 """Tight re-accounting of a period's releases as a non-adaptive composition: the privacy loss
 distribution (PLD) through Google's `dp-accounting`, and Rényi DP over a grid of orders.
 
-Each noisy part of each charged release becomes one `dp_accounting` event built from the scale
-the record says was drawn (the same parts the per-record cost check finds):
+Each noisy part of each charged release becomes one `dp_accounting` event built from the part of
+the record's privacy event (`event`: scale and d_in as drawn; the parts the per-record cost check maps):
 
 - discrete Gaussians at σᵢ with L2 sensitivities Δᵢ → one Gaussian of noise multiplier
   1/√(Σ Δᵢ²/σᵢ²): Gaussians compose exactly into one (Dong–Roth–Su 2019, GDP), so no PLD
