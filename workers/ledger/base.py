@@ -22,9 +22,6 @@ __all__ = [
     "Ledger",
     "ChargeTerms",
     "RawCharge",
-    "RawRegister",
-    "REGISTER_RETRY",
-    "REGISTER_REFUSED",
     "DEFAULT_RETENTION_S",
 ]
 
@@ -33,9 +30,9 @@ import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TypeVar
 
 from dpstream.topology.accounting import conversion_delta, epsilon_equivalent
@@ -48,8 +45,15 @@ from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
-from dpstream.workers.ledger.operator import decide_breaker, decide_grant
 from dpstream.workers.ledger.state import Op, ScopeState
+from dpstream.workers.ledger.steps import (
+    REGISTER_REFUSED,
+    REGISTER_RETRY,
+    RawRegister,
+    decide_breaker,
+    decide_grant,
+    decide_register,
+)
 from dpstream.workers.ledger.types import (
     AuditEntry,
     AuditKind,
@@ -107,11 +111,6 @@ it instead of charging afresh."""
 
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
 
-REGISTER_RETRY = -1
-"""`_register` answer: the stored period length changed between the read and the script; read again."""
-REGISTER_REFUSED = 2
-"""`_register` answer: the change would alter the open period's terms; nothing was written."""
-
 
 def budget_left(cap: int, reserve: int, grant: int, spent: int) -> tuple[int, int]:
     """(pool left, reserve left) in units: ordinary metrics draw on the pool (cap − reserve, plus
@@ -120,18 +119,6 @@ def budget_left(cap: int, reserve: int, grant: int, spent: int) -> tuple[int, in
     left = max(0, cap - spent)
     pool_left = min(left, max(0, min(cap, cap - reserve + grant) - spent))
     return pool_left, left - pool_left
-
-
-@dataclass(frozen=True)
-class RawRegister:
-    """What the register step returns: 0 unchanged, 1 stored, REGISTER_RETRY, or REGISTER_REFUSED
-    with what would change ('accounting', 'cap', 'period') and the open block's terms."""
-
-    code: int
-    what: str = ""
-    block_accounting: str = ""
-    block_cap_units: int = 0
-    stored_period_s: int = 0
 
 
 def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, int, int]:
@@ -207,7 +194,9 @@ class Ledger(ABC):
                 period_s = int(stored) if stored else cfg.period_s
                 pstart = _period_start(period_s, self._clock())
                 pid = _period_id(period_s, pstart)
-                raw = await self._register(name, fields, actor, self._now_ms(), pid, period_s)
+                now_ms = self._now_ms()
+                step = partial(decide_register, fields=fields, actor=actor, now_ms=now_ms, pid=pid, period_s=period_s)
+                raw = await self._step(name, (pid,), step)
                 if raw.code != REGISTER_RETRY:
                     break
             else:
@@ -219,6 +208,7 @@ class Ledger(ABC):
                     end = max(pstart + period_s, new_start + cfg.period_s)
                     raise _refused_change(cfg, raw, _period_id(cfg.period_s, new_start), end)
                 raise _refused_change(cfg, raw, pid, pstart + period_s)
+            await self._index_scope(name)
             if raw.code == 1:
                 changed.append(name)
         return changed
@@ -633,11 +623,8 @@ class Ledger(ABC):
 
     # ---- backend primitives ---------------------------------------------------------------------
 
-    @abstractmethod
-    async def _register(
-        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
-    ) -> RawRegister:
-        """register.lua: `pid` is the current period under `period_s` (the stored length, if any)."""
+    async def _index_scope(self, scope: str) -> None:  # noqa: B027 - an optional hook: a no-op in process
+        """List a registered scope in the namespace's scope index (Redis: its own key, another slot)."""
 
     @abstractmethod
     async def _deployment_start(self, key: str, proposed: int) -> int:

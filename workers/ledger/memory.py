@@ -18,12 +18,9 @@ from typing import Any, TypeVar
 
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import (
-    REGISTER_REFUSED,
-    REGISTER_RETRY,
     ChargeTerms,
     Ledger,
     RawCharge,
-    RawRegister,
     parked_from_json,
 )
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
@@ -76,42 +73,6 @@ class MemoryLedger(Ledger):
         s.audit.append((self._next_audit_id(now_ms), entry))
 
     # ---- the scripts -------------------------------------------------------------------------
-
-    async def _register(
-        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
-    ) -> RawRegister:
-        with self._lock:
-            s = self._scope(scope)
-            old = s.config.get("digest")
-            if old == fields["digest"]:
-                return RawRegister(0)
-            if old:
-                stored_period = s.config.get("period_s")
-                if stored_period != str(period_s):
-                    return RawRegister(REGISTER_RETRY)
-                blk = s.periods.get(pid, {})
-                if "cap" in blk:
-                    acc = blk.get("accounting") or s.config.get("accounting", "")
-                    what = ""
-                    if fields["accounting"] != acc:
-                        what = "accounting"
-                    elif int(fields["cap"]) < int(blk["cap"]):
-                        what = "cap"
-                    elif fields["period_s"] != stored_period:
-                        what = "period"
-                    if what:
-                        return RawRegister(REGISTER_REFUSED, what, acc, int(blk["cap"]), int(stored_period))
-                length = int(fields["period_s"])
-                if fields["period_s"] != stored_period and length > 0:  # register.lua: a block inside the new period
-                    start = now_ms // 1000 - now_ms // 1000 % length
-                    if any(start <= b < start + length for b in s.period_index.values()):
-                        acc = s.config.get("accounting", "")
-                        return RawRegister(REGISTER_REFUSED, "period", acc, int(s.config["cap"]), int(stored_period))
-            s.config.update(fields)
-            s.config["registered_at"] = str(now_ms)
-            reason = f"config changed {old} -> {fields['digest']}" if old else f"config registered {fields['digest']}"
-            self._xadd(s, now_ms, {"kind": "config", "cost": s.config["cap"], "reason": reason, "actor": actor})
-            return RawRegister(1)
 
     async def _deployment_start(self, key: str, proposed: int) -> int:
         with self._lock:

@@ -39,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, RawRegister, parked_from_json
+from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.decision import Charge, Decision, View, decide, neighbours, writes
 from dpstream.workers.ledger.durability import check_durability, replica_problem
@@ -271,20 +271,8 @@ class RedisLedger(Ledger):
 
     # ---- writes (scripts) ------------------------------------------------------------------
 
-    async def _register(
-        self, scope: str, fields: dict[str, str], actor: str, now_ms: int, pid: str, period_s: int
-    ) -> RawRegister:
-        k = self._keys(scope)
-        args: list[str] = [fields["digest"], actor, str(now_ms), str(period_s)]
-        for name, value in fields.items():
-            args += [name, value]
-        keys = [k.config, k.audit, k.period(pid), k.periods]
-        out = await self._guard(self._scripts["register"](keys=keys, args=args))
-        code = int(out[0])
-        if code == 2:
-            return RawRegister(code, _s(out[1]), _s(out[2]), int(out[3]), int(out[4]))
+    async def _index_scope(self, scope: str) -> None:
         await self._guard(self._client.sadd(self._scopes_index, scope))
-        return RawRegister(code)
 
     async def _deployment_start(self, key: str, proposed: int) -> int:
         key = in_namespace(key, self._namespace)

@@ -6,7 +6,7 @@
 -- the scope is not registered (nothing written: a config hash holds a registered config only).
 -- Invariants: `schedule_start` is written once and never changed (a later topology version's S,
 -- or a restart's, leaves it as it is): no spend of the scope precedes it, so `Ledger.status`
--- projects a first period from it, whoever reads; re-registration keeps it (register.lua writes
+-- projects a first period from it, whoever reads; re-registration keeps it (it writes
 -- only the config's own fields).
 
 local s = ARGV[1]
