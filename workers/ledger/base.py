@@ -52,7 +52,11 @@ from dpstream.workers.ledger.steps import (
     RawRegister,
     decide_breaker,
     decide_grant,
+    decide_park,
     decide_register,
+    decide_retry,
+    decide_schedule,
+    decide_unpark,
 )
 from dpstream.workers.ledger.types import (
     AuditEntry,
@@ -225,13 +229,13 @@ class Ledger(ABC):
 
     async def record_schedule_start(self, start: int, scopes: Iterable[str] | None = None) -> None:
         """Record S with each registered scope of `scopes` (default: this ledger's topology's); a
-        scope keeps the first S recorded with it (schedule.lua), so every reader of the scope, with
+        scope keeps the first S recorded with it (`steps.decide_schedule`), so every reader of the scope, with
         or without the topology, projects its first period from one S. A scope not registered yet
         is skipped: its worker records S after registering it."""
         _check_start(start)
         for scope in sorted(self._configs) if scopes is None else list(scopes):
             check_scope_name(scope)
-            await self._scope_schedule_start(scope, start)
+            await self._step(scope, (), partial(decide_schedule, start=start))
 
     async def recorded_schedule_start(self, scope: str) -> int | None:
         """The S recorded with `scope` (None: none yet); read only."""
@@ -571,11 +575,16 @@ class Ledger(ABC):
             raise InternalError(f"park: error must be a class name, got {error!r}")
         if type(attempts) is not int or attempts < 1:
             raise InternalError(f"park: attempts must be a whole number >= 1, got {attempts!r}")
+        for name, value in (("release_id", release_id), ("metric", metric), ("actor", actor)):
+            if not value or "\n" in value:
+                raise InternalError(f"park: {name} must be non-empty and on one line, got {value!r}")
         period_s = cfg.period_s if cfg is not None else int((await self._stored(scope))["period_s"])
         pid = _period_id(period_s, _period_start(period_s, start))
-        return await self._park(
-            scope, release_id, metric, int(start), int(end), attempts, error, actor, pid, self._now_ms()
-        )
+        step = partial(
+            decide_park, release_id=release_id, metric=metric, window=(int(start), int(end)), attempts=attempts,
+            error=error, actor=actor, pid=pid, now_ms=self._now_ms(),
+        )  # fmt: skip
+        return await self._step(scope, (), step, parked=True)
 
     async def parked(self, scope: str) -> list[ParkedRelease]:
         """The scope's parked windows (held, or waiting for the worker's retry), oldest first."""
@@ -587,12 +596,15 @@ class Ledger(ABC):
         reason. Returns how many went from parked to retry."""
         _need_reason(reason, actor)
         await self._stored(scope)
-        return await self._retry_parked(scope, release_id or "", actor, reason, self._now_ms())
+        step = partial(decide_retry, release_id=release_id or "", actor=actor, reason=reason, now_ms=self._now_ms())
+        return await self._step(scope, (), step, parked=True)
 
     async def unpark(self, scope: str, release_id: str, outcome: str, actor: str) -> bool:
         """A retried parked window's release finished (`outcome`): it leaves the parked set; audited."""
         _check_scope(scope)
-        return await self._unpark(scope, release_id, outcome, actor, self._now_ms())
+        return await self._step(
+            scope, (), partial(decide_unpark, release_id=release_id, outcome=outcome, actor=actor), parked=True
+        )
 
     async def close(self) -> None:  # noqa: B027 - an optional hook: a no-op unless a backend holds connections
         """Release connections (no-op for the in-process backend)."""
@@ -629,10 +641,6 @@ class Ledger(ABC):
     @abstractmethod
     async def _deployment_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
-
-    @abstractmethod
-    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
-        """schedule.lua: the scope's S, `start` if it had none; None (nothing written) if not registered."""
 
     async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
         """Set `key` to `proposed` if absent; the stored value either way (None: this backend has no id)."""
@@ -715,40 +723,21 @@ class Ledger(ABC):
 
     @abstractmethod
     async def _step(
-        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+        self,
+        scope: str,
+        pids: Sequence[str],
+        decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]],
+        *,
+        parked: bool = False,
     ) -> _A:
-        """Read the scope (its config, breaker, period index and the blocks `pids`), `decide`, and
-        apply the writes decided, atomically; the answer decided."""
+        """Read the scope (its config, breaker, period index, the blocks `pids`, and with `parked` its
+        parked windows), `decide`, and apply the writes decided, atomically; the answer decided."""
 
     @abstractmethod
     async def _scopes(self) -> list[str]: ...
 
     @abstractmethod
-    async def _park(
-        self,
-        scope: str,
-        release_id: str,
-        metric: str,
-        start: int,
-        end: int,
-        attempts: int,
-        error: str,
-        actor: str,
-        pid: str,
-        now_ms: int,
-    ) -> bool:
-        """park.lua 'park'."""
-
-    @abstractmethod
     async def _parked(self, scope: str) -> list[ParkedRelease]: ...
-
-    @abstractmethod
-    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
-        """park.lua 'retry' ('' = every parked window)."""
-
-    @abstractmethod
-    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
-        """park.lua 'unpark'."""
 
 
 def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
@@ -790,7 +779,7 @@ def _check_start(start: object) -> None:
 
 
 def _schedule_start_of(stored: Mapping[str, str]) -> int | None:
-    """The S recorded with a scope (its config hash's `schedule_start`, schedule.lua), or None."""
+    """The S recorded with a scope (its config hash's `schedule_start`: `steps.decide_schedule`), or None."""
     raw = stored.get("schedule_start")
     return int(raw) if raw else None
 
@@ -814,7 +803,7 @@ def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
 
 
 def parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
-    """A `ParkedRelease` from park.lua's JSON entry (shared by both backends)."""
+    """A `ParkedRelease` from a parked window's JSON entry (`steps.decide_park`) (shared by both backends)."""
 
     def num(name: str) -> int:
         value = doc.get(name, 0)

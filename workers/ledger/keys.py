@@ -103,7 +103,7 @@ class ScopeKeys:
     @property
     def config(self) -> str:
         """Hash: cap, reserve, warn threshold (units), accounting, digest of the registered config,
-        and `schedule_start`: the first deployment start S recorded with the scope (schedule.lua)."""
+        and `schedule_start`: the first deployment start S recorded with the scope (`steps.decide_schedule`)."""
         return f"{self.base}:config"
 
     @property
@@ -124,7 +124,7 @@ class ScopeKeys:
     @property
     def parked(self) -> str:
         """Hash: release id → JSON of a window parked after repeated internal release failures
-        (metric, window, attempts, error class, state parked|retry); see `lua/park.lua`."""
+        (metric, window, attempts, error class, state parked|retry); see `steps.decide_park`."""
         return f"{self.base}:parked"
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __all__ = ["MemoryLedger"]
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -78,13 +79,6 @@ class MemoryLedger(Ledger):
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 
-    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
-        with self._lock:  # schedule.lua: a registered scope keeps the first S recorded with it
-            s = self._store.get(scope)
-            if s is None or "digest" not in s.config:
-                return None
-            return int(s.config.setdefault("schedule_start", str(start)))
-
     async def _charge(
         self,
         req: ReleaseRequest,
@@ -121,7 +115,12 @@ class MemoryLedger(Ledger):
             return 1
 
     async def _step(
-        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+        self,
+        scope: str,
+        pids: Sequence[str],
+        decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]],
+        *,
+        parked: bool = False,
     ) -> _A:
         with self._lock:
             s = self._scope(scope)
@@ -130,108 +129,11 @@ class MemoryLedger(Ledger):
             apply_ops(s, ops, lambda: self._next_audit_id(now_ms))
             return answer
 
-    async def _park(
-        self,
-        scope: str,
-        release_id: str,
-        metric: str,
-        start: int,
-        end: int,
-        attempts: int,
-        error: str,
-        actor: str,
-        pid: str,
-        now_ms: int,
-    ) -> bool:
-        with self._lock:
-            s = self._scope(scope)
-            old = s.parked.get(release_id)
-            if old is not None and old["state"] == "parked":
-                return False
-            s.parked[release_id] = {
-                "metric": metric,
-                "window_start": start,
-                "window_end": end,
-                "period": pid,
-                "attempts": attempts,
-                "error": error,
-                "parked_at": now_ms,
-                "state": "parked",
-                "actor": actor,
-            }
-            self._xadd(
-                s,
-                now_ms,
-                {
-                    "kind": "park",
-                    "period": pid,
-                    "release_id": release_id,
-                    "metric": metric,
-                    "window_start": str(start),
-                    "window_end": str(end),
-                    "attempts": str(attempts),
-                    "error": error,
-                    "actor": actor,
-                    "state": "parked",
-                    "reason": f"release failed {attempts} times on an internal error ({error}): "
-                    "parked until `dpstream budget retry`",
-                },
-            )
-            return True
-
-    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
-        with self._lock:
-            s = self._scope(scope)
-            ids = [release_id] if release_id else list(s.parked)
-            n = 0
-            for rid in ids:
-                e = s.parked.get(rid)
-                if e is None or e["state"] != "parked":
-                    continue
-                e.update(state="retry", retry_actor=actor, retry_reason=reason, retry_at=now_ms)
-                self._xadd(
-                    s,
-                    now_ms,
-                    {
-                        "kind": "retry",
-                        "period": e["period"],
-                        "release_id": rid,
-                        "metric": e["metric"],
-                        "attempts": str(e["attempts"]),
-                        "actor": actor,
-                        "state": "retry",
-                        "reason": reason,
-                    },
-                )
-                n += 1
-            return n
-
-    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
-        with self._lock:
-            s = self._scope(scope)
-            e = s.parked.pop(release_id, None)
-            if e is None:
-                return False
-            self._xadd(
-                s,
-                now_ms,
-                {
-                    "kind": "unpark",
-                    "period": e["period"],
-                    "release_id": release_id,
-                    "metric": e["metric"],
-                    "actor": actor,
-                    "state": outcome,
-                    "reason": f"parked window released after a retry ({outcome})",
-                },
-            )
-            return True
-
     # ---- reads -----------------------------------------------------------------------------------
 
     async def _parked(self, scope: str) -> list[ParkedRelease]:
         with self._lock:
-            return [parked_from_json(scope, rid, dict(e)) for rid, e in self._scope(scope).parked.items()]
+            return [parked_from_json(scope, rid, json.loads(e)) for rid, e in self._scope(scope).parked.items()]
 
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int

@@ -282,10 +282,6 @@ class RedisLedger(Ledger):
         out = await self._guard(pipe.execute())
         return int(out[1])
 
-    async def _scope_schedule_start(self, scope: str, start: int) -> int | None:
-        out = await self._guard(self._scripts["schedule"](keys=[self._keys(scope).config], args=[str(start)]))
-        return None if out is None else int(out)
-
     async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
         key = in_namespace(key, self._namespace)
         pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first id wins, forever)
@@ -422,8 +418,8 @@ class RedisLedger(Ledger):
         self._views[scope] = view
         return view
 
-    async def _read_view(self, scope: str, pids: Sequence[str]) -> _CachedView:
-        """The scope's config, breaker, period index and blocks `pids`, in one MULTI."""
+    async def _read_view(self, scope: str, pids: Sequence[str], *, parked: bool = False) -> _CachedView:
+        """The scope's config, breaker, period index and blocks `pids` (and its parked windows), in one MULTI."""
         k = self._keys(scope)
         pipe = self._client.pipeline(transaction=True)
         pipe.hgetall(k.config)
@@ -431,9 +427,11 @@ class RedisLedger(Ledger):
         pipe.zrange(k.periods, 0, -1, withscores=True)
         for pid in pids:
             pipe.hgetall(k.period(pid))
+        if parked:
+            pipe.hgetall(k.parked)
         out = await self._guard(pipe.execute())
         config = _hash(out[0])
-        state = ScopeState(config=config, breaker=_hash(out[1]))
+        state = ScopeState(config=config, breaker=_hash(out[1]), parked=_hash(out.pop()) if parked else {})
         state.period_index = {_s(member): int(score) for member, score in out[2]}
         state.periods = {pid: _hash(fields) for pid, fields in zip(pids, out[3:], strict=True)}
         return _CachedView(state, config.get("seq", "0"), config.get("writer", ""))
@@ -479,11 +477,16 @@ class RedisLedger(Ledger):
         )
 
     async def _step(
-        self, scope: str, pids: Sequence[str], decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]]
+        self,
+        scope: str,
+        pids: Sequence[str],
+        decide: Callable[[ScopeState], tuple[_A, Sequence[Op]]],
+        *,
+        parked: bool = False,
     ) -> _A:
         k = self._keys(scope)
         for _ in range(_ATTEMPTS):
-            view = await self._read_view(scope, sorted(pids))
+            view = await self._read_view(scope, sorted(pids), parked=parked)
             answer, ops = decide(view.state)
             if not ops:
                 return answer
@@ -561,33 +564,6 @@ class RedisLedger(Ledger):
     async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
         rows = await self._guard(self._client.xrange(self._keys(scope).audit, f"{since_ms}-0", "+", count=limit))
         return [(_s(i), _hash(f)) for i, f in rows]
-
-    async def _park(
-        self,
-        scope: str,
-        release_id: str,
-        metric: str,
-        start: int,
-        end: int,
-        attempts: int,
-        error: str,
-        actor: str,
-        pid: str,
-        now_ms: int,
-    ) -> bool:
-        k = self._keys(scope)
-        args = ["park", release_id, metric, str(start), str(end), str(attempts), error, actor, str(now_ms), pid]
-        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args))) == 1
-
-    async def _retry_parked(self, scope: str, release_id: str, actor: str, reason: str, now_ms: int) -> int:
-        k = self._keys(scope)
-        args = ["retry", release_id, actor, reason, str(now_ms)]
-        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args)))
-
-    async def _unpark(self, scope: str, release_id: str, outcome: str, actor: str, now_ms: int) -> bool:
-        k = self._keys(scope)
-        args = ["unpark", release_id, outcome, actor, str(now_ms)]
-        return int(await self._guard(self._scripts["park"](keys=[k.parked, k.audit], args=args))) == 1
 
     async def _parked(self, scope: str) -> list[ParkedRelease]:
         raw = await self._guard(self._client.hgetall(self._keys(scope).parked))

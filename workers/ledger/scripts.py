@@ -7,7 +7,7 @@ __all__ = ["SCRIPT_NAMES", "script_text"]
 from functools import cache
 from importlib.resources import files
 
-SCRIPT_NAMES = ("apply", "commit", "park", "schedule")
+SCRIPT_NAMES = ("apply", "commit")
 
 
 @cache

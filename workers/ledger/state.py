@@ -17,7 +17,7 @@ from typing import Any
 
 Key = tuple[str, ...]
 """A scope's key by role: ("config",), ("breaker",), ("period", pid), ("periods",), ("release", rid),
-("ends", pid, metric), ("pending",), ("audit",): `keys.ScopeKeys` names each in Redis."""
+("ends", pid, metric), ("pending",), ("parked",), ("audit",): `keys.ScopeKeys` names each in Redis."""
 
 Op = tuple[str, Key, tuple[Any, ...]]
 """One write: (command, key, arguments): HSET (field, value, ...), HINCRBY (field, by), HDEL
@@ -42,7 +42,8 @@ class ScopeState:
     """The scores of each `ends` zset in order, so ZCOUNT end +inf is a bisection, not a scan."""
     audit: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     pending: dict[str, int] = field(default_factory=dict)
-    parked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parked: dict[str, str] = field(default_factory=dict)
+    """Release id → the JSON of its parked window."""
 
     def hash(self, key: Key) -> dict[str, Any]:
         """The hash a key names (created empty on first write, as Redis does)."""
@@ -55,6 +56,8 @@ class ScopeState:
             return self.periods.setdefault(key[1], {})
         if role == "release":
             return self.releases.setdefault(key[1], {})
+        if role == "parked":
+            return self.parked
         raise KeyError(key)
 
 

@@ -1,5 +1,5 @@
-"""The ledger's steps besides a charge, decided once in Python: registering a scope's config, an
-operator's reserve grant, a breaker change.
+"""The ledger's steps besides a charge, decided once in Python: registering a scope's config and
+its deployment start, an operator's reserve grant, a breaker change, parking a window.
 
 Each is a pure function of the scope's state (`state.ScopeState`, as read) that returns its
 answer and its writes (`state.Op`s); the backend applies them atomically (`Ledger._step`).
@@ -7,8 +7,20 @@ answer and its writes (`state.Op`s); the backend applies them atomically (`Ledge
 
 from __future__ import annotations
 
-__all__ = ["RawRegister", "REGISTER_RETRY", "REGISTER_REFUSED", "decide_register", "decide_grant", "decide_breaker"]
+__all__ = [
+    "RawRegister",
+    "REGISTER_RETRY",
+    "REGISTER_REFUSED",
+    "decide_register",
+    "decide_grant",
+    "decide_breaker",
+    "decide_schedule",
+    "decide_park",
+    "decide_retry",
+    "decide_unpark",
+]
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -130,3 +142,94 @@ def decide_breaker(
         entry = ("kind", "breaker_close", "period", pid, "state", "closed", "reason", reason, "actor", actor)
         return True, (("HDEL", ("breaker",), _MANUAL_FIELDS + AUTO_FIELDS), ("XADD", ("audit",), entry))
     raise InternalError(f"breaker: action must be open or close, got {action!r}")
+
+
+def _audit(kind: str, *fields: str) -> Op:
+    """An audit entry of (name, value) pairs; empty values are left out."""
+    pairs = [x for name, value in zip(fields[::2], fields[1::2], strict=True) if value for x in (name, value)]
+    return ("XADD", ("audit",), ("kind", kind, *pairs))
+
+
+def decide_schedule(s: ScopeState, start: int) -> tuple[int | None, tuple[Op, ...]]:
+    """Record the deployment start S with a registered scope: the first S recorded stays (None, and
+    nothing written, for a scope not registered), so every reader projects a first period from one S."""
+    if "digest" not in s.config:
+        return None, ()
+    if "schedule_start" in s.config:
+        return int(s.config["schedule_start"]), ()
+    return start, (("HSET", ("config",), ("schedule_start", str(start))),)
+
+
+def decide_park(
+    s: ScopeState,
+    release_id: str,
+    metric: str,
+    window: tuple[int, int],
+    attempts: int,
+    error: str,
+    actor: str,
+    pid: str,
+    now_ms: int,
+) -> tuple[bool, tuple[Op, ...]]:
+    """Hold a window whose release failed `attempts` times on an internal error (`error`: a class
+    name, never a message); True when parked now, False when it was parked already. Only schedule
+    facts, counts and the class name are stored or audited."""
+    old = s.parked.get(release_id)
+    if old is not None and json.loads(old)["state"] == "parked":
+        return False, ()
+    start, end = window
+    entry = {"metric": metric, "window_start": start, "window_end": end, "period": pid, "attempts": attempts}
+    entry.update(error=error, parked_at=now_ms, state="parked", actor=actor)
+    reason = f"release failed {attempts} times on an internal error ({error}): parked until `dpstream budget retry`"
+    audit = _audit(
+        "park", "period", pid, "release_id", release_id, "metric", metric, "window_start", str(start),
+        "window_end", str(end), "attempts", str(attempts), "error", error, "actor", actor, "state", "parked",
+        "reason", reason,
+    )  # fmt: skip
+    return True, (("HSET", ("parked",), (release_id, json.dumps(entry))), audit)
+
+
+def decide_retry(s: ScopeState, release_id: str, actor: str, reason: str, now_ms: int) -> tuple[int, tuple[Op, ...]]:
+    """Let the worker retry one parked window (every one for ''), audited: how many went from parked to retry."""
+    ops: list[Op] = []
+    for rid in [release_id] if release_id else sorted(s.parked):
+        raw = s.parked.get(rid)
+        e = json.loads(raw) if raw is not None else None
+        if e is None or e["state"] != "parked":
+            continue
+        e.update(state="retry", retry_actor=actor, retry_reason=reason, retry_at=now_ms)
+        ops.append(("HSET", ("parked",), (rid, json.dumps(e))))
+        ops.append(
+            _audit(
+                "retry",
+                "period",
+                e["period"],
+                "release_id",
+                rid,
+                "metric",
+                e["metric"],
+                "attempts",
+                str(e["attempts"]),
+                "actor",
+                actor,
+                "state",
+                "retry",
+                "reason",
+                reason,
+            )  # fmt: skip
+        )
+    return len(ops) // 2, tuple(ops)
+
+
+def decide_unpark(s: ScopeState, release_id: str, outcome: str, actor: str) -> tuple[bool, tuple[Op, ...]]:
+    """A retried parked window's release finished (`outcome`): it leaves the parked set, audited.
+    A parked window leaves only this way: it is never dropped."""
+    raw = s.parked.get(release_id)
+    if raw is None:
+        return False, ()
+    e = json.loads(raw)
+    audit = _audit(
+        "unpark", "period", e["period"], "release_id", release_id, "metric", e["metric"], "actor", actor,
+        "state", outcome, "reason", f"parked window released after a retry ({outcome})",
+    )  # fmt: skip
+    return True, (("HDEL", ("parked",), (release_id,)), audit)
