@@ -22,6 +22,7 @@ from dpstream.topology.calibration import calibrate
 from dpstream.topology.model import Metric, Topology
 from dpstream.topology.periods import period_id, period_start
 from dpstream.topology.plan import Plan
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.demo.sizing import Typical, ci_for
 
 _TOLERANCE = 0.02
@@ -86,7 +87,7 @@ def expect(
         if m.budget != budget.name:
             continue
         w = m.window
-        first = -(-max(from_ts, pstart) // w.every_s) * w.every_s
+        first = Schedule.of(m).first_start_at_or_after(max(from_ts, pstart))
         demands[m.name] = MetricDemand(
             weight=m.weight,
             per_period=w.releases_per_period(budget.period_s),

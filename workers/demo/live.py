@@ -22,6 +22,7 @@ from dpstream.topology.errors import DpstreamError
 from dpstream.topology.model import Topology
 from dpstream.topology.periods import period_start
 from dpstream.topology.plan import Plan
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.demo.expected import Expectation, expect, explain_release
 from dpstream.workers.demo.feed import ReleaseTally, format_budget, format_release, header_lines
 from dpstream.workers.demo.monitoring import PromView, WebhookReceiver, prometheus_view
@@ -73,7 +74,7 @@ def _closed_windows(topology: Topology, start: int, now: float) -> set[tuple[str
     out = set()
     for name, m in topology.metrics.items():
         lateness = topology.sources[m.source].allowed_lateness_s
-        s = -(-start // m.window.every_s) * m.window.every_s
+        s = Schedule.of(m, start).first_window()
         while s + m.window.size_s + lateness <= now:
             out.add((name, s))
             s += m.window.every_s
@@ -81,7 +82,7 @@ def _closed_windows(topology: Topology, start: int, now: float) -> set[tuple[str
 
 
 def _first_window(start: int, size: int, every: int) -> tuple[int, int]:
-    first = -(-start // every) * every
+    first = Schedule(size, every, start).first_window()
     return first, first + size
 
 

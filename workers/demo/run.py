@@ -148,7 +148,7 @@ def _cost_lines(
     topology: Topology, plan: Plan, typical: dict[str, Typical], population: DemoPopulation, path: Path
 ) -> list[str]:
     """What the topology costs (ε per period, per day, per 30 days) and buys (CI vs typical value)."""
-    from dpstream.topology.accounting import epsilon_from_rho
+    from dpstream.topology.accounting import epsilon_equivalent
     from dpstream.topology.model import Accounting
 
     lines = [
@@ -158,10 +158,8 @@ def _cost_lines(
     for scope in plan.scopes:
         period = format_duration(scope.period_s)
         per_day = max(1, 86_400 // scope.period_s)
-        if scope.accounting is Accounting.ZCDP:
-            day = epsilon_from_rho(per_day * scope.pool, scope.conversion_delta)
-        else:
-            day = per_day * scope.pool
+        zcdp = scope.accounting is Accounting.ZCDP
+        day = epsilon_equivalent(zcdp, per_day * scope.pool, scope.conversion_delta).epsilon
         lines.append(
             f"what it costs: scope {scope.name} promises ε = {scope.epsilon:g} per user per {period} period "
             f"(δ = {scope.delta:g}); on plan it spends ε ≈ {scope.planned_epsilon:.2f} per period,"

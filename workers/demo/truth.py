@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dpstream.topology.model import Aggregate, Metric, Source, Topology
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.quantile_cells import quantile_scores
 from dpstream.workers.synthetic.generator import SyntheticEvent
@@ -35,7 +36,7 @@ class TruthBook:
             m.name: m for m in topology.metrics.values() if m.source == self._source.name
         }
         self._acc = {
-            name: MetricAccumulator(m, self._source, -(-start // m.window.every_s) * m.window.every_s)
+            name: MetricAccumulator(m, self._source, Schedule.of(m, start).first_window())
             for name, m in self._metrics.items()
         }
         self._adds = [a.add_fn for a in self._acc.values()]
