@@ -121,7 +121,7 @@ _WINDOWS = [(60, 60), (300, 60), (3600, 3600), (7200, 3600), (86_400, 86_400)]
     at=st.integers(min_value=0, max_value=86_399),
     charged=st.lists(st.integers(min_value=0, max_value=2000), min_size=4, max_size=4),
 )
-def test_integer_grant_equals_the_fraction_rule(
+def test_integer_allowance_equals_the_fraction_rule(
     specs: list[tuple[float, tuple[int, int]]], which: int, pool_left: int, at: int, charged: list[int]
 ) -> None:
     """floor(L x k_m / sum k_j n_j) in integers is _units(adaptive_release_cost(L / 1e12, ...)) on exact Fractions."""

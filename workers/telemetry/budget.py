@@ -121,7 +121,7 @@ def planned_spent(
     per-release cost (the pool spread by weight over its releases per period) times its windows of
     the period that have ended. Reaches the pool when the period's last window ends.
 
-    In a deployment's first period (the deployment start S, `schedule_start`, after the period
+    In a deployment's first period (the schedule start S, `schedule_start`, after the period
     start) only windows starting at or after S are released (the public schedule) and the ledger
     spends the whole pool on them: each release then costs pool × c_m / Σ_j c_j·n_j
     (c_j the per-release cost above, n_j the windows the period releases from S), so the plan
@@ -297,7 +297,7 @@ class LedgerSource:
 class BudgetReader:
     """Reads the figures of the topology's scopes from a ledger (one pass per scrape).
 
-    The projection and the plan's figures count from the deployment start S in its first period: the
+    The projection and the plan's figures count from the schedule start S in its first period: the
     S recorded with the scope (what `budget status` reads, with or without a topology); for a scope
     without one, the topology's `start:`, else the S the ledger prices with (an in-process ledger
     shared with the release side), else the one recorded in the ledger for this topology version
@@ -338,7 +338,7 @@ class BudgetReader:
         return out
 
     async def schedule_start(self, ledger: Any) -> int | None:
-        """The deployment start S of a scope with none recorded with it (None while no worker recorded one)."""
+        """The schedule start S of a scope with none recorded with it (None while no worker recorded one)."""
         if self._start is None and self._version is not None:
             start = ledger.schedule_start
             if start is None:

@@ -28,7 +28,7 @@ local left = math.max(0, math.min(ungranted, cap - spent))
 if units > left then
   return {'refused', tostring(left), tostring(spent), tostring(cap), tostring(ungranted)}
 end
--- a block opened here takes the config's terms, as reserve.lua's would; an open block keeps its own
+-- a block opened here takes the config's terms, as charge.lua's would; an open block keeps its own
 if redis.call('ZADD', KEYS[5], 'NX', ARGV[6], ARGV[5]) == 1 then
   redis.call('HSET', KEYS[1], 'cap', cfg[1], 'reserve', cfg[2], 'warn', cfg[3], 'accounting', cfg[4] or '',
              'delta_cap', cfg[5] or '0', 'start', ARGV[6])

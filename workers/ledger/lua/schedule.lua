@@ -1,4 +1,4 @@
--- schedule.lua: record the deployment start S with a registered scope; the first S recorded wins.
+-- schedule.lua: record the schedule start S with a registered scope; the first S recorded wins.
 --
 -- KEYS[1] config  hash  dpstream:{S}:config   gains the field `schedule_start` (epoch s)
 -- ARGV: [1] S (whole epoch seconds >= 0)
