@@ -16,7 +16,7 @@ Stream rules: apart from the noised values nothing published depends on the data
 1. An event counts in window w iff its own event time lies in w and its own arrival time (the
    broker's append time; `arrival: create_time` opts into the producer's, weaker) is at or before
    C(w) = end(w) + allowed_lateness. No watermark of other events' times decides anything.
-2. The release schedule is public: every window from the deployment start S (`start:`, else the
+2. The release schedule is public: every window from the schedule start S (`start:`, else the
    first start of this topology version, recorded once in the ledger) is released once C(w) has
    passed, empty or not, and published no earlier than P(w) = C(w) + `publish_delay`, stamped P(w).
 3. The true aggregate of w is a function of the records appended up to C(w) only: not of partition

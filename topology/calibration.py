@@ -1,6 +1,6 @@
 """Noise calibration: from a release's cost (in its scope's currency) to mechanism scales.
 
-The inverse of `topology.accounting`: given the cost a release is granted, each noisy part of
+The inverse of `topology.accounting`: given a release's allowance (its cost), each noisy part of
 the release gets the scale that makes it cost exactly its share. A mean without a public
 denominator splits its cost evenly between its noisy sum and noisy count.
 """

@@ -1,4 +1,4 @@
-"""The public schedule of one metric: its windows on the grid, none starting before the deployment start S.
+"""The public schedule of one metric: its windows on the grid, none starting before the schedule start S.
 
 A window is [s, s + size_s) with s a multiple of every_s (the UTC-epoch grid). A deployment that
 starts at S releases only the windows starting at or after S; with no S (`start` None) every grid
@@ -23,7 +23,7 @@ from dpstream.topology.model import Metric, Window
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """A metric's window grid (size_s, every_s) from the deployment start S (`start`; None: no S)."""
+    """A metric's window grid (size_s, every_s) from the schedule start S (`start`; None: no S)."""
 
     size_s: int
     every_s: int
@@ -47,7 +47,7 @@ class Schedule:
     def first_window(self) -> int:
         """The schedule's first window start: the first grid start at or after S (S must be set)."""
         if self.start is None:
-            raise ValueError("a schedule without a deployment start has no first window")
+            raise ValueError("a schedule without a start S has no first window")
         return self.first_start_at_or_after(self.start)
 
     def on_grid(self, start: int, end: int) -> bool:
@@ -58,7 +58,7 @@ class Schedule:
         """Window starts in order, without end, from the first at or after both S and `since` (one must be set)."""
         if self.start is None:
             if since is None:
-                raise ValueError("a schedule without a deployment start needs `since`")
+                raise ValueError("a schedule without a start S needs `since`")
             return itertools.count(self.first_start_at_or_after(since), self.every_s)
         first = self.first_window()
         if since is not None and since > first:

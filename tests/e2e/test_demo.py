@@ -87,7 +87,7 @@ def test_bounded_demo_shows_useful_releases_monitoring_and_a_budget_summary_then
     tail = "\n".join(lines[summary:])
     assert re.search(
         r"spent ρ [\d.e-]+ of the cap [\d.e-]+ = [\d.]+ %, ε-equivalent [\d.]+; "
-        r"releases granted \d+, refused 0",
+        r"releases charged \d+, refused 0",
         tail,
     ), tail
     assert re.search(r"this run: \d+ releases shown", tail)

@@ -81,7 +81,7 @@ PER_EXAMPLE = 500
 
 @dataclass(frozen=True)
 class Times:
-    """The times a chunk of events is rendered against: deployment start S, its first window T0, send time."""
+    """The times a chunk of events is rendered against: schedule start S, its first window T0, send time."""
 
     start: int
     t0: int

@@ -12,12 +12,12 @@ One module-scoped run (Kafka and Redis of the session) is shared by the three te
    placeholders filled and exits 0 (the reserve grant exits 2, as its runbook says it does when nothing is
    left: this scope's cap is spent); the breaker cycle of DPBudgetExhausted.md opens and closes the breaker.
 
-How the scope gets exhausted. The ledger's allocation is adaptive (DESIGN §5): each release is granted
+How the scope gets exhausted. The ledger's allocation is adaptive: each release is allowed
 pool-left / releases-left-in-the-period, so one deployment on plan spends its pool evenly and reaches
 `warn_at` only `warn_at / (1 - reserve)` of the way from its first release to the period's end, never early,
 however small epsilon is. Exhaustion needs a spender the plan does not know about. The test uses one the
 runbooks name as a cause: `dpstream replay` pointed at the live ledger (same topology, so the same release
-ids). Its public schedule is set to the period's last windows, so the adaptive grant believes only those
+ids). Its public schedule is set to the period's last windows, so the adaptive allowance believes only those
 windows are left and gives them the whole remaining pool:
 - replaying the last 10 windows but one spends 9/10 of what is left: the ratio passes warn_at (0.8);
 - replaying the last window spends the rest: the ratio is 1 (the topology keeps no reserve: `reserve: 0`,

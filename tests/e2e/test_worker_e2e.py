@@ -188,8 +188,8 @@ def test_two_workers_rebalance_exactly_once(deployment: Deployment) -> None:
     _assert_exactly_once(recs)
 
 
-def test_sigkill_between_reserve_and_publish_sweeper_publishes_once(deployment: Deployment) -> None:
-    """Killed after reserve, before publish: the restarted worker's sweeper publishes the stored bytes; one charge."""
+def test_sigkill_between_charge_and_publish_sweeper_publishes_once(deployment: Deployment) -> None:
+    """Killed after charging, before publish: the restarted worker's sweeper publishes the stored bytes; one charge."""
     from dpstream.workers.ledger import open_ledger
 
     t0 = _t0()

@@ -48,7 +48,7 @@ def test_status_json_shape(fresh_redis: Any, capsys: pytest.CaptureFixture[str])
     assert main(["budget", "status", "--redis", fresh_redis.url, "--json"]) == 0
     (s,) = json.loads(capsys.readouterr().out)["scopes"]
     assert (s["scope"], s["cap"], s["spent"], s["ratio"], s["state"]) == ("s", 1.0, 0.25, 0.25, "normal")
-    assert s["releases"] == {"granted": 2, "refused": 0} and s["units"]["spent"] == 250_000_000_000
+    assert s["releases"] == {"charged": 2, "refused": 0} and s["units"]["spent"] == 250_000_000_000
     assert set(s) >= {"epsilon_equiv", "reserve_left", "pool_left", "projected", "period", "breaker"}
 
 
@@ -124,7 +124,7 @@ def test_status_with_the_topology_projects_a_first_period_from_the_recorded_star
     hour: int,
     minute: int,
 ) -> None:
-    """With `--topology`, status reads the deployment start S the workers recorded and projects the first
+    """With `--topology`, status reads the schedule start S the workers recorded and projects the first
     period's spend at its rate since S over what S left of the period (ratio x (end - S) / (now - S)), not at
     its rate since the period start, at every time of day (a pinned clock)."""
     from dpstream.topology.loader import load_topology

@@ -74,7 +74,7 @@ async def _seed(where: str) -> tuple[Ledger, list[float], list[Any]]:
 
 
 def test_seed_002_sequence(where: str) -> None:
-    """The worked budget example (four metrics, weights 4:3:2:1): grants 0.64, 0.48, 0.32, 0.16, ratio 0.8
+    """The worked budget example (four metrics, weights 4:3:2:1): allowances 0.64, 0.48, 0.32, 0.16, ratio 0.8
     is warning, a next 0.1 is refused unless from the reserve."""
 
     async def body() -> None:
@@ -122,7 +122,7 @@ def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         first = await ledger.charge(req("a", 0.25, value=1))
         assert await ledger.stored_payload("s", "a") == first.payload
-        assert await ledger.stored_payload("s", "never-reserved") is None
+        assert await ledger.stored_payload("s", "never-charged") is None
         await ledger.close()
 
     run(body())
@@ -142,7 +142,7 @@ def test_charges_are_rounded_up_to_units(where: str) -> None:
 
 
 def test_refusal_changes_nothing_but_its_record(where: str) -> None:
-    """A refused reserve stores no release and no spend; the same id can be granted later."""
+    """A refused charge stores no release and no spend; the same id can be charged later."""
 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
@@ -340,7 +340,7 @@ def test_reconcile_matches_after_mixed_traffic(where: str) -> None:
             await ledger.charge(req(f"r{i}", 0.05 + i / 1000, start=P0 + (i % 2) * DAY))
         report = await ledger.reconcile("s")
         assert report.ok and len(report.periods) == 2
-        assert sum(p.audited_charges for p in report.periods) == sum(p.stored_granted for p in report.periods) > 0
+        assert sum(p.audited_charges for p in report.periods) == sum(p.stored_charges for p in report.periods) > 0
         await ledger.close()
 
     run(body())

@@ -66,8 +66,8 @@ def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> No
     asyncio.run(body())
 
 
-def test_redis_down_raises_ledger_unavailable_and_grants_nothing(fresh_redis: Any) -> None:
-    """With Redis stopped every call raises LedgerUnavailable (from the redis error); nothing is granted."""
+def test_redis_down_raises_ledger_unavailable_and_charges_nothing(fresh_redis: Any) -> None:
+    """With Redis stopped every call raises LedgerUnavailable (from the redis error); nothing is charged."""
 
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())

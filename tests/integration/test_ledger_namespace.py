@@ -34,7 +34,7 @@ def test_namespaced_keys_keep_the_scope_hash_tag() -> None:
 
 def test_two_namespaces_share_one_redis_with_independent_budgets(fresh_redis: Any) -> None:
     """Deployments `blue` and `green` use scope `s` on one Redis: a charge, a refusal, a breaker and a
-    deployment start in one are invisible to the other, and nothing lands under the default keys."""
+    schedule start in one are invisible to the other, and nothing lands under the default keys."""
 
     async def body() -> None:
         topo = one_scope_topology(epsilon=1.0, reserve=0.0, warn_at=1.0)

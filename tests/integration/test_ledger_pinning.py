@@ -103,7 +103,7 @@ async def _reopen(where: str, ledgers: dict[str, Any], **topo: Any) -> Any:
 
 def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
     """A re-registered larger cap is stored and audited, but the open period keeps its cap, reserve and pool
-    (quote, reserve, grant and status all use the block's terms); the next period opens with the new cap."""
+    (quote, charge, grant and status all use the block's terms); the next period opens with the new cap."""
 
     async def body() -> None:
         clock = ManualClock(T0)
@@ -197,7 +197,7 @@ def test_an_accounting_change_mid_period_is_refused(where: str) -> None:
 
 def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where: str) -> None:
     """The newest registration wins: a worker still on the older topology is refused (never charged under
-    the other's terms), the refusal counted and audited with both digests; the newer worker is granted."""
+    the other's terms), the refusal counted and audited with both digests; the newer worker is charged."""
 
     async def body() -> None:
         clock = ManualClock(T0)
@@ -278,7 +278,7 @@ def _spent(history: list[Any]) -> dict[str, int]:
 
 
 def test_a_straddling_window_is_charged_to_both_periods_once(where: str) -> None:
-    """One reserve charges the main and the later period (spend, count, δ, audit), stores one release."""
+    """One charge covers the main and the later period (spend, count, δ, audit), stores one release."""
 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
@@ -353,7 +353,7 @@ def test_a_request_must_name_every_later_period_its_window_touches(where: str) -
     run(body())
 
 
-# ---- 4. the deployment start, recorded once ----------------------------------------------------------
+# ---- 4. the schedule start, recorded once ----------------------------------------------------------
 
 
 def test_deployment_start_first_start_wins(where: str) -> None:

@@ -69,7 +69,7 @@ async def _clients(url: str, n: int, go: Callable[[], None] = lambda: None) -> l
 
 
 def test_64_clients_and_4_processes_never_overspend(fresh_redis: Any) -> None:
-    """Racing until refused: spent ≤ cap exactly and equals both the granted charges and the audit's charges."""
+    """Racing until refused: spent ≤ cap exactly and equals both the charges made and the audit's charges."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _PROCESS, fresh_redis.url, f"proc{k}", str(P0)],
@@ -110,7 +110,7 @@ def test_64_clients_and_4_processes_never_overspend(fresh_redis: Any) -> None:
 
 
 def test_same_release_id_1000_times_concurrently_is_charged_once(fresh_redis: Any) -> None:
-    """1,000 concurrent reserves of one release_id (each with fresh noise) → one charge, identical bytes returned."""
+    """1,000 concurrent charges of one release_id (each with fresh noise) → one charge, identical bytes returned."""
 
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, one_scope_topology())

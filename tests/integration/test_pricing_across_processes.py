@@ -168,7 +168,7 @@ def test_racing_releasers_match_a_serial_replay(fresh_redis: Any) -> None:
 def test_stale_quote_writes_nothing(where: str) -> None:
     """Both backends: a charge quoted at an old spend version (a charge or a grant landed since) is
     answered STALE_QUOTE and changes nothing (no spend, no refusal, no audit entry); re-quoted, it is
-    granted; a charge without a quoted version is not checked."""
+    charged; a charge without a quoted version is not checked."""
 
     async def body() -> None:
         topo = _topology()

@@ -1,4 +1,4 @@
-"""The report reads the deployment start S recorded in a Redis ledger for the topology's version, and
+"""The report reads the schedule start S recorded in a Redis ledger for the topology's version, and
 never records one itself (that would fix S at the first report instead of the first worker's start)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The deployment start S: `start:` when declared, else the first start of the topology version, kept in Redis."""
+"""The schedule start S: `start:` when declared, else the first start of the topology version, kept in Redis."""
 
 from __future__ import annotations
 

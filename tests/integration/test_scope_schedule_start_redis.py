@@ -1,4 +1,4 @@
-"""The deployment start S recorded with each scope, on a real Redis (and the contract on both backends).
+"""The schedule start S recorded with each scope, on a real Redis (and the contract on both backends).
 
 `budget status --scope s` without `--topology` used to project a first period from the period start
 while `--topology` (and the budget gauges) projected from S: 40x apart. Pinned clocks throughout.

@@ -82,7 +82,7 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
         got = poll(clean, timeout_s=150, every_s=2)
         assert got, (_verify(dep, capsys, "--grace", "20", json_out=False)[1][-12:], dep.log("w1")[-3000:])
         code, doc = got
-        assert doc["ok"] is True and doc["violations"] == [] and doc["verify_version"] == 1
+        assert doc["ok"] is True and doc["violations"] == [] and doc["verify_version"] == 2
         c = doc["counts"]
         assert c["releases"] >= c["release_ids"] >= c["windows_released"] == c["windows_checked"] >= 8
         assert c["windows_missing"] == 0 and c["release_ids_charged"] == c["release_ids"]
@@ -304,7 +304,7 @@ def test_charges_states_and_stored_payload() -> None:
     )
     found = {
         "a": LedgerRelease("s", "a", "published", _doc("a"), "m", 0, 1),
-        "b": LedgerRelease("s", "b", "reserved", _doc("b", values={"": 9.0}), "m", 0, 1),
+        "b": LedgerRelease("s", "b", "charged", _doc("b", values={"": 9.0}), "m", 0, 1),
         "c": LedgerRelease("s", "c", "weird", _doc("c"), "m", 0, 1),
     }
     counts: dict[str, Any] = {}
@@ -345,11 +345,11 @@ def test_schedule_starts_at_S_and_ends_at_now_minus_grace() -> None:
         windows,
         published,
         {rids[1]: "breaker open (manual): x"},
-        {rids[2]: LedgerRelease("s", rids[2], "reserved", b"{}", "m", 0, 1)},
+        {rids[2]: LedgerRelease("s", rids[2], "charged", b"{}", "m", 0, 1)},
         counts,
     )
     assert [v.kind for v in violations] == ["missing_window"]
-    assert "charged (reserved) but not on the releases topic" in violations[0].message
+    assert "charged but not on the releases topic" in violations[0].message
     assert counts == {"windows_checked": 3, "windows_released": 1, "windows_refused": 1, "windows_missing": 1}
 
 

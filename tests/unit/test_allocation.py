@@ -35,7 +35,7 @@ def _releases(scope, period_s):
 
 
 def _run(scope, pool, period_s, skip=frozenset()):
-    """Price every release adaptively; return [(metric, granted)] (skipped releases grant nothing)."""
+    """Price every release adaptively; return [(metric, allowance)] (skipped releases are allowed nothing)."""
     per_period = {n: w.releases_per_period(period_s) for n, (_, w) in scope.items()}
     done = {n: 0 for n in scope}
     spent, log = 0.0, []
@@ -65,7 +65,7 @@ def test_static_cost_is_pool_times_weight_share_over_releases():
 
 
 def test_adaptive_equals_static_on_plan():
-    """When every release happens, each adaptive grant equals the static plan and the period ends at the pool."""
+    """When every release happens, each adaptive allowance equals the static plan and the period ends at the pool."""
     static = _static(_SCOPE, _POOL, DAY)
     log = _run(_SCOPE, _POOL, DAY)
     for name, cost in log:
@@ -74,7 +74,7 @@ def test_adaptive_equals_static_on_plan():
 
 
 def test_skipped_release_share_goes_to_the_rest():
-    """A skipped release leaves its share to later ones: later grants rise and the pool is still used up."""
+    """A skipped release leaves its share to later ones: later allowances rise and the pool is still used up."""
     static = _static(_SCOPE, _POOL, DAY)
     skip = {10, 11, 12}
     log = _run(_SCOPE, _POOL, DAY, skip=skip)
@@ -107,8 +107,8 @@ def test_seed_002_sequence_is_064_048_032_016():
     assert math.fsum(c for _, c in log) == pytest.approx(1.6)  # 0.4 reserve untouched: ratio 0.8
 
 
-def test_nothing_left_grants_nothing_and_no_release_left_is_a_bug():
-    """An exhausted pool grants 0; pricing a metric with no release left is an internal error."""
+def test_nothing_left_allows_nothing_and_no_release_left_is_a_bug():
+    """An exhausted pool allows 0; pricing a metric with no release left is an internal error."""
     demands = {"a": MetricDemand(1.0, 4, 1)}
     assert adaptive_release_cost(0.0, "a", demands) == 0.0
     assert adaptive_release_cost(-1.0, "a", demands) == 0.0

@@ -14,7 +14,7 @@ def _metric(aggregate=Aggregate.COUNT, mechanism=Mechanism.GAUSSIAN, **kw) -> Me
     return Metric("m", "s", "b", 1.0, Window(60, 60), aggregate, mechanism, **kw)
 
 
-def test_gaussian_sigma_recovers_the_granted_rho():
+def test_gaussian_sigma_recovers_the_allowed_rho():
     """σ of a Gaussian part gives back exactly the ρ it was granted."""
     (c,) = calibrate(_metric(contribution=Contribution(max_per_key=5)), Accounting.ZCDP, 1e-4)
     assert acc.gaussian_rho(5.0, c.scale) == pytest.approx(1e-4, rel=1e-12)

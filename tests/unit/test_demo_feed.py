@@ -68,12 +68,12 @@ def test_budget_line_from_the_status_json() -> None:
         "spent": 0.00108,
         "cap": 0.0882,
         "epsilon_equiv": 0.21,
-        "releases": {"granted": 24, "refused": 0},
+        "releases": {"charged": 24, "refused": 0},
         "period": {"id": "2026-11-30T21:00Z", "seconds_left": 2450},
     }
     line = format_budget(status)
     assert "demo-hourly" in line and "1.23 %" in line and "ρ 0.00108 of 0.0882" in line
-    assert "granted 24, refused 0" in line and "40 min 50 s left" in line
+    assert "charged 24, refused 0" in line and "40 min 50 s left" in line
 
 
 def _expected(cost: float) -> Expectation:

@@ -1,4 +1,4 @@
-"""Adaptive grants (DESIGN §5) on the in-process ledger: static plan on plan, shares left to the rest, never over."""
+"""Adaptive allowances on the in-process ledger: static plan on plan, shares left to the rest, never over."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
-def test_on_plan_grants_equal_the_static_plan() -> None:
+def test_on_plan_allowances_equal_the_static_plan() -> None:
     """Releasing every window at its quote gives each metric pool × w/Σw / N per release (to a few 1e-12 units)."""
 
     async def body() -> None:
@@ -154,7 +154,7 @@ def _schedule(topo, start: int, until: int) -> list[tuple[int, str, int]]:
 
 
 async def _charge_all(ledger, windows) -> list[int]:
-    """Quote and charge every window at its quote; the granted units, in order."""
+    """Quote and charge every window at its quote; the charged units, in order."""
     out = []
     for end, name, start in windows:
         q = await ledger.quote(name, start, end)
@@ -194,7 +194,7 @@ def test_a_metric_whose_only_window_starts_before_s_gets_no_share() -> None:
 
 def test_a_start_at_or_before_the_period_start_prices_exactly_as_without_one() -> None:
     """Every grant of two whole periods is the same unit for unit with no S, S at the period start and S
-    five hours before it; and S inside the first period leaves the second period's grants unchanged."""
+    five hours before it; and S inside the first period leaves the second period's allowances unchanged."""
 
     async def body() -> None:
         topo = _mixed()
@@ -212,7 +212,7 @@ def test_a_start_at_or_before_the_period_start_prices_exactly_as_without_one() -
 
 
 def test_use_schedule_start_takes_whole_epoch_seconds_only() -> None:
-    """A deployment start that is not whole seconds >= 0 is a bug, refused before it prices anything."""
+    """A schedule start that is not whole seconds >= 0 is a bug, refused before it prices anything."""
     import pytest
 
     from dpstream.topology.errors import InternalError

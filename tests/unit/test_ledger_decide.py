@@ -344,6 +344,6 @@ def test_random_sequences_never_overspend_and_answer_as_the_model(ops: list[tupl
 
 
 def test_a_plain_period_of_releases_is_charged_once_each() -> None:
-    """On plan every release of a period is granted once; a retry of the first answers its bytes."""
+    """On plan every release of a period is charged once; a retry of the first answers its bytes."""
     ops: list[tuple[Any, ...]] = [("release", 0, slot, "quoted", "quoted") for slot in range(6)]
     asyncio.run(_replay([*ops, ("release", 0, 0, "big", "none")]))

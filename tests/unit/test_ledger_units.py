@@ -32,7 +32,7 @@ def test_charge_is_never_below_the_cost(cost: float) -> None:
 
 
 @given(st.integers(min_value=1, max_value=9 * 10**15))
-def test_grantable_float_charges_at_most_the_grant(units: int) -> None:
+def test_chargeable_float_charges_at_most_the_grant(units: int) -> None:
     """A release calibrated with the quoted float is charged no more than the quoted units."""
     assert cost_to_units(grantable_float(units)) <= units
 
@@ -96,7 +96,7 @@ def test_delta_cap_rounds_down_and_refuses_what_it_cannot_hold() -> None:
 
 
 def test_deployment_start_key_has_its_own_hash_tag() -> None:
-    """The deployment start lives outside every scope's slot, one key per topology version."""
+    """The schedule start lives outside every scope's slot, one key per topology version."""
     assert deployment_start_key("abc123") == "dpstream:{deploy}:start:abc123"
     with pytest.raises(ConfigError):
         deployment_start_key("a b")
@@ -130,7 +130,7 @@ def test_integer_unit_conversions_equal_the_fraction_rule(x: float) -> None:
 
 
 @given(st.integers(min_value=0, max_value=9 * 10**15))
-def test_grantable_float_is_the_largest_float_at_most_the_units(units: int) -> None:
+def test_chargeable_float_is_the_largest_float_at_most_the_units(units: int) -> None:
     """grantable_float(u) <= u x 1e-12 exactly, and the next float up is above it."""
     value = grantable_float(units)
     assert Fraction(value) <= Fraction(units, UNITS_PER_CURRENCY)

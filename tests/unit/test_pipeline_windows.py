@@ -39,7 +39,7 @@ metrics:
 sinks: {releases: t.rel, dead_letter: t.dlq}
 """
 
-S = 1_000_050  # a deployment start on no window boundary: the first window starts at 1_000_080
+S = 1_000_050  # a schedule start on no window boundary: the first window starts at 1_000_080
 
 
 class Rec(NamedTuple):

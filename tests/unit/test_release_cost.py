@@ -123,7 +123,7 @@ _WINDOWS = [(60, 60), (300, 60), (3600, 3600), (7200, 3600), (86_400, 86_400)]
     charged=st.lists(st.integers(min_value=0, max_value=2000), min_size=4, max_size=4),
     start_at=st.one_of(st.none(), st.integers(min_value=-3600, max_value=86_400)),
 )
-def test_integer_grant_equals_the_exact_rule(
+def test_integer_allowance_equals_the_exact_rule(
     specs: list[tuple[float, tuple[int, int]]],
     which: int,
     pool_left: int,

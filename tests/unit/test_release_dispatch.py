@@ -167,8 +167,8 @@ def test_state_round_trips_through_json_with_its_releasing_windows():
     assert back.merger.add(WindowPartial("hist", 0, 10, "s", "t", 0, {"a": 9}, partitions=2)) == []
 
 
-def test_a_new_owner_finishes_a_release_its_predecessor_reserved_with_one_charge():
-    """Owner A reserves then dies before publishing; owner B resumes the state's releasing window and
+def test_a_new_owner_finishes_a_release_its_predecessor_charged_without_a_second_charge():
+    """Owner A charges then dies before publishing; owner B resumes the state's releasing window and
     publishes A's stored bytes; the ledger holds one charge."""
     topo = load_topology_text(_YAML)
 

@@ -305,7 +305,7 @@ def test_the_worker_release_side_parks_counts_hides_from_lag_and_retries(monkeyp
 
 
 def test_the_sweeper_skips_held_windows_and_is_not_blocked_by_a_poison_record() -> None:
-    """Two reserved, unpublished releases, the older one refused by the producer: a sweep round still
+    """Two charged, unpublished releases, the older one refused by the producer: a sweep round still
     publishes and commits the other, then raises the error; with the poison one held (skip), the round
     leaves it alone and raises nothing."""
     from dpstream.topology.periods import period_id

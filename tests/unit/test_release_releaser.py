@@ -64,8 +64,8 @@ def topo():
     return load_topology_text(_YAML)
 
 
-def test_granted_release_publishes_the_stored_record_keyed_by_release_id(topo):
-    """A granted release publishes the ledger's stored bytes once, key = release_id, values near the truth."""
+def test_charged_release_publishes_the_stored_record_keyed_by_release_id(topo):
+    """A charged release publishes the ledger's stored bytes once, key = release_id, values near the truth."""
 
     async def go():
         ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))
@@ -126,8 +126,8 @@ def test_refused_release_publishes_nothing(topo):
     assert any(e.kind.value == "refusal" for e in audit)
 
 
-def test_sweeper_republishes_a_reserved_release_with_its_stored_bytes(topo):
-    """A publish failure after reserve leaves the release reserved; the sweeper publishes those bytes once."""
+def test_sweeper_republishes_a_charged_release_with_its_stored_bytes(topo):
+    """A publish failure after charging leaves the release charged; the sweeper publishes those bytes once."""
 
     async def go():
         ledger = await open_ledger("memory", topo, clock=ManualClock(_T0 + 3600))

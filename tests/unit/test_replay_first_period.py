@@ -63,7 +63,7 @@ async def _first_period(start: int) -> tuple[int, int, dict[str, list[int]], int
 
 def test_a_first_period_from_mid_period_spends_its_pool_evenly() -> None:
     """From S = 06:30 the daily window (started at 00:00) is never released; hourly and sliding release 17
-    windows each. They spend the whole pool at an even per-release cost (the adaptive grant on plan), so at
+    windows each. They spend the whole pool at an even per-release cost (the adaptive allowance on plan), so at
     the period's end the spend is the pool less the one sliding window still open, as in a whole period."""
     full_end, full_total, full_costs, pool = asyncio.run(_first_period(P0))
     mid_end, mid_total, mid_costs, _ = asyncio.run(_first_period(P0 + 6 * HOUR + 1800))

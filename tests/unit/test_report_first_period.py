@@ -1,4 +1,4 @@
-"""The report card of a deployment's first period, which starts at the deployment start S inside the
+"""The report card of a deployment's first period, which starts at the schedule start S inside the
 period: no window before S is scheduled (so none is "skipped"), a window after S that was never released
 still is, and the planned figures count from S as the ledger's split and the plan gauges do."""
 
@@ -96,7 +96,7 @@ def test_a_window_missing_at_the_first_period_end_is_not_hidden_by_a_straddling_
 
 def test_planned_figures_count_from_the_deployment_start() -> None:
     """The utility's planned releases are the windows from S; planned releases × planned cost sum to the
-    pool, as the plan gauges reach it at the period's end; the ledger's grants match the planned cost."""
+    pool, as the plan gauges reach it at the period's end; the ledger's allowances match the planned cost."""
     rep, topo = asyncio.run(_report([(S, P0 + HOUR + 120)]))
     scope_plan = build_plan(topo).scopes[0]
     util = _rows(rep, "utility")
@@ -104,7 +104,7 @@ def test_planned_figures_count_from_the_deployment_start() -> None:
         first = math.ceil(S / m.window.every_s) * m.window.every_s
         assert util[name]["planned_releases"] == len(range(first, P0 + HOUR, m.window.every_s)), name
         realised, planned = util[name]["realised_cost_mean"], util[name]["planned_cost"]
-        assert abs(realised - planned) <= 1e-3 * planned, name  # on plan: grants floored to the unit
+        assert abs(realised - planned) <= 1e-3 * planned, name  # on plan: allowances floored to the unit
     total = math.fsum(u["planned_releases"] * u["planned_cost"] for u in util.values())
     gauge = planned_spent(scope_plan, P0, P0 + HOUR, P0 + 2 * HOUR, S)
     assert math.isclose(total, scope_plan.pool, rel_tol=1e-12) and math.isclose(gauge, total, rel_tol=1e-12)
@@ -144,7 +144,7 @@ def test_first_period_advice_compares_plan_with_plan_over_the_span_from_the_depl
     assert adv["span"] == {"from_epoch": late, "first_period": True, "note": adv["span"]["note"]}
     for row in adv["metrics"]:
         realised, planned = row["expected_abs_error_this_period"], row["expected_abs_error_planned"]
-        assert math.isclose(realised, planned, rel_tol=2e-3), row["metric"]  # grants floored to the unit
+        assert math.isclose(realised, planned, rel_tol=2e-3), row["metric"]  # allowances floored to the unit
     # set against a whole period's plan (the report's old comparison), this boosted part would look better
     # than any plan: the advice "worse" for want of the windows before S alone
     assert j["next_period"]["advised"] > 1.2 * j["this_period"]
@@ -255,7 +255,7 @@ def test_the_report_calls_one_number_per_release_its_epsilon_equivalent() -> Non
     rep, recorded = asyncio.run(run())
     for name, row in _rows(rep, "utility").items():
         assert math.isclose(row["planned_noise_multiplier"], math.sqrt(2.0 * row["planned_cost"]), rel_tol=1e-12)
-        for eps in recorded[name]:  # on plan: the grants are the planned cost floored to the ledger's unit
+        for eps in recorded[name]:  # on plan: the allowances are the planned cost floored to the ledger's unit
             assert math.isclose(eps, row["planned_epsilon_equivalent"], rel_tol=1e-3), name
         assert row["planned_epsilon_equivalent"] > 2 * row["planned_noise_multiplier"], name
         assert not any(key.startswith("planned_epsilon") and key != "planned_epsilon_equivalent" for key in row)

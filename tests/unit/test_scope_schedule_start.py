@@ -1,4 +1,4 @@
-"""The deployment start S is recorded with each scope, so every reader projects a first period from one S.
+"""The schedule start S is recorded with each scope, so every reader projects a first period from one S.
 
 In-process ledger, pinned clock: status with S given (what `budget status --topology` and the release
 side know), status without it (`budget status --scope X`), and the budget gauges agree.

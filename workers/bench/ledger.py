@@ -1,4 +1,4 @@
-"""`dpstream bench ledger`: reserves/s and latency of the ledger next to a plain INCRBY, same client, same run.
+"""`dpstream bench ledger`: charges/s and latency of the ledger next to a plain INCRBY, same client, same run.
 
 Both phases use one client built by `workers.ledger.redis_backend.connect` (same pool, timeouts)
 with N concurrent asyncio tasks, `--seconds` per operation, measured in two alternating halves.
@@ -47,12 +47,12 @@ class Phase:
 
 @dataclass(frozen=True)
 class BenchResult:
-    """Both phases and the throughput ratio reserve / INCRBY."""
+    """Both phases and the throughput ratio charge / INCRBY."""
 
     clients: int
     seconds: float
     incrby: Phase
-    reserve: Phase
+    charge: Phase
     ratio: float
     redis: str
 
@@ -90,7 +90,7 @@ def _merge(phases: list[Phase]) -> Phase:
 
 
 async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool = False) -> BenchResult:
-    """Measure INCRBY, then reserve, on the Redis at `url`."""
+    """Measure INCRBY, then charge, on the Redis at `url`."""
     client = connect(url, max_connections=max(clients, 1))
     ledger = await open_ledger(
         url, _bench_topology(), actor="bench", max_connections=max(clients, 1), allow_volatile=allow_volatile
@@ -104,7 +104,7 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
     async def incr(w: int, i: int) -> object:
         return await client.incrby(counter, 1000)
 
-    async def reserve(w: int, i: int) -> object:
+    async def charge(w: int, i: int) -> object:
         rid = f"{run}-{w}-{i}"
         return await ledger.charge(
             ReleaseRequest(
@@ -114,11 +114,11 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
 
     try:
         await _phase(clients, min(0.5, seconds), incr)  # warm up connections
-        # alternate halves (INCRBY, reserve, INCRBY, reserve) so load drift on the host hits both alike
+        # alternate halves (INCRBY, charge, INCRBY, charge) so load drift on the host hits both alike
         incs, ress = [], []
         for _ in range(2):
             incs.append(await _phase(clients, seconds / 2, incr))
-            ress.append(await _phase(clients, seconds / 2, reserve))
+            ress.append(await _phase(clients, seconds / 2, charge))
         inc, res = _merge(incs), _merge(ress)
         await client.delete(counter)
     finally:
@@ -144,18 +144,18 @@ def _main(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(result), indent=2))
     else:
         print(f"ledger bench: {result.clients} clients, {result.seconds:g} s per phase, {result.redis}")
-        for name, p in (("INCRBY", result.incrby), ("reserve", result.reserve)):
+        for name, p in (("INCRBY", result.incrby), ("charge", result.charge)):
             print(
                 f"  {name:<8} {p.per_second:10.0f} ops/s   "
                 f"p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)"
             )
-        print(f"  ratio reserve/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
+        print(f"  ratio charge/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench ledger`."""
-    p = subparsers.add_parser("ledger", help="ledger reserves/s and latency vs plain INCRBY")
+    p = subparsers.add_parser("ledger", help="ledger charges/s and latency vs plain INCRBY")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--redis", metavar="URL", help="use this Redis instead of a throwaway one")

@@ -9,6 +9,13 @@ dropped); `retry` (audited, with actor and reason) makes the worker release them
 `privacy_unit: event`; null without `--topology`, since the ledger does not know the privacy unit)
 and `event_level_metrics`. The text form says the event-level label on its own line.
 
+`budget history --json` prints `{"history_version": 2, "scopes": {scope: [period, ...]}}`, each
+period with `charged` (releases charged), `refused` and `reserve_granted` (what operators granted
+of the reserve); `budget reconcile --json` prints `{"reconcile_version": 2, "ok", "scopes"}`, each
+period with `stored_charges` beside `audited_charges`. Version 2 renamed history's `charged`
+(v1: `granted`) and reconcile's `stored_charges` (v1: `stored_granted`): "grant" means only an
+operator's grant of reserve.
+
 The ledger is found by `--redis URL`, else `$DPSTREAM_REDIS` (what the runbooks use: the operator's
 environment names the deployment's ledger), else the topology's `redis.url` (`--topology FILE`),
 else redis://localhost:6379/0. Reading never changes the ledger.
@@ -37,6 +44,11 @@ from dpstream.workers.ledger.units import units_to_float
 
 _DEFAULT_REDIS = "redis://localhost:6379/0"
 
+
+HISTORY_VERSION = 2
+"""The shape of `budget history --json` (2: `charged` (v1: `granted`))."""
+RECONCILE_VERSION = 2
+"""The shape of `budget reconcile --json` (2: `stored_charges` (v1: `stored_granted`))."""
 
 #: The ledger commands' wall clock: what "now" and "this period" mean for status, grants and --since.
 #: One name so that tests pin it (monkeypatch) and the period arithmetic runs at any fixed time of day.
@@ -131,7 +143,7 @@ def _status_text(s: ScopeStatus) -> str:
         f"{s.scope}  [{s.state.value.upper()}]  period {s.period_id} ({hours}h{rest // 60:02d}m left)",
         f"  spent {cur} {s.spent:.6g} of cap {s.cap:.6g}  ratio {s.ratio:.4f} (warn at {s.warn_at:g})"
         + (f"  ε-equivalent {s.epsilon_equiv:.4g} at δ={s.delta:g}" if s.accounting == "zcdp" else ""),
-        f"  releases granted {s.granted}, refused {s.refused}",
+        f"  releases charged {s.granted}, refused {s.refused}",
         f"  pool left {s.pool_left:.6g}  reserve left {s.reserve_left:.6g}",
         f"  projected at period end {s.projected_spend:.6g} (ratio {s.projected_ratio:.3f})",
     ]
@@ -245,21 +257,21 @@ def _history(args: argparse.Namespace) -> int:
                     "cap": units_to_float(p.cap_units),
                     "spent": units_to_float(p.spent_units),
                     "ratio": p.spent_units / p.cap_units if p.cap_units else 0.0,
-                    "granted": p.granted,
+                    "charged": p.granted,
                     "refused": p.refused,
                     "reserve_granted": units_to_float(p.grant_units),
                 }
                 for p in await ledger.history(scope, args.limit)
             ]
         if args.json:
-            print(json.dumps({"scopes": out}, indent=2))
+            print(json.dumps({"history_version": HISTORY_VERSION, "scopes": out}, indent=2))
             return 0
         for scope, rows in out.items():
             print(scope)
             for r in rows:
                 print(
                     f"  {r['period']:<20} spent {r['spent']:.6g} / {r['cap']:.6g}  ratio {r['ratio']:.4f}  "
-                    f"granted {r['granted']}  refused {r['refused']}"
+                    f"charged {r['charged']}  refused {r['refused']}"
                 )
         return 0
 
@@ -321,6 +333,7 @@ def _reconcile(args: argparse.Namespace) -> int:
             print(
                 json.dumps(
                     {
+                        "reconcile_version": RECONCILE_VERSION,
                         "ok": all(r.ok for r in reports),
                         "scopes": [
                             {
@@ -332,7 +345,7 @@ def _reconcile(args: argparse.Namespace) -> int:
                                         "ok": p.ok,
                                         "stored_units": p.stored_units,
                                         "audited_units": p.audited_units,
-                                        "stored_granted": p.stored_granted,
+                                        "stored_charges": p.stored_charges,
                                         "audited_charges": p.audited_charges,
                                     }
                                     for p in r.periods
@@ -349,7 +362,7 @@ def _reconcile(args: argparse.Namespace) -> int:
                 for p in r.periods:
                     mark = "ok" if p.ok else "MISMATCH"
                     print(
-                        f"{r.scope} {p.period_id}: stored {p.stored_units} units / {p.stored_granted} charges, "
+                        f"{r.scope} {p.period_id}: stored {p.stored_units} units / {p.stored_charges} charges, "
                         f"audit {p.audited_units} units / {p.audited_charges} charges: {mark}"
                     )
                 if not r.periods:

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="TIME",
         help="check only windows starting at or after TIME (ISO-8601 UTC or epoch seconds); "
-        "default: the deployment start",
+        "default: the schedule start",
     )
     parser.add_argument(
         "--until",
@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not count a ledger Redis without AOF fsync always as a violation",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object (verify_version 1)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (verify_version 2)")
     parser.set_defaults(func=_run)
 
 

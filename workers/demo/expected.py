@@ -28,7 +28,7 @@ from dpstream.workers.demo.sizing import Typical, ci_for
 _TOLERANCE = 0.02
 """A release whose cost is within 2 % of the prediction is 'as predicted': integer flooring and the extra charge
 of a window straddling the period boundary move it by well under that on an hourly period (windows that start
-before the schedule are not counted by the ledger either: it prices from the deployment start)."""
+before the schedule are not counted by the ledger either: it prices from the schedule start)."""
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def format_budget(status: dict[str, Any]) -> str:
     return (
         f"budget {status['scope']} (ledger): {status['state']}, spent {100 * status['ratio']:.2f} % of the cap "
         f"({currency} {status['spent']:.3g} of {status['cap']:.3g}, ε-equivalent {status['epsilon_equiv']:.3f}), "
-        f"releases granted {status['releases']['granted']}, refused {status['releases']['refused']}; "
+        f"releases charged {status['releases']['charged']}, refused {status['releases']['refused']}; "
         f"period {status['period']['id']}, {left // 60} min {left % 60:02d} s left"
     )
 

@@ -420,7 +420,7 @@ def _summary(result: LiveResult, prometheus_url: str | None) -> list[str]:
         lines.append(
             f"  scope {status['scope']}, period {status['period']['id']} (from the ledger): spent {currency} "
             f"{status['spent']:.4g} of the cap {status['cap']:.4g} = {100 * status['ratio']:.2f} %, "
-            f"ε-equivalent {status['epsilon_equiv']:.3f}; releases granted {status['releases']['granted']}, "
+            f"ε-equivalent {status['epsilon_equiv']:.3f}; releases charged {status['releases']['charged']}, "
             f"refused {status['releases']['refused']}; state {status['state']}"
         )
     shown = ", ".join(f"{m} {n}" for m, n in sorted(tally.per_metric.items())) or "none"

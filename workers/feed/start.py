@@ -19,7 +19,7 @@ from dpstream.topology.schedule import Schedule
 
 def period_first_window(topology: Topology, metric: Metric, now: float, periods_back: int = 0) -> int:
     """The start of `metric`'s first scheduled window in its scope's period holding `now`
-    (`periods_back` periods earlier), not before the deployment start S."""
+    (`periods_back` periods earlier), not before the schedule start S."""
     period_s = topology.budgets[metric.budget].period_s
     since = period_start(period_s, now) - periods_back * period_s
     return next(Schedule.of(metric, topology.start_s).starts(since=since))

@@ -1,9 +1,9 @@
 """The budget ledger: atomic, idempotent, adaptive, audited spend with a breaker.
 
     ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
-    q = await ledger.quote(metric, window_start, window_end)            # adaptive grant, state
+    q = await ledger.quote(metric, window_start, window_end)            # adaptive allowance, state
     r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
-    await ledger.commit(scope, release_id)                              # reserved -> published
+    await ledger.commit(scope, release_id)                              # charged -> published
     start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins (also per scope)
     ledger.use_schedule_start(start)                                    # price from S
     ledger.ledger_id                                                    # this namespace's id (None: in-process)
@@ -19,7 +19,7 @@ accounting and selection-δ cap at its first charge or refusal, and every check 
 uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
 future periods; while the current period's block exists, a registration that changes the
 accounting or period length, or shrinks the cap, is refused with a one-line ConfigError. Every
-reserve carries the worker's config digest: a worker whose topology disagrees with the scope's
+charge carries the worker's config digest: a worker whose topology disagrees with the scope's
 registered one is refused (counted and audited), never charged under the other topology's terms.
 
 A release charges its ρ/ε and its partition-selection δ (`ReleaseRequest.delta`, integer units
@@ -31,7 +31,7 @@ overspend; all keys of one scope share a hash tag (Redis-Cluster safe) and the L
 validate before their first write, are the only writers. A charge is durable before anything is
 published (AOF `appendfsync always`, `WAIT` for a replica). Allocation is adaptive: what is left,
 cap − reserve − spent, is re-divided at every release over the releases still to come (from the
-deployment start S), in proportion to each metric's planned remaining spend; the reserve is drawn
+schedule start S), in proportion to each metric's planned remaining spend; the reserve is drawn
 only by an audited operator action or a metric marked `may_use_reserve`. States: normal → warning
 (ratio ≥ warn_at: the policy stretches noise or thins releases) → open (the next release cannot
 fit, or an operator opened it). A new period is a new block, never a reset; it closes an
@@ -100,7 +100,7 @@ async def open_ledger(
     A Redis that is not durable (AOF with `appendfsync always`) is refused with a ConfigError
     unless `allow_volatile`; an unreachable one raises LedgerUnavailable. Without a topology
     the ledger serves the read and operator calls of the CLI only. `schedule_start` is the
-    deployment start S the ledger prices with (`Ledger.use_schedule_start`); None counts every window
+    schedule start S the ledger prices with (`Ledger.use_schedule_start`); None counts every window
     of a period as still to come.
     """
     configs = scope_configs(topology) if topology is not None else {}

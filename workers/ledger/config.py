@@ -1,7 +1,7 @@
 """A budget scope as the ledger registers it: cap, reserve and warning threshold in units, metric plans.
 
 Built from the topology once at `open_ledger`; its digest is stored with the scope so a changed
-config is noticed and audited, and every reserve carries it so a worker whose topology
+config is noticed and audited, and every charge carries it so a worker whose topology
 disagrees with the registered one is refused.
 """
 
@@ -126,7 +126,7 @@ class ScopeConfig:
 
     @cached_property
     def digest(self) -> str:
-        """The digest of the stored fields (what `register` stores and every reserve carries)."""
+        """The digest of the stored fields (what `register` stores and every charge carries)."""
         return self.stored_fields()["digest"]
 
     def stored_fields(self) -> dict[str, str]:

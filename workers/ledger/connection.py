@@ -49,7 +49,7 @@ LEDGER_ACL_COMMANDS = (
     "+auth +hello +ping +select "
     # scripts (register_script: EVALSHA, NOSCRIPT → EVAL; SCRIPT LOAD at start) and what they call
     "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +hkeys +xadd +zadd +zrem +expire "
-    # reads, the scope index, the deployment start (MULTI SET NX / GET), the WAIT fence (redis-py's
+    # reads, the scope index, the schedule start (MULTI SET NX / GET), the WAIT fence (redis-py's
     # incr() sends INCRBY)
     "+hgetall +zcount +zrangebyscore +zrevrangebyscore +zrevrange +xrange +sadd +smembers "
     "+set +get +multi +exec +discard "

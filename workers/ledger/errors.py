@@ -1,4 +1,4 @@
-"""The ledger's own error: Redis cannot be reached, so nothing is granted (fail closed)."""
+"""The ledger's own error: Redis cannot be reached, so nothing is charged (fail closed)."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ class ScopeKeys:
     @property
     def config(self) -> str:
         """Hash: cap, reserve, warn threshold (units), accounting, digest of the registered config,
-        and `schedule_start`: the first deployment start S recorded with the scope (`steps.decide_schedule`)."""
+        and `schedule_start`: the first schedule start S recorded with the scope (`steps.decide_schedule`)."""
         return f"{self.base}:config"
 
     @property
@@ -118,7 +118,7 @@ class ScopeKeys:
 
     @property
     def pending(self) -> str:
-        """Sorted set: release ids reserved but not yet published, scored by reserve time (ms)."""
+        """Sorted set: release ids charged but not yet published, scored by charge time (ms)."""
         return f"{self.base}:pending"
 
     @property

@@ -3,7 +3,8 @@
 `status_json` is one scope's `ScopeStatus` as `dpstream budget status --json` prints it (the
 README quotes this shape):
 
-    {"scope": "web-daily", "accounting": "zcdp", "state": "normal",     # normal | warning | open
+    {"status_version": 2,                                                # 2: `releases.granted` is `releases.charged`
+     "scope": "web-daily", "accounting": "zcdp", "state": "normal",     # normal | warning | open
      "period": {"id": "2026-11-30", "start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z",
                 "seconds_left": 38400},
      "cap": 0.024356, "spent": 0.0071, "ratio": 0.2915,                 # in the scope's currency (ρ or ε)
@@ -11,7 +12,7 @@ README quotes this shape):
                                                                         # converted at (zCDP: 0.9 of the scope's δ
                                                                         # when a metric selects keys), or ε itself
      "delta_spent": 0.0, "delta_cap": 1e-07,                            # partition-selection δ of the period
-     "releases": {"granted": 812, "refused": 0},
+     "releases": {"charged": 812, "refused": 0},
      "reserve_left": 0.004871, "pool_left": 0.012414,
      "projected": {"spend": 0.0112, "ratio": 0.46},                     # at the current rate, at period end
      "breaker": null,                                                   # or {"manual", "reason", "actor", "at"}
@@ -29,12 +30,16 @@ README quotes this shape):
 
 from __future__ import annotations
 
-__all__ = ["iso", "parked_json", "status_json"]
+__all__ = ["STATUS_VERSION", "iso", "parked_json", "status_json"]
 
 from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.workers.ledger.types import ParkedRelease, ScopeStatus
+
+STATUS_VERSION = 2
+"""The version of `status_json`'s shape. 2: the count of charged releases is `releases.charged`
+(v1: `releases.granted`); "grant" now means only an operator's grant of reserve."""
 
 
 def iso(ts: float) -> str:
@@ -45,6 +50,7 @@ def iso(ts: float) -> str:
 def status_json(s: ScopeStatus) -> dict[str, Any]:
     """One scope's status as the documented JSON object (see the module docstring)."""
     return {
+        "status_version": STATUS_VERSION,
         "scope": s.scope,
         "accounting": s.accounting,
         "state": s.state.value,
@@ -62,7 +68,7 @@ def status_json(s: ScopeStatus) -> dict[str, Any]:
         "delta_spent": s.delta_spent,
         "delta_cap": s.delta_cap,  # partition-selection δ of the period
         "warn_at": s.warn_at,
-        "releases": {"granted": s.granted, "refused": s.refused},
+        "releases": {"charged": s.granted, "refused": s.refused},
         "reserve_left": s.reserve_left,
         "pool_left": s.pool_left,
         "projected": {"spend": s.projected_spend, "ratio": s.projected_ratio},

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 RATIO_TOKEN = b'"ratio_after":null'
-"""The placeholder in a release record that `reserve` replaces with the ratio after the charge."""
+"""The placeholder in a release record that `charge` replaces with the ratio after the charge."""
 
 
 def fill_ratio(payload: bytes, ratio: float) -> bytes:
@@ -35,7 +35,7 @@ def fill_ratio(payload: bytes, ratio: float) -> bytes:
 
 
 class Outcome(Enum):
-    """What `reserve` did."""
+    """What `charge` did."""
 
     GRANTED = "granted"
     """Charged now; the payload is stored and must be published."""
@@ -109,7 +109,7 @@ class ReleaseRequest:
 
 @dataclass(frozen=True)
 class ChargeResult:
-    """The answer of `reserve`."""
+    """The answer of `charge`."""
 
     outcome: Outcome
     payload: bytes
@@ -130,7 +130,7 @@ class Quote:
     scope: str
     period_id: str
     cost: float
-    """Grantable cost in the scope's currency (0 when refused or thinned)."""
+    """The allowance: cost in the scope's currency (0 when refused or thinned)."""
     cost_units: int
     state: State
     thinned: bool = False
@@ -152,13 +152,13 @@ class Quote:
 
     @property
     def ok(self) -> bool:
-        """True when a release with this cost may be reserved."""
+        """True when a release with this cost may be charged."""
         return self.refused_reason is None and not self.thinned and self.cost_units > 0
 
 
 @dataclass(frozen=True)
 class PendingRelease:
-    """A release reserved but not yet published: the sweeper republishes `payload` as is."""
+    """A release charged but not yet published: the sweeper republishes `payload` as is."""
 
     release_id: str
     scope: str
@@ -251,7 +251,7 @@ class ScopeStatus:
     delta_cap: float = 0.0
     """Partition-selection δ the period may spend (fixed when the period opened)."""
     schedule_start: int | None = None
-    """The deployment start S the projection reckons with (it counts from S when S lies in this
+    """The schedule start S the projection reckons with (it counts from S when S lies in this
     period): the one given, else the scope's recorded one, else the ledger's; None: none known."""
 
 
@@ -276,13 +276,13 @@ class PeriodReconcile:
     period_id: str
     stored_units: int
     audited_units: int
-    stored_granted: int
+    stored_charges: int
     audited_charges: int
 
     @property
     def ok(self) -> bool:
         """True when stored spend and charge count equal the audit's."""
-        return self.stored_units == self.audited_units and self.stored_granted == self.audited_charges
+        return self.stored_units == self.audited_units and self.stored_charges == self.audited_charges
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ window wait behind every earlier window's ledger round trips and publish ack (a 
 delayed the next window by as much; a burst of windows closing together queued up). Now the merge
 loop only records a window as *releasing* in the metric's durable state and hands it here; up to
 `max_concurrent` releases run at once. The budget is unaffected: every charge is one atomic
-reserve, and the `Releaser` runs quote → reserve one scope at a time, so releases are priced as if
+ledger call, and the `Releaser` runs quote → charge one scope at a time, so releases are priced as if
 they ran in turn (canonical (P(w), metric) order); only the publish acks and commits overlap.
 
 Why it stays exactly-once: a window stays in `releasing` (persisted with the merger state) until its
@@ -13,7 +13,7 @@ release finished, so an owner that crashed or lost the metric mid-release leaves
 next owner releases it again; the ledger's stored payload makes that retry republish the same bytes
 with one charge. A release that failed (Redis or Kafka unreachable) stays there too and is
 dispatched again after a backoff (2, 4, … 60 s): a fresh attempt draws fresh noise only if nothing
-was reserved, since a reserved release_id returns its stored bytes. A window that failed on an outage
+was charged, since a charged release_id returns its stored bytes. A window that failed on an outage
 (`transient`) does not sit out the rest of its backoff once the outage is over: the first release
 that succeeds afterwards makes every such window due again at once (a 30 s Redis outage otherwise
 held windows back for up to a further 60 s).

@@ -23,7 +23,7 @@ ARM_ENV = "DPSTREAM_CHAOS_ARMED"
 """Must equal `ARM_PHRASE`, or `CRASH_ENV` is ignored."""
 ARM_PHRASE = "crash-this-worker-for-a-chaos-test"
 STEPS = ("after_charge", "after_publish")
-"""after_charge: charged (reserved) in the ledger, not published; after_publish: published, not committed."""
+"""after_charge: charged in the ledger, not published; after_publish: published, not committed."""
 
 
 def _plan() -> tuple[str, int] | None:

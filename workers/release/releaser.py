@@ -5,7 +5,7 @@ idempotency horizon, no noise drawn, nothing charged | thinned or refused:
 refused_budget / refused_breaker, recorded by the ledger, nothing published) → mechanism at the
 quoted cost → noise → record bytes → atomic `charge` (a known release_id returns its stored bytes)
 → publish the *stored* bytes with key = release_id → `commit`. A crash after the charge leaves the
-release `reserved` in the ledger; `sweep` republishes it with the same bytes. Ledger errors
+release `charged` in the ledger; `sweep` republishes it with the same bytes. Ledger errors
 propagate (fail closed), counted as ledger_unavailable; any other error as failed.
 
 Per release the releaser reuses what only depends on the topology and the cost: the mechanism
@@ -364,7 +364,7 @@ async def sweep(
     counts: ReleaseCounts | None = None,
     skip: Callable[[str], bool] | None = None,
 ) -> int:
-    """Republish every release reserved longer than `older_than_s` ago with its stored bytes, then commit.
+    """Republish every release charged longer than `older_than_s` ago with its stored bytes, then commit.
 
     `skip(release_id)` leaves a release to its owner (a parked window: held until `budget retry`).
     A release whose publish fails does not stop the round: the others are still swept, then the

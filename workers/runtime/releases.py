@@ -6,9 +6,9 @@ deduped by (window, partition), so replayed partials change nothing. A window is
 every source partition has reported it (no deadline: a missing partial delays the release, it never
 drops a partition's units). The agent only merges: a merged
 window is recorded as releasing and handed to the `ReleaseDispatcher` (up to 16 releases at once;
-quote → reserve one scope at a time), which runs the core's `Releaser` (quote → noise → reserve →
+quote → charge one scope at a time), which runs the core's `Releaser` (quote → noise → charge →
 publish the stored bytes with key = release_id on an idempotent producer → commit); finished windows
-leave the state at the metric's next message. A sweeper timer republishes reserved-but-unpublished
+leave the state at the metric's next message. A sweeper timer republishes charged-but-unpublished
 records with their stored bytes.
 
 Poison windows: a window whose release fails `park_after_attempts` times in a row on an internal
@@ -66,7 +66,7 @@ from dpstream.workers.telemetry.ledger_proxy import LedgerTimings, TimedLedger
 _log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_RELEASES = 16
-"""Releases one process runs at once (their quote → reserve still go one scope at a time)."""
+"""Releases one process runs at once (their quote → charge still go one scope at a time)."""
 
 KEEP_LATENCIES = 10_000
 """Most recent close→publish latencies kept in `ReleaseStats` (a long-running worker stays bounded)."""
@@ -569,7 +569,7 @@ class ReleaseSide:
         await self._producer.send_and_wait(self.topology.sinks.releases, value, key=key, timestamp_ms=timestamp_ms)
 
     async def _sweep(self) -> None:
-        """Republish reserved-but-unpublished releases with their stored bytes."""
+        """Republish charged-but-unpublished releases with their stored bytes."""
         if self._timed_ledger is None or self._releaser is None:
             return
         try:

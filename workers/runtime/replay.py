@@ -104,7 +104,7 @@ async def replay_lines(
     [start, end) (epoch seconds); `publish(value, key)` gets each stored record.
 
     `actor` names the replay in the audit entries of its charges. The ledger prices with its own
-    deployment start (`Ledger.use_schedule_start`): `dpstream replay` opens it with S = `start`, so a
+    schedule start (`Ledger.use_schedule_start`): `dpstream replay` opens it with S = `start`, so a
     range starting inside a period spends that period's pool on the windows it releases. Raises
     ConfigError when end <= start or the source is ambiguous or unknown.
     """

@@ -1,4 +1,4 @@
-"""The deployment start S: where every metric's public release schedule begins (see dpstream.topology, rule 2).
+"""The schedule start S: where every metric's public release schedule begins (see dpstream.topology, rule 2).
 
 S is the topology's `start:` when it declares one; otherwise the first start of this topology
 version, recorded once in the ledger (the first worker to ask sets it; every later worker, restart

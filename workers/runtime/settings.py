@@ -40,9 +40,9 @@ class RuntimeSettings:
     clock_probe_interval_s: float = 10.0
     """How often the ingest measures the clock skew (a probe record's broker append time)."""
     sweep_interval_s: float = 2.0
-    """How often reserved-but-unpublished releases are republished."""
+    """How often charged-but-unpublished releases are republished."""
     sweep_age_s: float = 5.0
-    """A reserved release older than this is republished by the sweeper."""
+    """A charged release older than this is republished by the sweeper."""
     datadir: str = ""
     session_timeout_s: float = 6.0
     """A consumer-group member that stops heart-beating (SIGKILL, a lost host) loses its partitions after

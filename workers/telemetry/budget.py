@@ -114,7 +114,7 @@ def planned_spent(
     per-release cost on plan times its windows of the period that have ended. Reaches the pool when the
     period's last window ends.
 
-    In a deployment's first period (the deployment start S, `schedule_start`, after the period start)
+    In a deployment's first period (the schedule start S, `schedule_start`, after the period start)
     only windows starting at or after S are released (the public schedule) and the ledger spends the
     whole pool on them: the costs are the plan's over those windows alone (`ScopePlan.planned_from`),
     and only they count here. S at or before the period start changes nothing."""
@@ -287,7 +287,7 @@ class LedgerSource:
 class BudgetReader:
     """Reads the figures of the topology's scopes from a ledger (one pass per scrape).
 
-    The projection and the plan's figures count from the deployment start S in its first period: the
+    The projection and the plan's figures count from the schedule start S in its first period: the
     S recorded with the scope (what `budget status` reads, with or without a topology); for a scope
     without one, the topology's `start:`, else the S the ledger prices with (an in-process ledger
     shared with the release side), else the one recorded in the ledger for this topology version
@@ -328,7 +328,7 @@ class BudgetReader:
         return out
 
     async def schedule_start(self, ledger: Any) -> int | None:
-        """The deployment start S of a scope with none recorded with it (None while no worker recorded one)."""
+        """The schedule start S of a scope with none recorded with it (None while no worker recorded one)."""
         if self._start is None and self._version is not None:
             start = ledger.schedule_start
             if start is None:

@@ -19,7 +19,7 @@ Release side (roles `all` and `release`), per `metric` of the topology:
                                                   (pending in the merger or releasing), C(w) = end +
                                                   allowed_lateness; 0 when none
     dpstream_windows_pending{metric}              windows closed but not released (merger + releasing)
-    dpstream_releases_swept_total                 reserved releases the sweeper republished
+    dpstream_releases_swept_total                 charged releases the sweeper republished
     dpstream_ledger_request_duration_seconds{op}  histogram of the releaser's ledger calls
     dpstream_ledger_errors_total{op}              those calls that raised
 

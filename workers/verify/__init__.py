@@ -4,11 +4,11 @@ It reads the releases topic, the dead-letter topic and the ledger (never writes 
 names every violation in one line:
 
 - a release_id published with two different payloads (byte comparison);
-- a published release_id without a reserved or committed charge (or whose published bytes differ
+- a published release_id without a charge in the ledger (or whose published bytes differ
   from the payload the ledger stored with the charge);
 - per budget scope and period: spend that differs from the sum of the audit stream's charges, spend
   above the cap, selection δ above its cap;
-- a scheduled window (from the deployment start S to now minus a grace) neither published nor
+- a scheduled window (from the schedule start S to now minus a grace) neither published nor
   recorded by the ledger as refused with a reason;
 - a release published during a ledger outage given with `--outage FROM/TO` (unless charged before it);
 - optionally (`--compare-to TOPIC`), a released value that differs from another run's release of

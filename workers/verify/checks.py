@@ -187,7 +187,7 @@ def check_this_version(
         schedule = Schedule.of(metric, start_s)
         first = schedule.first_window() if start_s is not None else None
         if not schedule.on_grid(w[0], w[1]) or (first is not None and w[0] < first):
-            why = "before the deployment start" if first is not None and w[0] < first else "off the window grid"
+            why = "before the schedule start" if first is not None and w[0] < first else "off the window grid"
             violations.append(
                 Violation(
                     "unscheduled_release",
@@ -203,7 +203,7 @@ def check_this_version(
 def check_charges(
     published: Mapping[str, Published], found: Mapping[str, LedgerRelease | None], counts: dict[str, Any]
 ) -> list[Violation]:
-    """Every published release_id has a reserved or published charge, and every published payload is
+    """Every published release_id has a charge (charged or published), and every published payload is
     the one the ledger stored with the charge (byte comparison)."""
     violations: list[Violation] = []
     charged = 0
@@ -224,7 +224,7 @@ def check_charges(
                 Violation(
                     "charge_state",
                     f"{pub.label()}: the ledger's record is in state "
-                    f"{rec.state or '(none)'!r}, not reserved or published",
+                    f"{rec.state or '(none)'!r}, not charged or published",
                     {"release_id": rid, "state": rec.state},
                 )
             )
@@ -254,14 +254,14 @@ def check_budget(report: ReconcileReport, blocks: Iterable[PeriodSummary], count
             violations.append(
                 Violation(
                     "spend_mismatch",
-                    f"scope {scope} period {p.period_id}: stored spend {p.stored_units} units in {p.stored_granted} "
+                    f"scope {scope} period {p.period_id}: stored spend {p.stored_units} units in {p.stored_charges} "
                     f"charges, the audit stream's charges add up to {p.audited_units} units in {p.audited_charges}",
                     {
                         "scope": scope,
                         "period": p.period_id,
                         "stored_units": p.stored_units,
                         "audited_units": p.audited_units,
-                        "stored_granted": p.stored_granted,
+                        "stored_charges": p.stored_charges,
                         "audited_charges": p.audited_charges,
                     },
                 )
@@ -348,8 +348,8 @@ def check_schedule(
             budget = topology.budgets[topology.metrics[w.metric].budget]
             if budget.on_warning.thin > 1:
                 why += f" (scope {budget.name} thins releases in warning: a thinned window leaves no ledger record)"
-        elif rec.state == "reserved":
-            why = "charged (reserved) but not on the releases topic"
+        elif rec.state == "charged":
+            why = "charged but not on the releases topic"
         elif rec.state == "published":
             why = "the ledger says published, but it is not on the releases topic"
         else:
@@ -512,7 +512,7 @@ def check_outages(
     inside = 0
     for rid, pub in published.items():
         rec = found.get(rid)
-        charged_ms = rec.reserved_at_ms if rec is not None else None
+        charged_ms = rec.charged_at_ms if rec is not None else None
         for stamp in pub.stamps:
             t = stamp / 1000
             span = next(((a, b) for a, b in spans if a <= t <= b), None)

@@ -2,17 +2,18 @@
 
 Text (stdout): one `VIOLATION <kind>: <what>` line per violation, then (when the topology has
 event-level metrics) the line `event-level (weaker): <metrics> protect single events, …`, then one
-summary line `verify: ok|N violation(s): <counts>`. JSON (`--json`, `verify_version: 1`): one object
+summary line `verify: ok|N violation(s): <counts>`. JSON (`--json`, `verify_version: 2`): one object
 
-    {"verify_version": 1, "ok": false, "topology_version": "…",
+    {"verify_version": 2, "ok": false, "topology_version": "…",
      "guarantee": "unit-level|event-level (weaker)", "event_level_metrics": ["…"],
      "schedule": {"start": S, "start_iso": "…", "source": "topology|ledger|none", "checked_until": T, "grace_s": 60},
      "counts": {"releases": 7, "release_ids": 5, "duplicates_identical": 2, "windows_checked": 12,
                 "windows_released": 10, "windows_refused": 2, "dead_letters": 3, "dead_letter_reasons": {…}, …},
      "violations": [{"kind": "two_payloads", "message": "…", "release_id": "…"}, …]}
 
-Kinds are stable names (added to, never renamed): `KINDS`. Nothing here carries a raw event, a
-unit id or a true aggregate: only release ids, metric names, windows, scope names and ledger units.
+Kinds are stable names (added to, never renamed without bumping `VERIFY_VERSION`): `KINDS`.
+Nothing here carries a raw event, a unit id or a true aggregate: only release ids, metric names,
+windows, scope names and ledger units.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 
 from dpstream.topology.model import event_level_note, guarantee_label
 
-VERIFY_VERSION = 1
+VERIFY_VERSION = 2
+"""2: the kind `no_schedule_start` (v1: `no_deployment_start`), a `spend_mismatch`'s
+`stored_charges` (v1: `stored_granted`), and a `charge_state`'s ledger state reads `charged` where
+the ledger stores `reserved`."""
 
 KINDS = {
     "two_payloads": "a release_id was published with two different payloads",
@@ -34,14 +38,14 @@ KINDS = {
     "release_key": "a release record's Kafka key is not its release_id",
     "wrong_release_id": "a release of this topology version whose release_id is not derived from its metric and window",
     "unscheduled_release": "a release of this topology version for a window that is not on the public schedule",
-    "uncharged": "a published release_id has no reserved or committed charge in the ledger",
-    "charge_state": "a published release_id's ledger record is neither reserved nor published",
+    "uncharged": "a published release_id has no charge in the ledger",
+    "charge_state": "a published release_id's ledger record is neither charged nor published",
     "payload_mismatch": "the published bytes differ from the payload the ledger stored with the charge",
     "spend_mismatch": "a period's spend (or charge count) differs from the audit stream's charges",
     "over_cap": "a period's spend is above its cap",
     "delta_over_cap": "a period's selection δ spent is above its cap",
     "scope_not_registered": "a budget scope of the topology is not registered in the ledger",
-    "no_deployment_start": "neither the topology nor the ledger records the deployment start S",
+    "no_schedule_start": "neither the topology nor the ledger records the schedule start S",
     "missing_window": "a scheduled window is neither published nor recorded as refused with a reason",
     "bad_dead_letter": "a dead-letter record is malformed or has a reason outside the fixed list",
     "value_mismatch": "a released value differs from the compared run's release of the same window",

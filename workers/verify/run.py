@@ -1,7 +1,7 @@
 """`verify_deployment`: read a live deployment (releases topic, dead-letter topic, ledger) and run every check.
 
 Read only: topics are read without a consumer group, the ledger with plain reads (no script runs,
-no scope is registered, no deployment start is recorded).
+no scope is registered, no schedule start is recorded).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dpstream.workers.ledger.types import AuditKind
 from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.verify import checks
 from dpstream.workers.verify.report import VerifyReport, Violation, iso
-from dpstream.workers.verify.sources import LedgerRelease, read_deployment_start, read_releases, read_topic
+from dpstream.workers.verify.sources import LedgerRelease, read_releases, read_topic, read_version_schedule_start
 
 _ALL_PERIODS = 1_000_000
 _RECONCILE_READS = 5
@@ -38,7 +38,7 @@ class VerifyOptions:
     now: float | None = None
     """The wall clock (default: time.time())."""
     since_s: int | None = None
-    """Check no window starting before this (default: from the deployment start S)."""
+    """Check no window starting before this (default: from the schedule start S)."""
     compare_to: str | None = None
     """Another run's releases topic (same broker): values of the same windows must match."""
     tolerance: float | None = None
@@ -168,7 +168,7 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
         if topology.start_s is not None:
             start, start_from = int(topology.start_s), "topology"
         else:
-            start, start_from = await read_deployment_start(client, version), "ledger"
+            start, start_from = await read_version_schedule_start(client, version), "ledger"
         report.add(checks.check_this_version(topology, published, start, counts))
         until = now - options.grace_s
         if options.until_s is not None:
@@ -185,9 +185,9 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
             report.add(
                 [
                     Violation(
-                        "no_deployment_start",
+                        "no_schedule_start",
                         f"topology version {version} has no `start:` and the "
-                        "ledger recorded no deployment start for it: no worker of this version has "
+                        "ledger recorded no schedule start for it: no worker of this version has "
                         "started, so the schedule cannot be checked",
                     )
                 ]

@@ -3,7 +3,7 @@
 Nothing here writes: the topic is read without a consumer group (no offsets committed), and the
 ledger is read with plain `HMGET` / `GET` on the keys `dpstream.workers.ledger.keys` names (the
 ledger's scripts stay its only writers). `Ledger.deployment_start` is not used because it records
-a start when none exists; `read_deployment_start` only reads.
+a start when none exists; `read_version_schedule_start` only reads.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = [
     "LedgerRelease",
     "read_topic",
     "read_releases",
-    "read_deployment_start",
+    "read_version_schedule_start",
     "RELEASE_STATES",
 ]
 
@@ -30,8 +30,12 @@ from dpstream.workers.runtime.admin import client_options
 from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.runtime.topics import partition_count
 
-RELEASE_STATES = ("reserved", "published")
-"""The states of a charged release record (reserved: charged, not yet committed after publishing)."""
+RELEASE_STATES = ("charged", "published")
+"""The states of a release record (charged: not yet committed after publishing; then published)."""
+
+_STORED_STATES = {"reserved": "charged"}
+"""Stored state tokens read under their name here: the charge scripts store a charged release's
+state as `reserved` (kept, so every existing ledger reads the same); `_state` maps it on read."""
 
 _FETCH_BYTES = 64 * 1024 * 1024
 _CHUNK = 500
@@ -64,7 +68,7 @@ class LedgerRelease:
     metric: str
     window_start: int | None
     window_end: int | None
-    reserved_at_ms: int | None = None
+    charged_at_ms: int | None = None
     """When the charge was made (the worker's clock, ms), as the charge script stored it."""
 
 
@@ -157,6 +161,11 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _state(stored: str) -> str:
+    """A release record's state as verify names it (`reserved` as stored reads `charged`)."""
+    return _STORED_STATES.get(stored, stored)
+
+
 async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], LedgerRelease]:
     """The ledger's release records for (scope, release_id) pairs; absent ones are left out.
 
@@ -172,30 +181,30 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
         for scope, rid in chunk:
             pipe.hmget(
                 ScopeKeys(scope).release(rid), "state", "payload", "metric", "window_start", "window_end", "reserved_at"
-            )
+            )  # `reserved_at`: the stored name of the charge time
         try:
             rows: Sequence[Sequence[Any]] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise LedgerUnavailable(f"ledger Redis unavailable while reading release records: {exc}") from exc
         for (scope, rid), row in zip(chunk, rows, strict=True):
-            state, payload, metric, ws, we, reserved_at = row
+            state, payload, metric, ws, we, charged_at = row
             if state is None and payload is None:
                 continue
             found[(scope, rid)] = LedgerRelease(
                 scope,
                 rid,
-                _s(state) if state is not None else "",
+                _state(_s(state)) if state is not None else "",
                 bytes(payload) if payload is not None else None,
                 _s(metric) if metric is not None else "",
                 _int_or_none(ws),
                 _int_or_none(we),
-                _int_or_none(reserved_at),
+                _int_or_none(charged_at),
             )
         await asyncio.sleep(0)
     return found
 
 
-async def read_deployment_start(client: Any, topology_version: str) -> int | None:
+async def read_version_schedule_start(client: Any, topology_version: str) -> int | None:
     """The start S the ledger recorded for this topology version (None if no worker recorded one).
 
     Read only: unlike `Ledger.deployment_start`, nothing is set when it is absent.
@@ -205,5 +214,5 @@ async def read_deployment_start(client: Any, topology_version: str) -> int | Non
     try:
         raw = await client.get(deployment_start_key(topology_version))
     except (RedisError, OSError) as exc:
-        raise LedgerUnavailable(f"ledger Redis unavailable while reading the deployment start: {exc}") from exc
+        raise LedgerUnavailable(f"ledger Redis unavailable while reading the schedule start: {exc}") from exc
     return _int_or_none(raw) if raw is not None else None

@@ -1,9 +1,9 @@
--- commit.lua: mark a reserved release as published (after the releases topic acknowledged it).
+-- commit.lua: mark a charged release as published (after the releases topic acknowledged it).
 --
 -- KEYS[1] release  hash  dpstream:{S}:release:R
 -- KEYS[2] pending  zset  dpstream:{S}:pending
 -- ARGV: [1] release_id [2] now_ms
--- Returns 1 when reserved -> published now, 2 when it was already published, 0 when unknown.
+-- Returns 1 when charged -> published now, 2 when it was already published, 0 when unknown.
 -- Invariant: never changes the charge or the payload.
 
 local state = redis.call('HGET', KEYS[1], 'state')
