@@ -1,4 +1,4 @@
-"""Budget allocation: the one pricing rule, for the static plan and the ledger's adaptive grant.
+"""Budget allocation: the one pricing rule, for the static plan and the ledger's adaptive allowance.
 
 All amounts are in the scope's currency (ρ for zCDP scopes, ε for pure ones). The reserve is
 never part of the pool: pool = cap × (1 − reserve).
@@ -81,7 +81,7 @@ def release_share(metric: str, rates: Mapping[str, int], left: Mapping[str, int]
 
 
 def adaptive_release_cost(pool_left: float, metric: str, demands: Mapping[str, MetricDemand]) -> float:
-    """Cost granted to the next release of `metric` from what is left of the pool (`release_share`).
+    """The allowance (cost) of the next release of `metric` from what is left of the pool (`release_share`).
 
     Returns 0 when nothing is left; never more than `pool_left`.
     """
@@ -108,7 +108,7 @@ def windows_left(
     """Windows starting inside the period [period_start, +period_s) whose end is ≥ current_end.
 
     These are the metric's releases still to come when a window ending at `current_end` is priced.
-    With the deployment start S (`schedule_start`), windows starting before S are not counted: the
+    With the schedule start S (`schedule_start`), windows starting before S are not counted: the
     public schedule never releases them. S at or before the period start changes nothing.
     (`Schedule.left`, the one rule.)
     """
@@ -116,7 +116,7 @@ def windows_left(
 
 
 def warning_cost_factor(policy: WarningPolicy, accounting: Accounting) -> float:
-    """Factor applied to a granted cost in the warning state when noise is stretched by s.
+    """Factor applied to an allowance in the warning state when noise is stretched by s.
 
     σ (or b) × s divides ρ by s² in a zCDP scope and ε by s in a pure one.
     """

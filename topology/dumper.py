@@ -32,8 +32,8 @@ from dpstream.topology.model import (
 def topology_document(topology: Topology) -> dict[str, Any]:
     """The YAML-shaped dict of a topology (defaults left out, durations as `5m`)."""
     doc: dict[str, Any] = {"version": topology.version}
-    if topology.start_s is not None:
-        doc["start"] = format_start(topology.start_s)
+    if topology.schedule_start is not None:
+        doc["start"] = format_start(topology.schedule_start)
     if topology.publish_delay_s != DEFAULT_PUBLISH_DELAY_S:
         doc["publish_delay"] = format_duration(topology.publish_delay_s)
     if topology.kafka != KafkaSettings():
@@ -61,9 +61,9 @@ def dump_topology(topology: Topology) -> str:
     return yaml.safe_dump(topology_document(topology), sort_keys=False, allow_unicode=True)
 
 
-def format_start(start_s: int) -> str:
+def format_start(schedule_start: int) -> str:
     """`start:` as the loader reads it back: ISO-8601 UTC with Z (1796083200 -> '2026-12-01T00:00:00Z')."""
-    return dt.datetime.fromtimestamp(start_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(schedule_start, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _source(source: Source) -> dict[str, Any]:

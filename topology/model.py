@@ -387,7 +387,7 @@ class Topology:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     path: str = ""
-    start_s: int | None = None
+    schedule_start: int | None = None
     """The deployment's public start S (UTC epoch seconds, `start:` in the file): the public release
     schedule starts at S. Omitted: the first start of this topology version, recorded once in the ledger."""
     publish_delay_s: int = DEFAULT_PUBLISH_DELAY_S
@@ -423,8 +423,8 @@ class Topology:
             "metrics": {k: _metric_doc(v) for k, v in sorted(self.metrics.items())},
             "sinks": asdict(self.sinks),
         }
-        if self.start_s is not None:
-            doc["start_s"] = self.start_s
+        if self.schedule_start is not None:
+            doc["start_s"] = self.schedule_start
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

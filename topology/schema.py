@@ -60,7 +60,7 @@ _YAML_NAMES = {
     (Source, "idle_timeout_s"): "idle_timeout",
     (Source, "max_future_s"): "max_future",
     (Budget, "period_s"): "period",
-    (Topology, "start_s"): "start",
+    (Topology, "schedule_start"): "start",
     (Topology, "publish_delay_s"): "publish_delay",
 }
 """Model field -> YAML key where they differ (durations are written as `30s`, `1d`)."""
@@ -102,7 +102,7 @@ _SHAPES: dict[tuple[type, str], dict[str, Any]] = {
     (Topology, "sources"): {"$ref": "#/$defs/sources"},
     (Topology, "budgets"): {"$ref": "#/$defs/budgets"},
     (Topology, "metrics"): {"$ref": "#/$defs/metrics"},
-    (Topology, "start_s"): {"$ref": "#/$defs/start"},
+    (Topology, "schedule_start"): {"$ref": "#/$defs/start"},
 }
 """YAML-side shapes that differ from the dataclass field type."""
 

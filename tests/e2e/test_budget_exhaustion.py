@@ -11,7 +11,7 @@ import pytest
 
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
-from dpstream.workers.ledger.units import grantable_float
+from dpstream.workers.ledger.units import chargeable_float
 from tests.e2e.harness import deploy, event, poll, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -32,11 +32,11 @@ async def _spend_the_rest(redis_url: str, topology, pid: str, start: int) -> Non
     ledger = await open_ledger(redis_url, topology)
     try:
         block = next(b for b in await ledger.history("b") if b.period_id == pid)
-        rest = grantable_float(block.cap_units - block.spent_units)
+        rest = chargeable_float(block.cap_units - block.spent_units)
         request = ReleaseRequest(
             "other-deployment", "b", pid, "views", start, start + WINDOW, rest, b"{}", may_use_reserve=True
         )
-        assert (await ledger.charge(request)).outcome is Outcome.GRANTED
+        assert (await ledger.charge(request)).outcome is Outcome.CHARGED
     finally:
         await ledger.close()
 

@@ -399,7 +399,7 @@ def test_split_roles_each_serve_their_own_metrics_and_release_lag(stack: Stack) 
 
     release = stack.start("w-release", ["worker", "--role", "release", "--curator-metrics"])
     assert json.loads(_get(release, "/health")[1]) == {"status": "ok", "role": "release"}
-    first = stack.topology.start_s
+    first = stack.topology.schedule_start
     source = stack.topology.sources["clicks"]
     partial = WindowPartial("pages", first, first + WINDOW, "clicks", source.topic, 0, {}, partitions=4)
     producer = KafkaProducer(bootstrap_servers=stack.bootstrap, acks="all")

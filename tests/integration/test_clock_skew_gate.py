@@ -71,7 +71,7 @@ def test_closes_are_held_while_the_worker_clock_runs_ahead_so_no_record_is_count
         base,
         sources={"src": Source("src", f"{prefix}.events", "user_id", timestamp="ts", keyed_by_unit=True)},
         sinks=Sinks(f"{prefix}.releases", f"{prefix}.dead"),
-        start_s=int(now) // WINDOW_S * WINDOW_S - 4 * WINDOW_S,
+        schedule_start=int(now) // WINDOW_S * WINDOW_S - 4 * WINDOW_S,
     )
     ensure_topics(kafka_broker.bootstrap, topology, partitions=1)
     offset = [5.0]

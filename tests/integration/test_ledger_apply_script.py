@@ -43,7 +43,7 @@ async def _setup(url: str) -> tuple[RedisLedger, View, Charge, str, str]:
     """A scope with 0.9 of its cap spent, and a charge of 0.5 decided on a view that says nothing was spent."""
     ledger = await open_ledger(url, one_scope_topology(epsilon=1.0, reserve=0.0))
     assert isinstance(ledger, RedisLedger)
-    assert (await ledger.charge(_req("first", 0.9))).outcome is Outcome.GRANTED
+    assert (await ledger.charge(_req("first", 0.9))).outcome is Outcome.CHARGED
     k = ledger._keys("s")
     config = {key.decode(): value.decode() for key, value in (await ledger._client.hgetall(k.config)).items()}
     false_view = View(config, {}, {}, {}, None)  # no block, no spend: the 0.9 charged is not in it

@@ -139,7 +139,7 @@ def test_status_with_the_topology_projects_a_first_period_from_the_recorded_star
 
     async def body() -> None:
         ledger = await open_ledger(fresh_redis.url, topo, clock=lambda: now)
-        assert await ledger.deployment_start(topo.topology_version, start) == start
+        assert await ledger.version_schedule_start(topo.topology_version, start) == start
         await ledger.charge(ReleaseRequest("r0", "s", period_id(86_400, now), "m", pstart, pstart + 3600, 0.01, b"{}"))
         await ledger.close()
 

@@ -80,7 +80,7 @@ def test_seed_002_sequence(where: str) -> None:
     async def body() -> None:
         ledger, quotes, results = await _seed(where)
         assert quotes == pytest.approx([0.64, 0.48, 0.32, 0.16], abs=1e-12)
-        assert [r.outcome for r in results] == [Outcome.GRANTED] * 4
+        assert [r.outcome for r in results] == [Outcome.CHARGED] * 4
         assert results[-1].ratio_after == 0.8 and results[-1].state is State.WARNING
         assert results[-1].payload == b'{"ratio_after":0.800000}'
         pid = period_id(DAY, P0)
@@ -89,7 +89,7 @@ def test_seed_002_sequence(where: str) -> None:
         from_reserve = await ledger.charge(
             ReleaseRequest("y", "columns", pid, "diagnosis", P0, P0 + DAY, 0.1, b"{}", may_use_reserve=True)
         )
-        assert from_reserve.outcome is Outcome.GRANTED and from_reserve.ratio_after == pytest.approx(0.85)
+        assert from_reserve.outcome is Outcome.CHARGED and from_reserve.ratio_after == pytest.approx(0.85)
         await ledger.close()
 
     run(body())
@@ -102,14 +102,14 @@ def test_duplicate_returns_first_payload_and_charges_once(where: str) -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
         first = await ledger.charge(req("a", 0.25, value=1))
         again = await ledger.charge(req("a", 0.25, value=2))
-        assert first.outcome is Outcome.GRANTED and again.outcome is Outcome.DUPLICATE
+        assert first.outcome is Outcome.CHARGED and again.outcome is Outcome.DUPLICATE
         assert (
             again.payload
             == first.payload
             == b'{"release_id":"a","values":{"all":1},"budget":{"scope":"s","ratio_after":0.250000}}'
         )
         status = await ledger.status("s")
-        assert (status.granted, status.spent_units) == (1, 250_000_000_000)
+        assert (status.charged, status.spent_units) == (1, 250_000_000_000)
         await ledger.close()
 
     run(body())
@@ -149,10 +149,10 @@ def test_refusal_changes_nothing_but_its_record(where: str) -> None:
         refused = await ledger.charge(req("big", 0.9))  # pool is 0.8
         assert refused.outcome is Outcome.REFUSED and refused.payload == b""
         status = await ledger.status("s")
-        assert (status.spent_units, status.granted, status.refused) == (0, 0, 1)
+        assert (status.spent_units, status.charged, status.refused) == (0, 0, 1)
         assert await ledger.pending(0) == []
         granted = await ledger.charge(req("big", 0.5))
-        assert granted.outcome is Outcome.GRANTED
+        assert granted.outcome is Outcome.CHARGED
         kinds = [e.kind for e in await ledger.audit("s")]
         assert kinds.count(AuditKind.REFUSAL) == 1 and kinds.count(AuditKind.CHARGE) == 1
         await ledger.close()
@@ -197,7 +197,7 @@ def test_manual_breaker_refuses_everything_and_survives_rollover(where: str) -> 
         assert r2.outcome is Outcome.REFUSED
         assert await ledger.close_breaker("s", "resolved", "bob") is True
         r3 = await ledger.charge(req("b", 0.1, start=P0 + DAY))
-        assert r3.outcome is Outcome.GRANTED and r3.state is State.NORMAL
+        assert r3.outcome is Outcome.CHARGED and r3.state is State.NORMAL
         trail = [(e.kind, e.fields.get("actor"), e.fields.get("reason")) for e in await ledger.audit("s")]
         assert (AuditKind.BREAKER_OPEN, "alice", "incident 42") in trail
         assert (AuditKind.BREAKER_CLOSE, "bob", "resolved") in trail
@@ -211,13 +211,13 @@ def test_automatic_open_closes_with_the_new_period(where: str) -> None:
 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        assert (await ledger.charge(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("a", 0.9, may_use_reserve=True))).outcome is Outcome.CHARGED
         over = await ledger.charge(req("b", 0.2, may_use_reserve=True))
         assert over.outcome is Outcome.REFUSED and over.state is State.OPEN and "budget exhausted" in over.reason
         small = await ledger.charge(req("c", 0.01, may_use_reserve=True))
         assert small.outcome is Outcome.REFUSED and "breaker open (automatic)" in small.reason
         nxt = await ledger.charge(req("d", 0.1, start=P0 + DAY))
-        assert nxt.outcome is Outcome.GRANTED and nxt.ratio_after == pytest.approx(0.1)
+        assert nxt.outcome is Outcome.CHARGED and nxt.ratio_after == pytest.approx(0.1)
         closes = [e for e in await ledger.audit("s") if e.kind is AuditKind.BREAKER_CLOSE]
         assert len(closes) == 1 and "rollover" in closes[0].fields["reason"]
         hist = await ledger.history("s")
@@ -233,10 +233,10 @@ def test_operator_grant_opens_the_reserve_to_ordinary_metrics(where: str) -> Non
 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        assert (await ledger.charge(req("a", 0.75))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("a", 0.75))).outcome is Outcome.CHARGED
         assert (await ledger.charge(req("b", 0.0625))).outcome is Outcome.REFUSED
         await ledger.grant_reserve("s", 0.0625, "quarterly report", "carol")
-        assert (await ledger.charge(req("b", 0.0625))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("b", 0.0625))).outcome is Outcome.CHARGED
         assert (await ledger.charge(req("c", 0.06))).outcome is Outcome.REFUSED
         grants = [e for e in await ledger.audit("s") if e.kind is AuditKind.GRANT]
         assert grants[0].fields["actor"] == "carol"
@@ -274,7 +274,7 @@ def test_no_grant_once_the_cap_is_spent(where: str) -> None:
     async def body() -> None:
         topo = one_scope_topology(metrics=(("m", 1.0, 86_400, 86_400, True),))
         ledger = await open_ledger(where, topo, clock=ManualClock(T0))
-        assert (await ledger.charge(req("a", 1.0, may_use_reserve=True))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("a", 1.0, may_use_reserve=True))).outcome is Outcome.CHARGED
         with pytest.raises(ConfigError) as spent:
             await ledger.grant_reserve("s", 0.01, "too late", "carol")
         await ledger.close()
@@ -373,7 +373,7 @@ def test_both_backends_give_identical_answers(fresh_redis: Any) -> None:
             q = await ledger.quote("diagnosis", P0, P0 + DAY)
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units, q.cost_units, q.state))
         status = await ledger.status("columns")
-        out.append((status.spent_units, status.granted, status.refused, status.state))
+        out.append((status.spent_units, status.charged, status.refused, status.state))
         out.append([(e.kind, e.fields.get("cost"), e.fields.get("state")) for e in await ledger.audit("columns")])
         await ledger.close()
         return out
@@ -422,7 +422,7 @@ def test_a_charge_into_a_block_of_another_currency_is_refused(where: str) -> Non
     async def body() -> None:
         clock = ManualClock(T0)
         pure = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
-        assert (await pure.charge(_at("day1-a", 0.1, P0, DAY))).outcome is Outcome.GRANTED
+        assert (await pure.charge(_at("day1-a", 0.1, P0, DAY))).outcome is Outcome.CHARGED
         clock.advance(DAY)
         zcdp = await _second(where, pure, clock, accounting=Accounting.ZCDP, delta=1e-6)
         before = await zcdp.audit("s")
@@ -434,9 +434,9 @@ def test_a_charge_into_a_block_of_another_currency_is_refused(where: str) -> Non
         )
         assert r.reason.endswith("or use a new scope name") and r.cost_units == 0
         [block] = await zcdp.history("s")
-        assert (block.spent_units, block.granted, block.refused) == (block_before.spent_units, 1, 1)
+        assert (block.spent_units, block.charged, block.refused) == (block_before.spent_units, 1, 1)
         await _unchanged_but_one_refusal(zcdp, before, "day1-b", period_id(DAY, P0))
-        assert (await zcdp.charge(_at("day2-a", 0.001, P1, DAY))).outcome is Outcome.GRANTED  # its own period
+        assert (await zcdp.charge(_at("day2-a", 0.001, P1, DAY))).outcome is Outcome.CHARGED  # its own period
         await zcdp.close()
         await pure.close()
 
@@ -450,7 +450,7 @@ def test_a_caller_whose_cap_is_below_the_block_cap_is_refused(where: str) -> Non
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
-        assert (await first.charge(_at("a", 0.1, P0, DAY))).outcome is Outcome.GRANTED
+        assert (await first.charge(_at("a", 0.1, P0, DAY))).outcome is Outcome.CHARGED
         clock.advance(DAY)
         smaller = await _second(where, first, clock, epsilon=0.5)
         before = await smaller.audit("s")
@@ -462,7 +462,7 @@ def test_a_caller_whose_cap_is_below_the_block_cap_is_refused(where: str) -> Non
         await _unchanged_but_one_refusal(smaller, before, "b", period_id(DAY, P0))
         larger = await _second(where, first, clock, epsilon=2.0)
         granted = await larger.charge(_at("c", 0.05, P0, DAY))
-        assert granted.outcome is Outcome.GRANTED and granted.ratio_after == pytest.approx(0.15)  # of the block's 1.0
+        assert granted.outcome is Outcome.CHARGED and granted.ratio_after == pytest.approx(0.15)  # of the block's 1.0
         for ledger in (larger, smaller, first):
             await ledger.close()
 
@@ -481,14 +481,14 @@ def test_a_period_length_change_mid_period_is_refused_at_registration(where: str
         clock = ManualClock(P0 + 10 * HOUR + 30)
         hourly = await open_ledger(where, one_scope_topology(**_HOURLY), clock=clock)
         for h in (8, 9):
-            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.GRANTED
+            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.CHARGED
         with pytest.raises(ConfigError) as err:
             await _second(where, hourly, clock)
         msg = str(err.value)
         assert "\n" not in msg and "'s'" in msg and "period 3600 s -> 86400 s" in msg
         assert f"until {period_id(DAY, P1)}T00:00:00Z" in msg and "use a new scope name" in msg
         assert len([e for e in await hourly.audit("s") if e.kind is AuditKind.CONFIG]) == 1
-        assert (await hourly.charge(_at("h10", 0.5, P0 + 10 * HOUR, HOUR))).outcome is Outcome.GRANTED
+        assert (await hourly.charge(_at("h10", 0.5, P0 + 10 * HOUR, HOUR))).outcome is Outcome.CHARGED
         clock.now = P1 + 30  # day 2, before any of its blocks opened
         daily = await _second(where, hourly, clock)
         assert (await daily.status("s")).period_end == P1 + DAY
@@ -507,7 +507,7 @@ def test_a_block_over_blocks_of_another_length_is_refused(where: str) -> None:
         clock = ManualClock(P0 + 10 * HOUR + 30)
         hourly = await open_ledger(where, one_scope_topology(**_HOURLY), clock=clock)
         for h in (8, 9):
-            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.GRANTED
+            assert (await hourly.charge(_at(f"h{h}", 0.5, P0 + h * HOUR, HOUR))).outcome is Outcome.CHARGED
         clock.now = P1 + 30
         daily = await _second(where, hourly, clock)
         before = await daily.audit("s")
@@ -535,7 +535,7 @@ def test_a_shorter_block_inside_a_longer_one_is_refused(where: str) -> None:
     async def body() -> None:
         clock = ManualClock(T0)
         daily = await open_ledger(where, one_scope_topology(), clock=clock)
-        assert (await daily.charge(_at("d1", 0.5, P0, DAY))).outcome is Outcome.GRANTED
+        assert (await daily.charge(_at("d1", 0.5, P0, DAY))).outcome is Outcome.CHARGED
         clock.now = P1 + 30
         hourly = await _second(where, daily, clock, **_HOURLY)
         before = await hourly.audit("s")
@@ -546,7 +546,7 @@ def test_a_shorter_block_inside_a_longer_one_is_refused(where: str) -> None:
         )
         await _unchanged_but_one_refusal(hourly, before, "h10", period_id(DAY, P0))
         assert [(h.period_id, h.refused) for h in await hourly.history("s")] == [(period_id(DAY, P0), 1)]
-        assert (await hourly.charge(_at("h0", 0.5, P1, HOUR))).outcome is Outcome.GRANTED  # day 2 is free
+        assert (await hourly.charge(_at("h0", 0.5, P1, HOUR))).outcome is Outcome.CHARGED  # day 2 is free
         await hourly.close()
         await daily.close()
 

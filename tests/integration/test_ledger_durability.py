@@ -39,7 +39,7 @@ def test_sigkill_mid_run_keeps_every_acknowledged_charge(fresh_redis: Any) -> No
                 except LedgerUnavailable:
                     await asyncio.sleep(0.05)
                     continue
-                assert r.outcome is Outcome.GRANTED
+                assert r.outcome is Outcome.CHARGED
                 acked[rid] = r.payload
 
         tasks = [asyncio.create_task(client(c)) for c in range(8)]

@@ -41,10 +41,10 @@ def test_two_namespaces_share_one_redis_with_independent_budgets(fresh_redis: An
         blue = await open_ledger(f"{fresh_redis.url}?namespace=blue", topo, clock=ManualClock(T0))
         green = await open_ledger(f"{fresh_redis.url}?namespace=green", topo, clock=ManualClock(T0))
         try:
-            assert (await blue.charge(_req("r1", 0.75))).outcome is Outcome.GRANTED
+            assert (await blue.charge(_req("r1", 0.75))).outcome is Outcome.CHARGED
             assert (await blue.charge(_req("r2", 0.5))).outcome is Outcome.REFUSED  # blue's budget is spent
-            assert (await green.charge(_req("r2", 0.5))).outcome is Outcome.GRANTED  # green's is not
-            assert (await green.charge(_req("r1", 0.25))).outcome is Outcome.GRANTED  # same id, another deployment
+            assert (await green.charge(_req("r2", 0.5))).outcome is Outcome.CHARGED  # green's is not
+            assert (await green.charge(_req("r1", 0.25))).outcome is Outcome.CHARGED  # same id, another deployment
             await blue.open_breaker("s", "drill", "alice")
             blue_status, green_status = await blue.status("s"), await green.status("s")
             assert blue_status.spent_units == 750_000_000_000
@@ -52,8 +52,8 @@ def test_two_namespaces_share_one_redis_with_independent_budgets(fresh_redis: An
             assert blue_status.breaker is not None and green_status.breaker is None
             assert await blue.stored_payload("s", "r2") is None
             assert await green.stored_payload("s", "r2") is not None
-            assert await blue.deployment_start("v1", 100) == 100
-            assert await green.deployment_start("v1", 200) == 200
+            assert await blue.version_schedule_start("v1", 100) == 100
+            assert await green.version_schedule_start("v1", 200) == 200
         finally:
             await blue.close()
             await green.close()

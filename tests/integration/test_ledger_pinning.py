@@ -108,7 +108,7 @@ def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
     async def body() -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
-        assert (await first.charge(req("a", 0.5))).outcome is Outcome.GRANTED  # opens the block at cap 1.0
+        assert (await first.charge(req("a", 0.5))).outcome is Outcome.CHARGED  # opens the block at cap 1.0
         ledgers = {"clock": clock, "first": first}
         bigger = await _reopen(where, ledgers, epsilon=2.0)
         configs = [e for e in await bigger.audit("s") if e.kind is AuditKind.CONFIG]
@@ -126,7 +126,7 @@ def test_a_larger_cap_takes_effect_from_the_next_period(where: str) -> None:
         assert top.outcome is Outcome.REFUSED and "budget exhausted" in top.reason
         clock.advance(DAY)
         nxt = await bigger.charge(req("d", 1.5, start=P1))  # new period: cap 2.0, pool 1.6
-        assert nxt.outcome is Outcome.GRANTED and nxt.ratio_after == pytest.approx(0.75)
+        assert nxt.outcome is Outcome.CHARGED and nxt.ratio_after == pytest.approx(0.75)
         assert (await bigger.status("s")).cap == 2.0
         await bigger.close()
         await first.close()
@@ -142,7 +142,7 @@ def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
         clock = ManualClock(T0)
         first = await open_ledger(where, one_scope_topology(epsilon=1.0), clock=clock)
         ledgers = {"clock": clock, "first": first}
-        assert (await first.charge(req("a", 0.25))).outcome is Outcome.GRANTED
+        assert (await first.charge(req("a", 0.25))).outcome is Outcome.CHARGED
         with pytest.raises(ConfigError) as err:
             await _reopen(where, ledgers, epsilon=0.5)
         msg = str(err.value)
@@ -150,7 +150,7 @@ def test_a_smaller_cap_mid_period_is_refused_with_one_line(where: str) -> None:
         assert "takes effect only from the next period" in msg and "use a new scope name" in msg
         assert f"until {period_id(DAY, P1)}T00:00:00Z" in msg
         assert (await first.status("s")).cap == 1.0
-        assert (await first.charge(req("b", 0.25))).outcome is Outcome.GRANTED  # registered terms unchanged
+        assert (await first.charge(req("b", 0.25))).outcome is Outcome.CHARGED  # registered terms unchanged
         configs = [e for e in await first.audit("s") if e.kind is AuditKind.CONFIG]
         assert len(configs) == 1
         clock.advance(DAY)
@@ -210,10 +210,10 @@ def test_a_worker_whose_topology_disagrees_is_refused_counted_and_audited(where:
         assert "restart it with the current topology" in refused.reason
         assert old._configs["s"].digest in refused.reason and new._configs["s"].digest in refused.reason
         status = await new.status("s")
-        assert (status.refused, status.spent_units, status.granted) == (1, 0, 0)
+        assert (status.refused, status.spent_units, status.charged) == (1, 0, 0)
         [entry] = [e for e in await new.audit("s") if e.kind is AuditKind.REFUSAL]
         assert entry.fields["reason"] == refused.reason and entry.fields["release_id"] == "a"
-        assert (await new.charge(req("a", 0.1))).outcome is Outcome.GRANTED
+        assert (await new.charge(req("a", 0.1))).outcome is Outcome.CHARGED
         await new.close()
         await old.close()
 
@@ -233,7 +233,7 @@ def test_selection_delta_is_charged_rounded_up_against_its_own_cap(where: str) -
         assert status.delta_cap == pytest.approx(1e-7) and status.delta_spent == 0.0
         r1 = await ledger.charge(req("a", 1e-4, scope="b", metric="pages", delta=4e-8))
         r2 = await ledger.charge(req("b", 1e-4, scope="b", metric="pages", delta=4e-8))
-        assert (r1.outcome, r2.outcome) == (Outcome.GRANTED, Outcome.GRANTED)
+        assert (r1.outcome, r2.outcome) == (Outcome.CHARGED, Outcome.CHARGED)
         before = await ledger.status("b")
         r3 = await ledger.charge(req("c", 1e-4, scope="b", metric="pages", delta=4e-8))
         assert r3.outcome is Outcome.REFUSED and r3.reason.startswith("selection delta exhausted")
@@ -241,7 +241,7 @@ def test_selection_delta_is_charged_rounded_up_against_its_own_cap(where: str) -
         assert (after.spent_units, after.delta_spent, after.refused) == (before.spent_units, before.delta_spent, 1)
         assert after.delta_spent == pytest.approx(8e-8)
         tiny = await ledger.charge(req("d", 1e-4, scope="b", metric="pages", delta=1e-30))  # rounds up to 1 unit
-        assert tiny.outcome is Outcome.GRANTED
+        assert tiny.outcome is Outcome.CHARGED
         charges = [e.fields for e in await ledger.audit("b") if e.kind is AuditKind.CHARGE]
         assert [c["delta"] for c in charges] == ["40000000001", "40000000001", "1"]  # 4e-8 is 4.0000000000000001e-8
         [block] = await ledger.history("b")
@@ -259,7 +259,7 @@ def test_no_selection_means_a_zero_delta_cap(where: str) -> None:
         assert (await ledger.status("s")).delta_cap == 0.0
         refused = await ledger.charge(req("a", 0.1, delta=1e-9))
         assert refused.outcome is Outcome.REFUSED and refused.reason.startswith("selection delta exhausted")
-        assert (await ledger.charge(req("a", 0.1))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req("a", 0.1))).outcome is Outcome.CHARGED
         await ledger.close()
 
     run(body())
@@ -283,7 +283,7 @@ def test_a_straddling_window_is_charged_to_both_periods_once(where: str) -> None
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         r = await ledger.charge(req("x", 0.1, **STRADDLE))
-        assert r.outcome is Outcome.GRANTED and r.ratio_after == pytest.approx(0.1)
+        assert r.outcome is Outcome.CHARGED and r.ratio_after == pytest.approx(0.1)
         again = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert again.outcome is Outcome.DUPLICATE and again.payload == r.payload
         assert _spent(await ledger.history("s")) == {
@@ -305,7 +305,7 @@ def test_main_period_exhausted_leaves_no_charge_on_the_later_period(where: str) 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         fill = await ledger.charge(req("fill", 0.95, start=H0, size=120, period_s=HOUR, may_use_reserve=True))
-        assert fill.outcome is Outcome.GRANTED
+        assert fill.outcome is Outcome.CHARGED
         r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.REFUSED and "budget exhausted" in r.reason
         spent = _spent(await ledger.history("s"))
@@ -324,7 +324,7 @@ def test_later_period_exhausted_charges_nothing_in_the_main_period(where: str) -
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(**_HOURLY), clock=ManualClock(H0 + 10))
         fill = await ledger.charge(req("fill", 0.95, start=H1, size=120, period_s=HOUR, may_use_reserve=True))
-        assert fill.outcome is Outcome.GRANTED
+        assert fill.outcome is Outcome.CHARGED
         r = await ledger.charge(req("x", 0.1, **STRADDLE))
         assert r.outcome is Outcome.REFUSED and r.reason.startswith("budget exhausted")
         assert f"in later period {period_id(HOUR, H1)}" in r.reason
@@ -332,7 +332,7 @@ def test_later_period_exhausted_charges_nothing_in_the_main_period(where: str) -
         assert list(blocks) == [period_id(HOUR, H1)]  # the main period was not even opened
         assert (blocks[period_id(HOUR, H1)].spent_units, blocks[period_id(HOUR, H1)].refused) == (950_000_000_000, 1)
         main = await ledger.charge(req("y", 0.1, start=H0, size=120, period_s=HOUR))
-        assert main.outcome is Outcome.GRANTED  # the main period's breaker stayed closed
+        assert main.outcome is Outcome.CHARGED  # the main period's breaker stayed closed
         await ledger.close()
 
     run(body())
@@ -356,21 +356,21 @@ def test_a_request_must_name_every_later_period_its_window_touches(where: str) -
 # ---- 4. the schedule start, recorded once ----------------------------------------------------------
 
 
-def test_deployment_start_first_start_wins(where: str) -> None:
+def test_version_schedule_start_first_start_wins(where: str) -> None:
     """The first proposed start of a topology version is stored and returned forever; versions are separate."""
 
     async def body() -> None:
         ledger = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-        assert await ledger.deployment_start("v1", 1_000) == 1_000
-        assert await ledger.deployment_start("v1", 2_000) == 1_000
-        assert await ledger.deployment_start("v2", 3_000) == 3_000
+        assert await ledger.version_schedule_start("v1", 1_000) == 1_000
+        assert await ledger.version_schedule_start("v1", 2_000) == 1_000
+        assert await ledger.version_schedule_start("v2", 3_000) == 3_000
         with pytest.raises(ConfigError):
-            await ledger.deployment_start("", 1)
+            await ledger.version_schedule_start("", 1)
         if where != "memory":  # another process, same Redis
             other = await open_ledger(where, one_scope_topology(), clock=ManualClock(T0))
-            assert await other.deployment_start("v1", 5_000) == 1_000
+            assert await other.version_schedule_start("v1", 5_000) == 1_000
             await other.close()
-        results = await asyncio.gather(*(ledger.deployment_start("v3", 10_000 + i) for i in range(16)))
+        results = await asyncio.gather(*(ledger.version_schedule_start("v3", 10_000 + i) for i in range(16)))
         assert len(set(results)) == 1
         await ledger.close()
 
@@ -420,7 +420,7 @@ def test_both_backends_agree_on_terms_straddles_and_delta(fresh_redis: Any) -> N
             )
             out.append((r.outcome, r.payload, r.reason, r.ratio_after, r.state, r.cost_units))
         out.append(
-            [(h.period_id, h.spent_units, h.delta_spent_units, h.granted, h.refused) for h in await ledger.history("b")]
+            [(h.period_id, h.spent_units, h.delta_spent_units, h.charged, h.refused) for h in await ledger.history("b")]
         )
         out.append([{k: v for k, v in e.fields.items()} for e in await ledger.audit("b")])
         await ledger.close()

@@ -34,7 +34,7 @@ async def main(url, prefix, clients):
         while True:
             rid = f"{prefix}-{c}-{i}"
             r = await ledger.charge(ReleaseRequest(rid, "s", period_id(86400, P0), "m", P0, P0 + 86400, 0.0003, b"{}"))
-            if r.outcome is not Outcome.GRANTED:
+            if r.outcome is not Outcome.CHARGED:
                 return
             granted.append(r.cost_units)
             i += 1
@@ -58,7 +58,7 @@ async def _clients(url: str, n: int, go: Callable[[], None] = lambda: None) -> l
             r = await ledger.charge(
                 ReleaseRequest(f"local-{c}-{i}", "s", period_id(DAY, P0), "m", P0, P0 + DAY, COST, b"{}")
             )
-            if r.outcome is not Outcome.GRANTED:
+            if r.outcome is not Outcome.CHARGED:
                 return
             granted.append(r.cost_units)
             i += 1
@@ -124,10 +124,10 @@ def test_same_release_id_1000_times_concurrently_is_charged_once(fresh_redis: An
             )
         )
         outcomes = [r.outcome for r in results]
-        assert outcomes.count(Outcome.GRANTED) == 1 and outcomes.count(Outcome.DUPLICATE) == 999
+        assert outcomes.count(Outcome.CHARGED) == 1 and outcomes.count(Outcome.DUPLICATE) == 999
         assert len({r.payload for r in results}) == 1
         hist = await ledger.history("s")
-        assert hist[0].granted == 1 and hist[0].spent_units == 10_000_000_001
+        assert hist[0].charged == 1 and hist[0].spent_units == 10_000_000_001
         await ledger.close()
 
     asyncio.run(body())

@@ -160,7 +160,7 @@ async def _charge(url: str, topology_file: Path, charges: list[tuple[str, float]
             req = ReleaseRequest(
                 f"{metric}-{now}-{i}", m.budget, period_id(period_s, start), metric, start, start + size, cost, b"{}"
             )
-            assert (await ledger.charge(req)).outcome is Outcome.GRANTED
+            assert (await ledger.charge(req)).outcome is Outcome.CHARGED
     finally:
         await ledger.close()
 

@@ -126,7 +126,7 @@ def test_interleaved_quotes_charge_as_serialized(fresh_redis: Any) -> None:
 
     got, serial, b = asyncio.run(body())
     assert got == serial
-    assert b.outcomes == [Outcome.STALE_QUOTE, Outcome.GRANTED]
+    assert b.outcomes == [Outcome.STALE_QUOTE, Outcome.CHARGED]
     assert b.quotes == 2
     assert serial[0][2] != serial[1][2]  # off plan: the order matters, so the check has teeth
 
@@ -183,7 +183,7 @@ def test_stale_quote_writes_nothing(where: str) -> None:
         q0 = await ledger.quote("m", P0, P0 + HOUR)
         assert q0.version == 0
         first = await ledger.charge(req(0, q0.cost, q0.version))
-        assert first.outcome is Outcome.GRANTED
+        assert first.outcome is Outcome.CHARGED
         stale_q = await ledger.quote("m", P0 + HOUR, P0 + 2 * HOUR)
         assert stale_q.version == 1
         await ledger.charge(req(5, 0.1, None))  # unchecked, off plan: another writer's charge
@@ -197,7 +197,7 @@ def test_stale_quote_writes_nothing(where: str) -> None:
         fresh = await ledger.quote("m", P0 + HOUR, P0 + 2 * HOUR)
         assert fresh.version == 2
         assert fresh.cost != stale_q.cost
-        assert (await ledger.charge(req(1, fresh.cost, fresh.version))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(req(1, fresh.cost, fresh.version))).outcome is Outcome.CHARGED
         await ledger.grant_reserve("s", 0.01, "more room", "ops")
         granted_q = await ledger.quote("m", P0 + 2 * HOUR, P0 + 3 * HOUR)
         assert granted_q.version == 4

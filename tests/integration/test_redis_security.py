@@ -70,11 +70,11 @@ def _session(url: str) -> None:
                 secrets.token_hex(8), "s", q.period_id, "m", P0, P0 + DAY, q.cost, b'{"ratio_after":null}'
             )
             charged = await ledger.charge(req)
-            assert charged.outcome is Outcome.GRANTED
+            assert charged.outcome is Outcome.CHARGED
             assert await ledger.stored_payload("s", req.release_id) == charged.payload
             assert [p.release_id for p in await ledger.pending(0)] == [req.release_id]
             assert await ledger.commit("s", req.release_id)
-            assert await ledger.deployment_start("v1", 100) == 100
+            assert await ledger.version_schedule_start("v1", 100) == 100
             assert await ledger.open_breaker("s", "drill", "ops") and await ledger.close_breaker("s", "over", "ops")
             await ledger.grant_reserve("s", 0.01, "drill", "ops")
             assert await ledger.park("s", "stuck", "m", (DAY, 2 * DAY), 5, "ValueError", "worker")

@@ -32,8 +32,8 @@ def test_the_report_reads_the_recorded_start_and_records_none(fresh_redis: Any) 
         ledger = await open_ledger(fresh_redis.url, topo)
         try:
             before = await schedule_start_read(ledger, topo)
-            still = await ledger.recorded_deployment_start(topo.topology_version)
-            await ledger.deployment_start(topo.topology_version, S)  # what the first worker does
+            still = await ledger.recorded_version_schedule_start(topo.topology_version)
+            await ledger.version_schedule_start(topo.topology_version, S)  # what the first worker does
             return before, still, await schedule_start_read(ledger, topo)
         finally:
             await ledger.close()

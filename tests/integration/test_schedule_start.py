@@ -17,7 +17,9 @@ def test_the_first_start_of_a_version_is_recorded_once(fresh_redis: Any) -> None
     async def body() -> tuple[int, int, int]:
         first = await resolve_schedule_start(topo, fresh_redis.url, now=1_796_000_000)
         later = await resolve_schedule_start(topo, fresh_redis.url, now=1_796_050_000)
-        other = await resolve_schedule_start(replace(topo, start_s=1_795_000_000), fresh_redis.url, now=1_796_050_000)
+        other = await resolve_schedule_start(
+            replace(topo, schedule_start=1_795_000_000), fresh_redis.url, now=1_796_050_000
+        )
         return first, later, other
 
     first, later, declared = asyncio.run(body())
@@ -68,10 +70,10 @@ def test_reading_the_recorded_start_records_nothing(fresh_redis: Any) -> None:
     async def body() -> tuple[int | None, int | None, int, int | None]:
         reader = await open_ledger(fresh_redis.url, None)
         try:
-            before = await reader.recorded_deployment_start(topo.topology_version)
-            again = await reader.recorded_deployment_start(topo.topology_version)
+            before = await reader.recorded_version_schedule_start(topo.topology_version)
+            again = await reader.recorded_version_schedule_start(topo.topology_version)
             first = await resolve_schedule_start(topo, fresh_redis.url, now=1_796_000_000)
-            after = await reader.recorded_deployment_start(topo.topology_version)
+            after = await reader.recorded_version_schedule_start(topo.topology_version)
             return before, again, first, after
         finally:
             await reader.close()

@@ -126,8 +126,8 @@ def test_the_scope_s_survives_re_registration_and_a_later_version(fresh_redis: A
             return (
                 await b.recorded_schedule_start("s"),
                 (await b.status("s")).schedule_start,
-                await b.recorded_deployment_start(v1.topology_version),
-                await b.recorded_deployment_start(v2.topology_version),
+                await b.recorded_version_schedule_start(v1.topology_version),
+                await b.recorded_version_schedule_start(v2.topology_version),
             )
         finally:
             await b.close()
@@ -140,7 +140,7 @@ def test_the_scope_s_survives_re_registration_and_a_later_version(fresh_redis: A
 
 @pytest.mark.parametrize("where", ["memory", "redis"], indirect=True)
 def test_contract_a_scope_keeps_its_first_s_and_an_unregistered_one_gets_none(where: str) -> None:
-    """Both backends: the first S recorded with a scope stays (deployment_start of any version, or
+    """Both backends: the first S recorded with a scope stays (version_schedule_start of any version, or
     record_schedule_start); recording S for a scope not registered writes nothing; a bad S is refused."""
     topo = one_scope_topology()
     clock = ManualClock(1_796_000_000)
@@ -149,9 +149,9 @@ def test_contract_a_scope_keeps_its_first_s_and_an_unregistered_one_gets_none(wh
         ledger = await open_ledger(where, topo, clock=clock)
         try:
             seen = [await ledger.recorded_schedule_start("s")]
-            assert await ledger.deployment_start("v1", 1_000) == 1_000
+            assert await ledger.version_schedule_start("v1", 1_000) == 1_000
             seen.append(await ledger.recorded_schedule_start("s"))
-            assert await ledger.deployment_start("v2", 2_000) == 2_000
+            assert await ledger.version_schedule_start("v2", 2_000) == 2_000
             await ledger.record_schedule_start(3_000)
             seen.append(await ledger.recorded_schedule_start("s"))
             await ledger.record_schedule_start(4_000, ["unregistered"])
@@ -172,7 +172,7 @@ def test_a_worker_recording_before_registration_leaves_the_scope_to_its_release_
     the scope: nothing is written then; the release side, which registers first, records the same S."""
     from dpstream.workers.runtime.schedule import resolve_schedule_start
 
-    topo = replace(one_scope_topology(), start_s=None)
+    topo = replace(one_scope_topology(), schedule_start=None)
     clock = ManualClock(1_796_000_000)
 
     async def body() -> tuple[int, list[str], int | None]:

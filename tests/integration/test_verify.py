@@ -60,7 +60,7 @@ def test_live_deployment_verifies_then_each_injected_violation_is_named(
     uncharged release, unreleased windows and a tampered ledger are each named, exit 1."""
     dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url)
     try:
-        start = dep.topology.start_s
+        start = dep.topology.schedule_start
         assert start is not None
         dep.start_worker("w1")
         t0 = (int(time.time()) // WINDOW + 1) * WINDOW

@@ -81,7 +81,7 @@ def test_a_run_gets_fresh_topics_and_a_public_start_and_the_same_plan() -> None:
     shipped = load_topology(demo_topology_path(), env=_ENV)
     one = load_topology_text(dump_topology(for_run(shipped, "demo1", 1_796_083_200)), env=_ENV)
     two = for_run(shipped, "demo2", 1_796_083_210)
-    assert one.start_s == 1_796_083_200
+    assert one.schedule_start == 1_796_083_200
 
     def topics(t):  # noqa: ANN001, ANN202
         return {s.topic for s in t.sources.values()} | {t.sinks.releases, t.sinks.dead_letter, t.sinks.partials_topic}

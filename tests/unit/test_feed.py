@@ -125,7 +125,7 @@ def test_reading_starts_at_each_metrics_first_window_of_its_current_period() -> 
     topology = _topology()
     now = DAY + 5 * 3600 + 17
     starts = feed_starts(topology, ["views", "by_page"], now)
-    expected = next(Schedule.of(topology.metrics["views"], topology.start_s).starts(since=DAY))
+    expected = next(Schedule.of(topology.metrics["views"], topology.schedule_start).starts(since=DAY))
     assert starts == {"views": expected, "by_page": expected} and expected == DAY
     assert feed_starts(topology, ["views"], now, periods_back=1) == {"views": DAY - 86_400}
     assert feed_starts(topology, ["views"], now, since=DAY + 3600) == {"views": DAY + 3600}

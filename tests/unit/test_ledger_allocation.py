@@ -37,7 +37,7 @@ def test_on_plan_allowances_equal_the_static_plan() -> None:
             static = pool_units * (3 if m == "a" else 1) // 4 // (24 if m == "a" else 12)
             assert abs(q.cost_units - static) <= len(windows)  # flooring leaves ≤ 1 unit per release to the rest
             r = await ledger.charge(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
-            assert r.outcome is Outcome.GRANTED
+            assert r.outcome is Outcome.CHARGED
         hist = await ledger.history("s")
         assert pool_units - 36 <= hist[0].spent_units <= pool_units
 
@@ -106,7 +106,7 @@ def test_simulated_day_with_skips_and_cheaper_releases_ends_at_the_pool() -> Non
                     f"{name}-{start}", q.scope, q.period_id, name, start, end, cost, b"", extra_periods=later
                 )
             )
-            assert r.outcome is Outcome.GRANTED
+            assert r.outcome is Outcome.CHARGED
             largest = max(largest, r.cost_units)
         summary = next(h for h in await ledger.history("web-daily") if h.period_id == period_id(DAY, P0))
         pool = summary.cap_units - summary.reserve_units
@@ -162,7 +162,7 @@ async def _charge_all(ledger, windows) -> list[int]:
         r = await ledger.charge(
             ReleaseRequest(f"{name}-{start}", q.scope, q.period_id, name, start, end, q.cost, b"", extra_periods=later)
         )
-        assert r.outcome is Outcome.GRANTED, r
+        assert r.outcome is Outcome.CHARGED, r
         out.append(r.cost_units)
     return out
 

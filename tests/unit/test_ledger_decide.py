@@ -123,7 +123,7 @@ def _expected(view: View, c: Charge) -> tuple[str, str, set[str]]:
         return "stale_quote", "stale quote", set()
     if c.digest != view.config["digest"]:
         return "refused", "topology disagrees", {req.period_id}
-    return _expected_refusal(view, c) or ("granted", "", set())
+    return _expected_refusal(view, c) or ("charged", "", set())
 
 
 def _expected_refusal(view: View, c: Charge) -> tuple[str, str, set[str]] | None:
@@ -219,7 +219,7 @@ def test_a_rollover_closes_an_earlier_automatic_open_before_charging() -> None:
     view = View(CONFIG, breaker, {}, {}, None)
     req = ReleaseRequest("r", "s", PIDS[1], "m", P0 + HOUR, P0 + HOUR + 60, 0.0, RECORD % b"r")
     d = decide(view, Charge(req, 5, 0, P0 + HOUR, "d1", TERMS, False, 1))
-    assert d.answer.outcome == "granted" and d.breaker_drop_auto
+    assert d.answer.outcome == "charged" and d.breaker_drop_auto
     assert [e["kind"] for e in d.audit] == ["breaker_close", "period", "charge"]
     assert d.audit[0]["reason"] == f"period rollover: automatic open of {PIDS[0]} ends"
 
@@ -269,7 +269,7 @@ class _Model:
         for pid in pids:
             self.spent[pid] = self.spent.get(pid, 0) + units
             self.version[pid] = self.version.get(pid, 0) + 1
-        return Outcome.GRANTED, ""
+        return Outcome.CHARGED, ""
 
     def granted(self, pid: str, units: int) -> None:
         self.grant[pid] = self.grant.get(pid, 0) + units
@@ -314,7 +314,7 @@ async def _replay(ops: list[tuple[Any, ...]]) -> None:
             want, reason = model.charge(req, cost_to_units(cost))
             got = await ledger.charge(req)
             assert (got.outcome, got.reason.startswith(reason)) == (want, True), (op, got)
-            if want is Outcome.GRANTED:
+            if want is Outcome.CHARGED:
                 model.payloads[rid] = got.payload
             elif want is Outcome.DUPLICATE:
                 assert got.payload == model.payloads[rid]

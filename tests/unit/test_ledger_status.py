@@ -43,7 +43,7 @@ def test_status_json_reports_selection_delta_spent_and_cap() -> None:
         r = await ledger.charge(
             ReleaseRequest("a", "b", period_id(DAY, P0), "pages", P0, P0 + 3600, 1e-4, b"{}", delta=2e-9)
         )
-        assert r.outcome is Outcome.GRANTED
+        assert r.outcome is Outcome.CHARGED
         return status_json(await ledger.status("b"))
 
     out = asyncio.run(body())
@@ -62,7 +62,7 @@ def test_pool_left_and_reserve_left_add_up_to_what_the_cap_has_left_after_grants
         await ledger.grant_reserve("b", 0.001, "incident 1", "ops")
         seen.append(await ledger.status("b"))
         r = await ledger.charge(ReleaseRequest("a", "b", period_id(DAY, P0), "pages", P0, P0 + 3600, 1e-4, b"{}"))
-        assert r.outcome is Outcome.GRANTED
+        assert r.outcome is Outcome.CHARGED
         await ledger.grant_reserve("b", 0.002, "incident 2", "ops")
         seen.append(await ledger.status("b"))
         with pytest.raises(ConfigError, match="left to grant"):  # a few units more than status says is left

@@ -10,15 +10,15 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
+from dpstream.workers.ledger.keys import ScopeKeys, version_schedule_start_key
 from dpstream.workers.ledger.units import (
     DELTA_UNITS_PER_DELTA,
     UNITS_PER_CURRENCY,
     cap_to_units,
+    chargeable_float,
     cost_to_units,
     delta_cap_to_units,
     delta_to_units,
-    grantable_float,
     ledger_delta,
     share_of_units,
 )
@@ -34,7 +34,7 @@ def test_charge_is_never_below_the_cost(cost: float) -> None:
 @given(st.integers(min_value=1, max_value=9 * 10**15))
 def test_chargeable_float_charges_at_most_the_grant(units: int) -> None:
     """A release calibrated with the quoted float is charged no more than the quoted units."""
-    assert cost_to_units(grantable_float(units)) <= units
+    assert cost_to_units(chargeable_float(units)) <= units
 
 
 def test_cap_rounds_down_and_shares_read_as_written() -> None:
@@ -95,11 +95,11 @@ def test_delta_cap_rounds_down_and_refuses_what_it_cannot_hold() -> None:
         ledger_delta(1e-20)
 
 
-def test_deployment_start_key_has_its_own_hash_tag() -> None:
+def test_version_schedule_start_key_has_its_own_hash_tag() -> None:
     """The schedule start lives outside every scope's slot, one key per topology version."""
-    assert deployment_start_key("abc123") == "dpstream:{deploy}:start:abc123"
+    assert version_schedule_start_key("abc123") == "dpstream:{deploy}:start:abc123"
     with pytest.raises(ConfigError):
-        deployment_start_key("a b")
+        version_schedule_start_key("a b")
 
 
 def test_a_grant_is_rounded_down_and_a_bad_amount_is_a_user_error() -> None:
@@ -131,8 +131,8 @@ def test_integer_unit_conversions_equal_the_fraction_rule(x: float) -> None:
 
 @given(st.integers(min_value=0, max_value=9 * 10**15))
 def test_chargeable_float_is_the_largest_float_at_most_the_units(units: int) -> None:
-    """grantable_float(u) <= u x 1e-12 exactly, and the next float up is above it."""
-    value = grantable_float(units)
+    """chargeable_float(u) <= u x 1e-12 exactly, and the next float up is above it."""
+    value = chargeable_float(units)
     assert Fraction(value) <= Fraction(units, UNITS_PER_CURRENCY)
     if units > 0:
         assert Fraction(math.nextafter(value, math.inf)) > Fraction(units, UNITS_PER_CURRENCY)

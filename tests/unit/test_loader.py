@@ -242,9 +242,9 @@ def _with_start(value: str) -> str:
 
 
 def test_start_is_optional() -> None:
-    """Without `start:` the topology has start_s None (the ledger records the first start instead)."""
-    assert load_topology_text(BASE).start_s is None
-    assert load_topology_text(_with_start("~")).start_s is None
+    """Without `start:` the topology has schedule_start None (the ledger records the first start instead)."""
+    assert load_topology_text(BASE).schedule_start is None
+    assert load_topology_text(_with_start("~")).schedule_start is None
 
 
 @pytest.mark.parametrize(
@@ -261,19 +261,19 @@ def test_start_is_optional() -> None:
         '"${START:-1796083200}"',
     ],
 )
-def test_start_iso_and_epoch_forms_give_the_same_start_s(value: str) -> None:
-    """ISO-8601 with Z or +00:00 (plain or quoted) and integer epoch seconds all load to the same start_s."""
+def test_start_iso_and_epoch_forms_give_the_same_schedule_start(value: str) -> None:
+    """ISO-8601 with Z or +00:00 (plain or quoted) and integer epoch seconds all load to the same schedule_start."""
     topology = load_topology_text(_with_start(value), env={})
-    assert topology.start_s == START_2026_12_01
-    assert isinstance(topology.start_s, int) and not isinstance(topology.start_s, bool)
+    assert topology.schedule_start == START_2026_12_01
+    assert isinstance(topology.schedule_start, int) and not isinstance(topology.schedule_start, bool)
 
 
 def test_start_from_the_environment() -> None:
     """`start: ${START}` takes either form from the environment."""
     text = _with_start("${START}")
-    assert load_topology_text(text, env={"START": "2026-12-01T00:00:00Z"}).start_s == START_2026_12_01
-    assert load_topology_text(text, env={"START": "1796083200"}).start_s == START_2026_12_01
-    assert load_topology_text(_with_start("${START:-}"), env={}).start_s is None
+    assert load_topology_text(text, env={"START": "2026-12-01T00:00:00Z"}).schedule_start == START_2026_12_01
+    assert load_topology_text(text, env={"START": "1796083200"}).schedule_start == START_2026_12_01
+    assert load_topology_text(_with_start("${START:-}"), env={}).schedule_start is None
 
 
 def test_start_changes_the_topology_version() -> None:
@@ -322,7 +322,7 @@ def test_bad_start_is_a_one_line_error_naming_start(value: str, fragment: str) -
 
 
 def test_start_round_trips_through_the_dumper() -> None:
-    """The dumper writes start as ISO-8601 UTC with Z, which loads back to the same start_s and version."""
+    """The dumper writes start as ISO-8601 UTC with Z, which loads back to the same schedule_start and version."""
     topology = load_topology_text(_with_start("1796083200"))
     text = dump_topology(topology)
     assert "start: '2026-12-01T00:00:00Z'" in text
@@ -334,11 +334,11 @@ def test_start_round_trips_through_the_dumper() -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
-def test_random_starts_round_trip(topology: Topology, start_s: int) -> None:
+def test_random_starts_round_trip(topology: Topology, schedule_start: int) -> None:
     """Any start in range survives dump → load unchanged, with the same topology_version."""
-    topology = dataclasses.replace(topology, start_s=start_s)
+    topology = dataclasses.replace(topology, schedule_start=schedule_start)
     loaded = load_topology_text(dump_topology(topology), path=topology.path, env={})
-    assert loaded == topology and loaded.start_s == start_s
+    assert loaded == topology and loaded.schedule_start == schedule_start
     assert loaded.topology_version == topology.topology_version
 
 

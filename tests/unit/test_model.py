@@ -104,15 +104,15 @@ def _version_without_start(topology: Topology) -> str:
 def test_topology_version_without_start_is_unchanged():
     """A topology without start keeps the version it had before the field existed (same release_ids)."""
     for topology in (_topology(), _topology(group_by="page", keys=("a", "b")), _topology(weight=2.5)):
-        assert topology.start_s is None
+        assert topology.schedule_start is None
         assert topology.topology_version == _version_without_start(topology)
 
 
 def test_topology_version_includes_start_when_set():
     """The public start is privacy content: setting it, or moving it, changes the version."""
     base = _topology()
-    at = dataclasses.replace(base, start_s=1_796_083_200)
-    later = dataclasses.replace(base, start_s=1_796_083_201)
+    at = dataclasses.replace(base, schedule_start=1_796_083_200)
+    later = dataclasses.replace(base, schedule_start=1_796_083_201)
     assert len({base.topology_version, at.topology_version, later.topology_version}) == 3
     assert at.topology_version == dataclasses.replace(at, path="/elsewhere.yaml").topology_version
 

@@ -71,7 +71,7 @@ def test_readme_example_runs_and_releases_every_window_of_its_schedule(monkeypat
     assert minutes == [start + timedelta(minutes=m) for m in range(60)]  # empty or not, none skipped
     topology = dpstream.load_topology(WEB)
     assert {r.metric for r in replay} == set(topology.metrics)
-    assert replay.release_counts["published"] == len(replay) == status.granted
+    assert replay.release_counts["published"] == len(replay) == status.charged
     assert isinstance(status.spent, dpstream.Rho) and isinstance(status.cap, dpstream.Rho)
     assert status.spent.value == pytest.approx(math.fsum(r.cost.value for r in replay), rel=1e-9)
     assert status.period_id == "2026-11-30"
@@ -190,7 +190,7 @@ def test_a_pure_scope_plans_and_charges_in_epsilon():
         status = ledger.status("risk-features")
     assert len(replay) == len(topology.metrics)  # one daily window each, released with no events at all
     assert all(isinstance(r.cost, dpstream.Epsilon) for r in replay)
-    assert isinstance(status.spent, dpstream.Epsilon) and status.granted == len(replay)
+    assert isinstance(status.spent, dpstream.Epsilon) and status.charged == len(replay)
     assert status.to_json()["spent"] == status.spent.value and status.to_json()["scope"] == "risk-features"
 
 

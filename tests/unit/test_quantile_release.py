@@ -176,7 +176,7 @@ def test_the_report_cost_check_maps_a_quantile_record_to_its_charge(accounting: 
     fields = mech.release({"": (0,) * cell_count(metric.candidates or ())}).to_record_fields()
     key = "rho" if accounting is Accounting.ZCDP else "epsilon"
     parts = components_of(metric, accounting, {"cost": {key: 0.05}, "event": fields["event"]})
-    assert [p.kind for p in parts] == ["top_k"] * 3
+    assert [p.kind for p in parts] == ["exponential"] * 3
     assert math.fsum(p.mapped_cost for p in parts) == pytest.approx(0.05, rel=1e-9)
 
 

@@ -25,11 +25,11 @@ from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger import base as ledger_base
 from dpstream.workers.ledger import open_ledger
-from dpstream.workers.ledger.allocation import Snapshot, _adaptive_units, _grantable
+from dpstream.workers.ledger.allocation import Snapshot, _adaptive_units, _chargeable
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.state import ScopeState, _zadd, zcount_from
 from dpstream.workers.ledger.testing import one_scope_topology
-from dpstream.workers.ledger.units import cost_to_units, grantable_float
+from dpstream.workers.ledger.units import chargeable_float, cost_to_units
 from dpstream.workers.noise import build_release_mechanism, discrete
 from dpstream.workers.noise import measurements as meas_mod
 from dpstream.workers.noise.measurements import (
@@ -99,8 +99,8 @@ def test_conversion_errors_are_not_cached() -> None:
     period_s=st.sampled_from([60, 3600, 86_400, 7 * 86_400]),
 )
 def test_ledger_memos_equal_the_functions(units: int, cost: float, ts: int, period_s: int) -> None:
-    """The ledger's memoised grantable_float, cost_to_units and period_id answer what the functions do."""
-    assert _grantable(units) == grantable_float(units)
+    """The ledger's memoised chargeable_float, cost_to_units and period_id answer what the functions do."""
+    assert _chargeable(units) == chargeable_float(units)
     assert ledger_base._cost_units(cost) == cost_to_units(cost)
     assert ledger_base._period_id(period_s, ts) == period_id(period_s, ts)
 

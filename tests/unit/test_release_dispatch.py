@@ -204,7 +204,7 @@ def test_a_new_owner_finishes_a_release_its_predecessor_charged_without_a_second
     [result] = results
     assert result.outcome is ReleaseOutcome.DUPLICATE
     assert [value for value, _ in sent] == [stored]
-    assert status.granted == 1
+    assert status.charged == 1
 
 
 def test_windows_that_failed_on_an_outage_are_due_again_once_a_release_goes_through():

@@ -101,7 +101,7 @@ def test_known_release_id_republishes_identical_bytes(topo):
     first, second, sink, status, rel = _run(go())
     assert second.outcome is ReleaseOutcome.DUPLICATE
     assert sink.sent[0] == sink.sent[1] and second.payload == first.payload
-    assert status.granted == 1
+    assert status.charged == 1
     assert rel.counts.snapshot()["duplicate"] == 1
 
 
@@ -144,7 +144,7 @@ def test_sweeper_republishes_a_charged_release_with_its_stored_bytes(topo):
     pending, sink, swept, again, status, rel = _run(go())
     assert (swept, again) == (1, 0)
     assert sink.sent == [(pending.payload, pending.release_id.encode())]
-    assert status.granted == 1
+    assert status.charged == 1
     assert rel.counts.failed == 1 and rel.counts.swept == 1
 
 
@@ -215,7 +215,7 @@ def test_prepare_builds_the_mechanism_at_the_planned_cost_without_sampling(topo)
     rel, status = _run(go())
     planned = rel._planned_cost["hist"]
     assert built == [("hist", planned), ("hist", planned)] and planned > 0
-    assert status.granted == 0 and rel.counts.snapshot()["published"] == 0
+    assert status.charged == 0 and rel.counts.snapshot()["published"] == 0
 
 
 def test_concurrent_releases_are_priced_as_if_in_turn(topo):
@@ -275,7 +275,7 @@ def _straddle_fill(topo, start: int, cost_share: float):
             b"{}",
             may_use_reserve=True,
         )
-        assert (await ledger.charge(req)).outcome.value == "granted"
+        assert (await ledger.charge(req)).outcome.value == "charged"
 
     return fill
 

@@ -157,7 +157,7 @@ def test_tight_figures_against_dp_accounting_and_the_charge(web_hour: Any) -> No
     tight, charged = rep["accounting"]["tight"], rep["accounting"]["charged"]
     parts = [p for c in checks_of(data) for p in c.components]
     gauss = [p for p in parts if p.kind == "gaussian"]
-    topk = [p for p in parts if p.kind == "top_k"]
+    topk = [p for p in parts if p.kind == "exponential"]
     assert gauss and topk and len(gauss) + len(topk) == len(parts)
     mult = 1.0 / math.sqrt(math.fsum((p.sensitivity / p.scale) ** 2 for p in gauss))
     pld = pld_lib.from_gaussian_mechanism(mult, value_discretization_interval=1e-4)

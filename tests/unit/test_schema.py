@@ -269,7 +269,7 @@ def test_schema_accepts_the_start_forms_the_loader_accepts(start: Any) -> None:
     assert _errors(_example_with_start(start), SCHEMA) == []
     if not isinstance(start, str) or not start.startswith("$"):
         text = yaml.safe_dump(_example_with_start(start), sort_keys=False)
-        assert load_topology_text(text, env={}).start_s == 1_796_083_200
+        assert load_topology_text(text, env={}).schedule_start == 1_796_083_200
 
 
 @pytest.mark.parametrize(
@@ -292,6 +292,6 @@ def test_schema_rejects_bad_starts(start: Any) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_topologies(), st.integers(START_MIN_S, START_MAX_S - 1))
-def test_random_topologies_with_start_validate(topology: Topology, start_s: int) -> None:
+def test_random_topologies_with_start_validate(topology: Topology, schedule_start: int) -> None:
     """A dumped topology with a start (written as ISO-8601 with Z) is valid under the schema."""
-    assert _errors(topology_document(dataclasses.replace(topology, start_s=start_s)), SCHEMA) == []
+    assert _errors(topology_document(dataclasses.replace(topology, schedule_start=schedule_start)), SCHEMA) == []

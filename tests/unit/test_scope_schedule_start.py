@@ -46,9 +46,9 @@ async def _charged(topology_yaml: str = _YAML) -> tuple[Topology, Ledger]:
     """A ledger whose worker recorded S (at 06:00) and charged one window; read at 12:30."""
     topology = load_topology_text(topology_yaml)
     ledger = await open_ledger("memory", topology, clock=ManualClock(NOW))
-    assert await schedule_start_of(topology, ledger, now=S) == (topology.start_s or S)
+    assert await schedule_start_of(topology, ledger, now=S) == (topology.schedule_start or S)
     req = ReleaseRequest("r0", "b", period_id(DAY, P0), "pages", S, S + HOUR, 0.01, b"{}")
-    assert (await ledger.charge(req)).outcome is Outcome.GRANTED
+    assert (await ledger.charge(req)).outcome is Outcome.CHARGED
     return topology, ledger
 
 
@@ -90,7 +90,7 @@ def test_a_scope_keeps_the_first_s_recorded_with_it() -> None:
     async def body() -> tuple[int, int | None, float, float]:
         _, ledger = await _charged()
         before = (await ledger.status("b")).projected_ratio
-        s2 = await ledger.deployment_start("v2", S + 3 * HOUR)
+        s2 = await ledger.version_schedule_start("v2", S + 3 * HOUR)
         after = (await ledger.status("b")).projected_ratio
         return s2, await ledger.recorded_schedule_start("b"), before, after
 
@@ -105,7 +105,7 @@ def test_a_declared_start_is_recorded_with_the_scope() -> None:
 
     async def body() -> tuple[int | None, int | None]:
         topology, ledger = await _charged(yaml)
-        assert topology.start_s == declared
+        assert topology.schedule_start == declared
         return await ledger.recorded_schedule_start("b"), (await ledger.status("b")).schedule_start
 
     assert asyncio.run(body()) == (declared, declared)
@@ -121,7 +121,7 @@ def test_an_unregistered_scope_gets_no_s() -> None:
         await reader.record_schedule_start(S, ["b"])
         with pytest.raises(ConfigError, match="not registered"):
             await reader.status("b")
-        other = replace(topology, start_s=None)
+        other = replace(topology, schedule_start=None)
         ledger = await open_ledger("memory", other, clock=ManualClock(NOW))
         assert await ledger.recorded_schedule_start("b") is None  # registered, no worker recorded S yet
         assert (await ledger.status("b")).schedule_start is None

@@ -189,7 +189,7 @@ def test_on_plan_the_gauge_and_the_ledger_agree_in_a_first_partial_period() -> N
             q = await ledger.quote(name, s, end)
             later = ((period_id(DAY, P0 + DAY), P0 + DAY),) if end > P0 + DAY else ()
             req = ReleaseRequest(f"{name}{s}", "b", q.period_id, name, s, end, q.cost, b"{}", extra_periods=later)
-            assert (await ledger.charge(req)).outcome is Outcome.GRANTED
+            assert (await ledger.charge(req)).outcome is Outcome.CHARGED
             if k + 1 == len(windows) or windows[k + 1][0] != end:  # every window closing at `end` is charged
                 block = next(h for h in await ledger.history("b") if h.start == P0)
                 out.append((block.spent_units / block.cap_units, planned_ratio(plan, P0, P0 + DAY, end, start)))
@@ -212,7 +212,11 @@ def test_budget_reader_counts_the_plan_from_the_deployment_start() -> None:
 
     async def body() -> list[tuple[float | None, float | None]]:
         out = []
-        for topology, start in ((_topology(), S_MID), (replace(_topology(), start_s=S_MID), None), (_topology(), None)):
+        for topology, start in (
+            (_topology(), S_MID),
+            (replace(_topology(), schedule_start=S_MID), None),
+            (_topology(), None),
+        ):
             ledger = await open_ledger("memory", topology, clock=clock, schedule_start=start)
             figures = (await BudgetReader(topology, clock=clock).read(ledger))[0]
             out.append((figures.planned_ratio, figures.planned_spend_rate))
@@ -261,17 +265,17 @@ def test_budget_reader_matches_status_and_sums_history_across_periods() -> None:
 
     async def body():
         ledger = await open_ledger("memory", topology, clock=clock)
-        assert (await ledger.charge(_request("r1", "hourly", P0, P0 + HOUR, 1e-4))).outcome is Outcome.GRANTED
+        assert (await ledger.charge(_request("r1", "hourly", P0, P0 + HOUR, 1e-4))).outcome is Outcome.CHARGED
         assert (
             await ledger.charge(_request("r2", "hourly", P0 + HOUR, P0 + 2 * HOUR, 2e-4))
-        ).outcome is Outcome.GRANTED
+        ).outcome is Outcome.CHARGED
         reader = BudgetReader(topology, clock=clock)
         first = (await reader.read(ledger))[0]
         status1 = await ledger.status("b")
         clock.t = P0 + DAY + 3 * HOUR  # next day
         assert (
             await ledger.charge(_request("r3", "hourly", P0 + DAY, P0 + DAY + HOUR, 5e-5))
-        ).outcome is Outcome.GRANTED
+        ).outcome is Outcome.CHARGED
         second = (await reader.read(ledger))[0]
         status2 = await ledger.status("b")
         history = await ledger.history("b", 100)

@@ -69,7 +69,7 @@ class BudgetStatus:
     pool_left: Cost
     projected_spend: Cost
     """The period's spend at its end, at the current rate."""
-    granted: int
+    charged: int
     refused: int
     breaker: BreakerInfo | None
     details: ScopeStatus = field(repr=False)
@@ -97,7 +97,7 @@ class BudgetStatus:
             reserve_left=cost(status.reserve_left),
             pool_left=cost(status.pool_left),
             projected_spend=cost(status.projected_spend),
-            granted=status.granted,
+            charged=status.charged,
             refused=status.refused,
             breaker=status.breaker,
             details=status,

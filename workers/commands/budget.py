@@ -89,9 +89,9 @@ async def open_cli_ledger(args: argparse.Namespace) -> tuple[Ledger, list[str]]:
         # S for a scope the workers recorded none with yet (status reads the scope's own S first, so
         # with or without --topology a first period is projected from the same S)
         try:
-            start = topo.start_s
+            start = topo.schedule_start
             if start is None:
-                start = await ledger.recorded_deployment_start(topo.topology_version)
+                start = await ledger.recorded_version_schedule_start(topo.topology_version)
             if start is not None:
                 ledger.use_schedule_start(int(start))
         except BaseException:
@@ -143,7 +143,7 @@ def _status_text(s: ScopeStatus) -> str:
         f"{s.scope}  [{s.state.value.upper()}]  period {s.period_id} ({hours}h{rest // 60:02d}m left)",
         f"  spent {cur} {s.spent:.6g} of cap {s.cap:.6g}  ratio {s.ratio:.4f} (warn at {s.warn_at:g})"
         + (f"  ε-equivalent {s.epsilon_equiv:.4g} at δ={s.delta:g}" if s.accounting == "zcdp" else ""),
-        f"  releases charged {s.granted}, refused {s.refused}",
+        f"  releases charged {s.charged}, refused {s.refused}",
         f"  pool left {s.pool_left:.6g}  reserve left {s.reserve_left:.6g}",
         f"  projected at period end {s.projected_spend:.6g} (ratio {s.projected_ratio:.3f})",
     ]
@@ -257,7 +257,7 @@ def _history(args: argparse.Namespace) -> int:
                     "cap": units_to_float(p.cap_units),
                     "spent": units_to_float(p.spent_units),
                     "ratio": p.spent_units / p.cap_units if p.cap_units else 0.0,
-                    "charged": p.granted,
+                    "charged": p.charged,
                     "refused": p.refused,
                     "reserve_granted": units_to_float(p.grant_units),
                 }

@@ -128,7 +128,7 @@ def for_run(topology: Topology, run_id: str, start: int) -> Topology:
         dead_letter=f"{topology.sinks.dead_letter}.{run_id}",
         partials=f"{topology.sinks.partials}.{run_id}" if topology.sinks.partials else "",
     )
-    return replace(topology, sources=sources, sinks=sinks, start_s=start)
+    return replace(topology, sources=sources, sinks=sinks, schedule_start=start)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ def period_first_window(topology: Topology, metric: Metric, now: float, periods_
     (`periods_back` periods earlier), not before the schedule start S."""
     period_s = topology.budgets[metric.budget].period_s
     since = period_start(period_s, now) - periods_back * period_s
-    return next(Schedule.of(metric, topology.start_s).starts(since=since))
+    return next(Schedule.of(metric, topology.schedule_start).starts(since=since))
 
 
 def feed_starts(

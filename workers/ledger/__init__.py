@@ -2,9 +2,9 @@
 
     ledger = await open_ledger("redis://localhost:6379/0", topology)   # or "memory"
     q = await ledger.quote(metric, window_start, window_end)            # adaptive allowance, state
-    r = await ledger.charge(ReleaseRequest(...))                       # GRANTED | DUPLICATE | REFUSED
+    r = await ledger.charge(ReleaseRequest(...))                       # CHARGED | DUPLICATE | REFUSED
     await ledger.commit(scope, release_id)                              # charged -> published
-    start = await ledger.deployment_start(topology_version, int(time.time()))   # first start wins (also per scope)
+    start = await ledger.version_schedule_start(topology_version, int(time.time()))  # first start wins (also per scope)
     ledger.use_schedule_start(start)                                    # price from S
     ledger.ledger_id                                                    # this namespace's id (None: in-process)
 

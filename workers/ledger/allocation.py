@@ -1,4 +1,4 @@
-"""The adaptive grant (see dpstream.workers.ledger) applied to a ledger snapshot, in exact units.
+"""The adaptive allowance (see dpstream.workers.ledger) applied to a ledger snapshot, in exact units.
 
 The grant is `topology.allocation`'s rule, L × c_m / Σ_j c_j·n_j, on the scope's exact rates
 (`ScopeConfig.pricing_rates`) and the pool left in units, floored to a unit: on plan the grants
@@ -22,7 +22,7 @@ from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
 from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
-from dpstream.workers.ledger.units import grantable_float
+from dpstream.workers.ledger.units import chargeable_float
 
 
 class Snapshot(NamedTuple):
@@ -49,8 +49,8 @@ def _units_of(pool_units: int, share: Fraction) -> int:
     return pool_units * share.numerator // share.denominator
 
 
-_grantable = lru_cache(maxsize=4096)(grantable_float)
-"""`grantable_float(units)`, memoised (on plan a period's releases are granted one or two unit counts)."""
+_chargeable = lru_cache(maxsize=4096)(chargeable_float)
+"""`chargeable_float(units)`, memoised (on plan a period's releases are allowed one or two unit counts)."""
 
 
 @lru_cache(maxsize=256)
@@ -115,7 +115,7 @@ def _quote(
         plan.name,
         cfg.name,
         period_id,
-        _grantable(units),
+        _chargeable(units),
         units,
         state,
         thinned,
@@ -136,10 +136,10 @@ def price(
     window_end: int,
     schedule_start: int | None = None,
 ) -> Quote:
-    """The grant for the release of `metric` over [window_start, window_end) in this period, at the
+    """The allowance for the release of `metric` over [window_start, window_end) in this period, at the
     snapshot's spend version.
 
-    `schedule_start` is the deployment start S: windows starting before it are never released
+    `schedule_start` is the schedule start S: windows starting before it are never released
     (the public schedule), so they are not counted among the releases still to come; None (or S at
     or before the period start) prices every window of the period's grid, as a whole period. A
     window that itself starts before S is not in the schedule (the release side's warm-up quotes
@@ -181,7 +181,7 @@ def price(
         metric,
         cfg.name,
         period_id,
-        _grantable(units),
+        _chargeable(units),
         units,
         state,
         False,
@@ -210,8 +210,8 @@ def price_in_order(
     `charged` (metric → units) are the releases of this close (same scope, period and window end)
     already charged, in whatever order they ran: they are taken out of the snapshot. `before`
     ((metric, window start), in canonical order) are the releases of this close that come before
-    this one: each is priced from the snapshot so far and, if it would be granted, counted in it at
-    its own grant. Then this release is priced. The quote's `ratio_after` is the period's spend
+    this one: each is priced from the snapshot so far and, if it would be charged, counted in it at
+    its own allowance. Then this release is priced. The quote's `ratio_after` is the period's spend
     after it over the cap, in that order (the record's `budget.ratio_after`). The spend version is
     the snapshot's, so a charge that landed since still answers STALE_QUOTE."""
     if charged:

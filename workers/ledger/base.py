@@ -44,7 +44,7 @@ from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_o
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
-from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, deployment_start_key
+from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, version_schedule_start_key
 from dpstream.workers.ledger.state import Op, ScopeState
 from dpstream.workers.ledger.steps import (
     REGISTER_REFUSED,
@@ -217,13 +217,15 @@ class Ledger(ABC):
                 changed.append(name)
         return changed
 
-    async def deployment_start(self, topology_version: str, proposed: int, scopes: Iterable[str] | None = None) -> int:
+    async def version_schedule_start(
+        self, topology_version: str, proposed: int, scopes: Iterable[str] | None = None
+    ) -> int:
         """The recorded start (epoch s) of this topology version's deployment: `proposed` if none
         was recorded yet (stored atomically, set-if-absent), else the first one recorded, forever.
         It is also recorded with each of `scopes` (default: this ledger's topology's), see
         `record_schedule_start`."""
         _check_start(proposed)
-        start = await self._deployment_start(deployment_start_key(topology_version), proposed)
+        start = await self._version_schedule_start(version_schedule_start_key(topology_version), proposed)
         await self.record_schedule_start(start, scopes)
         return start
 
@@ -241,10 +243,10 @@ class Ledger(ABC):
         """The S recorded with `scope` (None: none yet); read only."""
         return _schedule_start_of(await self._stored(scope))
 
-    async def recorded_deployment_start(self, topology_version: str) -> int | None:
+    async def recorded_version_schedule_start(self, topology_version: str) -> int | None:
         """The start recorded for this topology version, or None; read only (a scrape never records
         one: that would fix S at the first scrape instead of the first worker's start)."""
-        return await self._read_deployment_start(deployment_start_key(topology_version))
+        return await self._read_version_schedule_start(version_schedule_start_key(topology_version))
 
     async def resolve_ledger_id(self) -> str | None:
         """This ledger namespace's id (`ledger.identity`): created once (set-if-absent, so the first
@@ -270,11 +272,11 @@ class Ledger(ABC):
 
     @property
     def schedule_start(self) -> int | None:
-        """The deployment start S this ledger prices with (None: every window of a period counts)."""
+        """The schedule start S this ledger prices with (None: every window of a period counts)."""
         return self._schedule_start
 
     def use_schedule_start(self, start: int) -> None:
-        """Price from the deployment start S (the public schedule): no window starting before S is
+        """Price from the schedule start S (the public schedule): no window starting before S is
         released, so none is counted among a period's releases still to come. Every
         process of one deployment must use the same S (`runtime.schedule`) to price alike."""
         _check_start(start)
@@ -316,7 +318,7 @@ class Ledger(ABC):
         before: Sequence[tuple[str, int]] = (),
         charged: Mapping[str, int] | None = None,
     ) -> Quote:
-        """The adaptive grant for the next release of `metric` (adaptive allocation), warning policy applied.
+        """The adaptive allowance for the next release of `metric` (adaptive allocation), warning policy applied.
 
         `before` and `charged` put the releases of the same close time in their canonical order
         (`allocation.price_in_order`): the ones that come first, and those already charged."""
@@ -397,7 +399,7 @@ class Ledger(ABC):
         )
 
     async def commit(self, scope: str, release_id: str) -> bool:
-        """Mark a reserved release published; False when it was already published or is unknown."""
+        """Mark a charged release published; False when it was already published or is unknown."""
         if scope not in _VALID_SCOPES:
             _check_scope(scope)
         return await self._commit(scope, release_id, int(self._clock() * 1000)) == 1
@@ -413,12 +415,12 @@ class Ledger(ABC):
         return await self._stored_payload(scope, release_id)
 
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
-        """Releases reserved longer than `older_than_s` ago and not yet published (for the sweeper)."""
+        """Releases charged longer than `older_than_s` ago and not yet published (for the sweeper)."""
         before = self._now_ms() - int(older_than_s * 1000)
         out: list[PendingRelease] = []
         for scope in await self.scopes():
             out.extend(await self._pending(scope, before))
-        return sorted(out, key=lambda p: (p.reserved_at_ms, p.release_id))
+        return sorted(out, key=lambda p: (p.charged_at_ms, p.release_id))
 
     async def scopes(self) -> list[str]:
         """Scopes of this ledger's topology, or every registered scope when opened without one."""
@@ -426,7 +428,7 @@ class Ledger(ABC):
 
     async def status(self, scope: str, schedule_start: int | None = None) -> ScopeStatus:
         """Where the scope stands in its current (wall-clock) period. The projection to the period
-        end runs at the rate since the period start, or since the deployment start S when S falls
+        end runs at the rate since the period start, or since the schedule start S when S falls
         inside this period (its first: nothing was spent before S); S is `schedule_start`, else the
         one recorded with the scope (`record_schedule_start`: the same for every reader), else the
         one this ledger prices with (a ledger whose workers recorded none with the scope yet)."""
@@ -465,7 +467,7 @@ class Ledger(ABC):
             epsilon_equiv=equiv.epsilon,
             delta=equiv.delta,
             state=state_of(spent, warn, breaker is not None),
-            granted=int(period.get("granted", 0)),
+            charged=int(period.get("granted", 0)),
             refused=int(period.get("refused", 0)),
             reserve_left=units_to_float(reserve_left),
             pool_left=units_to_float(pool_left),
@@ -494,7 +496,7 @@ class Ledger(ABC):
                     cap_units=int(f.get("cap", 0)),
                     reserve_units=int(f.get("reserve", 0)),
                     spent_units=int(f.get("spent", 0)),
-                    granted=int(f.get("granted", 0)),
+                    charged=int(f.get("granted", 0)),
                     refused=int(f.get("refused", 0)),
                     grant_units=int(f.get("grant", 0)),
                     delta_spent_units=int(f.get("delta_spent", 0)),
@@ -639,7 +641,7 @@ class Ledger(ABC):
         """List a registered scope in the namespace's scope index (Redis: its own key, another slot)."""
 
     @abstractmethod
-    async def _deployment_start(self, key: str, proposed: int) -> int:
+    async def _version_schedule_start(self, key: str, proposed: int) -> int:
         """Set `key` to `proposed` if absent; the stored value either way."""
 
     async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
@@ -650,7 +652,7 @@ class Ledger(ABC):
         """The value of `key`, or None."""
         return None
 
-    async def _read_deployment_start(self, key: str) -> int | None:
+    async def _read_version_schedule_start(self, key: str) -> int | None:
         """The value of `key`, or None; a backend that does not answer it reads as None (the in-process
         ledger: its readers share the ledger object and read `schedule_start` instead)."""
         return None
@@ -775,7 +777,7 @@ def _refused_change(cfg: ScopeConfig, raw: RawRegister, pid: str, period_end: in
 
 def _check_start(start: object) -> None:
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise InternalError(f"deployment start must be whole epoch seconds >= 0, got {start!r}")
+        raise InternalError(f"schedule start must be whole epoch seconds >= 0, got {start!r}")
 
 
 def _schedule_start_of(stored: Mapping[str, str]) -> int | None:

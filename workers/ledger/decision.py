@@ -62,7 +62,7 @@ class ChargeTerms(NamedTuple):
 
 
 class RawCharge(NamedTuple):
-    """What the reserve step returns, before it is typed (a tuple: one is built per charge)."""
+    """What the charge step returns, before it is typed (a tuple: one is built per charge)."""
 
     outcome: str
     payload: bytes
@@ -107,7 +107,7 @@ class Decision(NamedTuple):
     opened: tuple[_OpenBlock, ...] = ()
     """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
     charged: tuple[str, ...] = ()
-    """The periods charged (granted): each adds the cost to `spent`, the δ to `delta_spent`, 1 to
+    """The periods charged: each adds the cost to `spent`, the δ to `delta_spent`, 1 to
     `granted` and `version`, and the release to the metric's `ends` at its window end."""
     refused_in: str | None = None
     """The period whose `refused` counter counts this refusal."""
@@ -117,7 +117,7 @@ class Decision(NamedTuple):
     """Breaker fields to set: an automatic open, which also adds 1 to its period's `version`."""
     audit: tuple[dict[str, str], ...] = ()
     release: dict[str, str | bytes] | None = None
-    """The release hash to store (granted only); it joins the pending set at `now_ms`."""
+    """The release hash to store (charged only); it joins the pending set at `now_ms`."""
 
 
 _OpenBlock = tuple[str, int, dict[str, str]]
@@ -266,7 +266,7 @@ def _conflict(view: View, c: Charge, p: _Period) -> tuple[_Period, str] | None:
 
 def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, str, bool] | None:
     """The first reason to refuse, in the module doc's order: (the period it is counted in, the reason,
-    whether it opens the breaker: the cap itself ran out); None: granted."""
+    whether it opens the breaker: the cap itself ran out); None: charged."""
     cfg, br, main = view.config, view.breaker, periods[0]
     if c.digest != cfg.get("digest"):
         why = (
@@ -387,7 +387,7 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
         "ratio_after": ratio,
         "reserved_at": str(c.now_ms),
     }
-    answer = RawCharge("granted", payload, "", spent, main.cap, _state(spent, main.warn, False), cost)
+    answer = RawCharge("charged", payload, "", spent, main.cap, _state(spent, main.warn, False), cost)
     charged = (main.pid,) if len(periods) == 1 else tuple([p.pid for p in periods])
     return Decision(answer, blocks, charged, None, dropped, None, tuple(entries), release)
 

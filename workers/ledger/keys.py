@@ -15,7 +15,7 @@ __all__ = [
     "ScopeKeys",
     "check_namespace",
     "check_scope_name",
-    "deployment_start_key",
+    "version_schedule_start_key",
     "in_namespace",
 ]
 
@@ -50,7 +50,7 @@ def in_namespace(key: str, namespace: str) -> str:
     return f"{PREFIX}:{check_namespace(namespace)}:{key[len(PREFIX) + 1 :]}"
 
 
-def deployment_start_key(topology_version: str) -> str:
+def version_schedule_start_key(topology_version: str) -> str:
     """String: the recorded start (epoch s) of a topology version's deployment, `dpstream:{deploy}:start:<version>`.
 
     Its own hash tag: it belongs to no scope, and only a SET NX ever writes it.

@@ -75,7 +75,7 @@ class MemoryLedger(Ledger):
 
     # ---- the scripts -------------------------------------------------------------------------
 
-    async def _deployment_start(self, key: str, proposed: int) -> int:
+    async def _version_schedule_start(self, key: str, proposed: int) -> int:
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 

@@ -5,7 +5,7 @@ Any Redis or socket failure raises `LedgerUnavailable` (fail closed); a script's
 `dpstream:` error reply is a bug and raises `InternalError`.
 
 With replicas (a Sentinel URL, or a primary that reports replicas), nothing this ledger hands out
-for publishing is acknowledged until `WAIT` confirms it on `min_replicas` replicas: a granted or
+for publishing is acknowledged until `WAIT` confirms it on `min_replicas` replicas: a charged or
 duplicate `charge`, a `stored_payload` found, and every `pending` release. Each of those first
 writes the scope's fence key and then WAITs on the same connection; the replication stream is
 ordered, so the WAIT covers every earlier write of the scope, whichever client made it. Fewer
@@ -237,7 +237,7 @@ class RedisLedger(Ledger):
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """The base charge, acknowledged only once replicated (a refusal publishes nothing: no WAIT)."""
         result = await super().charge(req)
-        if result.outcome in (Outcome.GRANTED, Outcome.DUPLICATE):
+        if result.outcome in (Outcome.CHARGED, Outcome.DUPLICATE):
             await self._replicated(req.scope)
         return result
 
@@ -274,7 +274,7 @@ class RedisLedger(Ledger):
     async def _index_scope(self, scope: str) -> None:
         await self._guard(self._client.sadd(self._scopes_index, scope))
 
-    async def _deployment_start(self, key: str, proposed: int) -> int:
+    async def _version_schedule_start(self, key: str, proposed: int) -> int:
         key = in_namespace(key, self._namespace)
         pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first start wins)
         pipe.set(key, proposed, nx=True)
@@ -294,7 +294,7 @@ class RedisLedger(Ledger):
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return None if raw is None else _s(raw)
 
-    async def _read_deployment_start(self, key: str) -> int | None:
+    async def _read_version_schedule_start(self, key: str) -> int | None:
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return int(raw) if raw is not None else None
 

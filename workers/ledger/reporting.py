@@ -3,7 +3,7 @@
 `status_json` is one scope's `ScopeStatus` as `dpstream budget status --json` prints it (the
 README quotes this shape):
 
-    {"status_version": 2,                                                # 2: `releases.granted` is `releases.charged`
+    {"status_version": 2,                                                # 2: `releases.charged` is `releases.charged`
      "scope": "web-daily", "accounting": "zcdp", "state": "normal",     # normal | warning | open
      "period": {"id": "2026-11-30", "start": "2026-11-30T00:00:00Z", "end": "2026-12-01T00:00:00Z",
                 "seconds_left": 38400},
@@ -68,7 +68,7 @@ def status_json(s: ScopeStatus) -> dict[str, Any]:
         "delta_spent": s.delta_spent,
         "delta_cap": s.delta_cap,  # partition-selection δ of the period
         "warn_at": s.warn_at,
-        "releases": {"charged": s.granted, "refused": s.refused},
+        "releases": {"charged": s.charged, "refused": s.refused},
         "reserve_left": s.reserve_left,
         "pool_left": s.pool_left,
         "projected": {"spend": s.projected_spend, "ratio": s.projected_ratio},

@@ -1,5 +1,5 @@
 """The ledger's steps besides a charge, decided once in Python: registering a scope's config and
-its deployment start, an operator's reserve grant, a breaker change, parking a window.
+its schedule start, an operator's reserve grant, a breaker change, parking a window.
 
 Each is a pure function of the scope's state (`state.ScopeState`, as read) that returns its
 answer and its writes (`state.Op`s); the backend applies them atomically (`Ledger._step`).
@@ -151,7 +151,7 @@ def _audit(kind: str, *fields: str) -> Op:
 
 
 def decide_schedule(s: ScopeState, start: int) -> tuple[int | None, tuple[Op, ...]]:
-    """Record the deployment start S with a registered scope: the first S recorded stays (None, and
+    """Record the schedule start S with a registered scope: the first S recorded stays (None, and
     nothing written, for a scope not registered), so every reader projects a first period from one S."""
     if "digest" not in s.config:
         return None, ()

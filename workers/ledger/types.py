@@ -37,7 +37,7 @@ def fill_ratio(payload: bytes, ratio: float) -> bytes:
 class Outcome(Enum):
     """What `charge` did."""
 
-    GRANTED = "granted"
+    CHARGED = "charged"
     """Charged now; the payload is stored and must be published."""
     DUPLICATE = "duplicate"
     """The release_id was charged before: nothing charged, the first stored payload returned."""
@@ -119,7 +119,7 @@ class ChargeResult:
     """spent / cap of the period after this call."""
     state: State
     cost_units: int = 0
-    """Units charged now (0 unless GRANTED)."""
+    """Units charged now (0 unless CHARGED)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class PendingRelease:
     window_start: int
     window_end: int
     cost_units: int
-    reserved_at_ms: int
+    charged_at_ms: int
     payload: bytes
 
 
@@ -212,7 +212,7 @@ class PeriodSummary:
     cap_units: int
     reserve_units: int
     spent_units: int
-    granted: int
+    charged: int
     refused: int
     grant_units: int
     delta_spent_units: int = 0
@@ -235,7 +235,7 @@ class ScopeStatus:
     delta: float
     """The δ `epsilon_equiv` holds at: the one the scope's cap was converted at (zCDP), 0 (pure)."""
     state: State
-    granted: int
+    charged: int
     refused: int
     reserve_left: float
     pool_left: float

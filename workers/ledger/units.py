@@ -15,7 +15,7 @@ __all__ = [
     "cap_to_units",
     "share_of_units",
     "units_to_float",
-    "grantable_float",
+    "chargeable_float",
     "DELTA_UNITS_PER_DELTA",
     "delta_to_units",
     "delta_cap_to_units",
@@ -93,7 +93,7 @@ def units_to_float(units: int) -> float:
     return units / UNITS_PER_CURRENCY
 
 
-def grantable_float(units: int) -> float:
+def chargeable_float(units: int) -> float:
     """The largest float whose exact value is at most `units` × 1e-12.
 
     A release calibrated with this cost is charged (rounded up) no more than `units`.

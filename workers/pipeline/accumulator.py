@@ -1,6 +1,6 @@
 """One metric on one source partition: the public window schedule, contribution bounding, partial sums.
 
-Windows follow a public schedule: every window of the metric's grid from the deployment start S
+Windows follow a public schedule: every window of the metric's grid from the schedule start S
 onwards (the first window starting at or after S), closed in order and emitted whether or not any
 event fell in it. An event counts in window w iff its own event time lies in w and its own
 arrival (append) time is at or before w's close time C(w) = end(w) + allowed_lateness. Nothing

@@ -10,7 +10,7 @@ watermark built from event times:
   or before C(w) = end(w) + allowed_lateness;
 - window w closes once the driver tells the pipeline (`mark_end`) that the partition's end
   offset, read at a wall-clock time T ≥ C(w), has been consumed: every record appended up to T
-  is then in. Windows close in schedule order, every one from the deployment start, empty or not.
+  is then in. Windows close in schedule order, every one from the schedule start, empty or not.
 
 Commit protocol for the driver: produce the returned dead letters and partials, then commit
 `safe_offset()` with `progress()` as the commit's metadata — the offset never passes the first
@@ -81,7 +81,7 @@ class PartitionPipeline:
         check_keys: bool = False,
         event_range: tuple[float, float] | None = None,
     ) -> None:
-        """`schedule_start`: the deployment start S; `partitions`: how many partitions the source
+        """`schedule_start`: the schedule start S; `partitions`: how many partitions the source
         has (every partial says so, the merger checks it); `resume`: metric → next window start to
         emit, from the last commit's metadata; `start_offset`: where consumption (re)starts;
         `until`: replay's end of schedule; `check_keys`: dead-letter records whose Kafka key is
@@ -173,7 +173,7 @@ class PartitionPipeline:
             accepted += 1
             if seen is not None and position is not None:
                 seen.add(position, ts)
-            if ts < start:  # before the deployment start S: no window of the schedule holds it
+            if ts < start:  # before the schedule start S: no window of the schedule holds it
                 late += 1
                 continue
             horizon = arrival - lateness

@@ -1,6 +1,6 @@
 """The release record (fields: README's release-record table) and its one builder, `record_bytes`.
 
-The record is built once, before `reserve`; the ledger stores it (filling `budget.ratio_after`)
+The record is built once, before `charge`; the ledger stores it (filling `budget.ratio_after`)
 and every publication of the release — first, duplicate or sweeper — sends those stored bytes.
 So a redrawn payload for a known release_id is never seen by anyone.
 

@@ -180,7 +180,7 @@ class Releaser:
         if faults.ARMED:  # chaos tests only: published, not yet committed
             faults.crash_point("after_publish")
         await self.ledger.commit(budget.name, rid)
-        outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.GRANTED else ReleaseOutcome.DUPLICATE
+        outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.CHARGED else ReleaseOutcome.DUPLICATE
         return ReleaseResult.of(outcome, rid, m.name, start, end, "", stored)
 
     def _order_of(self, scope: str) -> CanonicalOrder:
@@ -345,7 +345,7 @@ class Releaser:
         if charge.outcome is Outcome.REFUSED:
             reason = charge.reason or quote.refused_reason or "refused"
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)
-        if clamped and charge.outcome is Outcome.GRANTED:  # counted once per charged release, not per attempt
+        if clamped and charge.outcome is Outcome.CHARGED:  # counted once per charged release, not per attempt
             self.counts.clamped[m.name] += clamped
         return charge
 

@@ -18,7 +18,7 @@ non-numeric metrics keep theirs). The weights are for the next, whole period (N_
 
 What is compared. The realised E of this period against the plans priced over the same span as this
 period (`planned.planned_of_plan`): a whole period, or in a deployment's first period the windows from the
-deployment start S with the pool spread over them, as the ledger priced them. So a partial first period's
+schedule start S with the pool spread over them, as the ledger priced them. So a partial first period's
 boosted per-release share is never set against a whole period's plan. E′_j = c_j/m′_j under the advised
 weights over that span; the whole next period's figures (what `dpstream plan FILE --weights-from
 REPORT.json` shows) are beside them (`*_next_period`).
@@ -157,7 +157,7 @@ def advice_section(
             "first_period": first,
             "note": (
                 "first period: this period's figures are compared with both plans priced over the windows "
-                "from the deployment start, as the ledger priced them; *_next_period: a whole period"
+                "from the schedule start, as the ledger priced them; *_next_period: a whole period"
                 if first
                 else "a whole period: this period's figures are compared with both plans over it"
             ),

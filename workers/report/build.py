@@ -74,7 +74,7 @@ def build_report(data: PeriodData) -> dict[str, Any]:
             "end": iso_utc(data.period_start + data.period_s),
             "start_epoch": data.period_start,
             "seconds": data.period_s,
-            # the deployment start S when it lies inside this period (its first): nothing is scheduled before it
+            # the schedule start S when it lies inside this period (its first): nothing is scheduled before it
             "schedule_start": iso_utc(data.first_release_start) if data.first_release_start is not None else None,
             "schedule_start_epoch": data.first_release_start,
         },

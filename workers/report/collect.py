@@ -74,7 +74,7 @@ class PeriodData:
     charges: list[Charge] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     schedule_start: int | None = None
-    """The deployment start S (the public schedule): no window starting before it is released. None: unknown
+    """The schedule start S (the public schedule): no window starting before it is released. None: unknown
     (no worker recorded one), every window of the period counts."""
 
     @property
@@ -160,11 +160,11 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
 async def schedule_start_read(ledger: Ledger, topology: Topology) -> int | None:
     """S as the workers use it: the topology's `start:`, else the ledger's own, else the start recorded
     for this topology version. Read only: a report never records one (that would fix S at the report)."""
-    if topology.start_s is not None:
-        return int(topology.start_s)
+    if topology.schedule_start is not None:
+        return int(topology.schedule_start)
     if ledger.schedule_start is not None:
         return int(ledger.schedule_start)
-    recorded = await ledger.recorded_deployment_start(topology.topology_version)
+    recorded = await ledger.recorded_version_schedule_start(topology.topology_version)
     return int(recorded) if recorded is not None else None
 
 

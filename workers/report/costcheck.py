@@ -37,7 +37,7 @@ class Component:
     """One noisy part of a release as drawn: mechanism, integer-unit scale, sensitivity, cost by the map.
 
     kind: 'gaussian' (discrete Gaussian, sensitivity = L2), 'laplace' (discrete Laplace, L1) or
-    'top_k' (k Gumbel / permute-and-flip selections, L∞ of the scores; `k` selections).
+    'exponential' (k Gumbel / permute-and-flip selections, L∞ of the scores; `k` selections).
     """
 
     kind: str
@@ -94,7 +94,7 @@ def _top_k(k: int, accounting: Accounting, scale: float, linf: int) -> Component
         domain, dp.linf_distance(T="i64", monotonic=True), dp.max_divergence(), k=k, scale=scale
     )
     eps0 = float(monotone.map(linf)) / k
-    return Component("top_k", scale, float(linf), float(meas.map(linf)), k=k, epsilon0=eps0)
+    return Component("exponential", scale, float(linf), float(meas.map(linf)), k=k, epsilon0=eps0)
 
 
 def _quantile(accounting: Accounting, scale: float, alpha: float, candidates: list[float], d_in: int) -> Component:
@@ -107,7 +107,7 @@ def _quantile(accounting: Accounting, scale: float, alpha: float, candidates: li
         domain, dp.symmetric_distance(), measure, candidates=candidates, alpha=alpha, scale=scale
     )
     sens = max(alpha, 1.0 - alpha) * d_in
-    return Component("top_k", scale, sens, float(meas.map(d_in)), k=1, epsilon0=2.0 * sens / scale)
+    return Component("exponential", scale, sens, float(meas.map(d_in)), k=1, epsilon0=2.0 * sens / scale)
 
 
 def _mapped(part: NoiseEvent, metric: Metric, accounting: Accounting) -> Component:

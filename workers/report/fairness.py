@@ -1,7 +1,7 @@
 """The report's fairness section: each metric's share of the period's spend against its weight
 share, and its releases refused (by reason), stretched (charged while the warning policy
 stretched noise) and skipped (scheduled windows that left no ledger record: thinned, or not
-released by the last charged window's end). The schedule starts at the deployment start S (the public
+released by the last charged window's end). The schedule starts at S (the public
 schedule): in a deployment's first period no window starting before S is scheduled, so none is skipped."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dpstream.workers.report.collect import PeriodData
 
 def scheduled_windows(metric: Metric, period_start: int, horizon: int, schedule_start: int | None = None) -> int:
     """Windows of `metric` that touch the period from `period_start` and end by `horizon`, none starting
-    before the deployment start S (`schedule_start`): the schedule's first window is the first grid
+    before the schedule start S (`schedule_start`): the schedule's first window is the first grid
     window starting at or after S (`Schedule.touching`)."""
     return Schedule.of(metric, schedule_start).touching(period_start, horizon)
 

@@ -90,7 +90,7 @@ def _view(rep: dict[str, Any]) -> _View:
 
 def _timed_figure(view: _View, schedule_start: float | None) -> tuple[Any, Any]:
     """A figure for a plot over time: when zoomed, a thin overview bar of the whole period below it
-    with the zoomed span shaded and the deployment start S (`schedule_start`, hours; in a first period) marked."""
+    with the zoomed span shaded and the schedule start S (`schedule_start`, hours; in a first period) marked."""
     if not view.zoomed:
         return _figure()
     _figure()  # selects the Agg backend
@@ -107,7 +107,7 @@ def _timed_figure(view: _View, schedule_start: float | None) -> tuple[Any, Any]:
     ov.set_xlim(0.0, view.period_h)
     ov.set_yticks([])
     ov.tick_params(labelsize=7)
-    start = "; S: the deployment start" if schedule_start is not None else ""
+    start = "; S: the schedule start" if schedule_start is not None else ""
     ov.set_xlabel(
         f"the whole period, 0–{view.period_h:g} h (hours); shaded: the span shown above, the one with charges{start}",
         fontsize=7,
@@ -156,7 +156,7 @@ def _plan_ratio(rep: dict[str, Any]) -> float:
 
 
 def _plan_from(rep: dict[str, Any]) -> float:
-    """Hours into the period where the plan starts spending: the deployment start S in its first period."""
+    """Hours into the period where the plan starts spending: the schedule start S in its first period."""
     s = rep["period"].get("schedule_start_epoch")
     return (s - rep["period"]["start_epoch"]) / 3600 if isinstance(s, (int, float)) else 0.0
 

@@ -95,7 +95,7 @@ def pld_of(components: list[Component], discretization: float = PLD_DISCRETIZATI
             1.0 / scale, int(sens), value_discretization_interval=discretization
         )
         plds.append(one.self_compose(n) if n > 1 else one)
-    for (_kind, _scale, _sens, k, eps0), n in _groups(components, "top_k"):
+    for (_kind, _scale, _sens, k, eps0), n in _groups(components, "exponential"):
         params = common.DifferentialPrivacyParameters(eps0, 0.0)
         one = pld_lib.from_privacy_parameters(params, value_discretization_interval=discretization)
         plds.append(one.self_compose(n * k) if n * k > 1 else one)
@@ -117,7 +117,7 @@ def rdp_events(components: list[Component]) -> list[object]:
         out.append(dp_event.GaussianDpEvent(mult))
     for (_kind, scale, sens, _k, _e), n in _groups(components, "laplace"):
         out.append(dp_event.SelfComposedDpEvent(dp_event.ZCDpEvent((sens / scale) ** 2 / 2.0), n))
-    for (_kind, scale, sens, k, _e), n in _groups(components, "top_k"):
+    for (_kind, scale, sens, k, _e), n in _groups(components, "exponential"):
         out.append(dp_event.SelfComposedDpEvent(dp_event.ZCDpEvent(k * (2.0 * sens / scale) ** 2 / 8.0), n))
     return out
 

@@ -168,7 +168,7 @@ def utility_of(
     data: PeriodData, accounting: Accounting, planned: dict[str, Planned]
 ) -> tuple[dict[str, MetricUtility], list[dict[str, Any]]]:
     """The per-metric utility objects and the section's JSON rows (planned figures: `planned.planned_of_plan`,
-    counted from the deployment start S in a deployment's first period)."""
+    counted from the schedule start S in a deployment's first period)."""
     util = collect_utility(data, accounting)
     zcdp = accounting is Accounting.ZCDP
     conversion = conversion_delta(data.topology.budgets[data.scope], data.topology.metrics_of(data.scope))

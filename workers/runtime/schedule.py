@@ -24,17 +24,17 @@ async def schedule_start_of(topology: Topology, ledger: Ledger, now: float | Non
     for this version (recorded now, set-if-absent, when no process recorded one yet). Recorded with
     the topology's registered scopes too (`Ledger.record_schedule_start`)."""
     scopes = sorted(topology.budgets)
-    declared = getattr(topology, "start_s", None)
+    declared = getattr(topology, "schedule_start", None)
     if declared is not None:
         await ledger.record_schedule_start(int(declared), scopes)
         return int(declared)
     proposed = int(time.time() if now is None else now)
-    return int(await ledger.deployment_start(topology.topology_version, proposed, scopes))
+    return int(await ledger.version_schedule_start(topology.topology_version, proposed, scopes))
 
 
 async def resolve_schedule_start(topology: Topology, redis_url: str, now: float | None = None) -> int:
     """S in epoch seconds: `start:` of the topology, else the ledger's record for this version."""
-    declared = getattr(topology, "start_s", None)
+    declared = getattr(topology, "schedule_start", None)
     if declared is not None:
         return int(declared)
     from dpstream.workers.ledger import open_ledger

@@ -299,7 +299,7 @@ class BudgetReader:
         self._scopes: list[str] = list(topology.budgets) if topology is not None else []
         self._version = topology.topology_version if topology is not None else None
         self._start: int | None = (
-            int(topology.start_s) if topology is not None and topology.start_s is not None else None
+            int(topology.schedule_start) if topology is not None and topology.schedule_start is not None else None
         )
         self._plans: dict[str, Any] = {}
         if topology is not None:
@@ -332,7 +332,7 @@ class BudgetReader:
         if self._start is None and self._version is not None:
             start = ledger.schedule_start
             if start is None:
-                start = await ledger.recorded_deployment_start(self._version)
+                start = await ledger.recorded_version_schedule_start(self._version)
             self._start = int(start) if start is not None else None
         return self._start
 

@@ -153,7 +153,7 @@ def index_releases(
 
 
 def check_this_version(
-    topology: Topology, published: Mapping[str, Published], start_s: int | None, counts: dict[str, Any]
+    topology: Topology, published: Mapping[str, Published], schedule_start: int | None, counts: dict[str, Any]
 ) -> list[Violation]:
     """Releases of this topology version: the id is derived from metric and window, and the window
     is one of the public schedule's (on the metric's grid, not before S)."""
@@ -184,8 +184,8 @@ def check_this_version(
                     {"release_id": pub.release_id},
                 )
             )
-        schedule = Schedule.of(metric, start_s)
-        first = schedule.first_window() if start_s is not None else None
+        schedule = Schedule.of(metric, schedule_start)
+        first = schedule.first_window() if schedule_start is not None else None
         if not schedule.on_grid(w[0], w[1]) or (first is not None and w[0] < first):
             why = "before the schedule start" if first is not None and w[0] < first else "off the window grid"
             violations.append(
@@ -308,14 +308,14 @@ class ScheduledWindow:
 
 
 def scheduled_windows(
-    topology: Topology, start_s: int, until_s: float, since_s: int | None = None
+    topology: Topology, schedule_start: int, until_s: float, since_s: int | None = None
 ) -> Iterator[ScheduledWindow]:
     """Every window of every metric from S (or `since_s`, if later) whose close time C(w) ≤ `until_s`."""
     version = topology.topology_version
     for metric in topology.metrics.values():
         lateness = int(topology.sources[metric.source].allowed_lateness_s)
         size = metric.window.size_s
-        for s in Schedule.of(metric, start_s).starts(since_s):
+        for s in Schedule.of(metric, schedule_start).starts(since_s):
             if s + size + lateness > until_s:
                 break
             yield ScheduledWindow(

@@ -165,8 +165,8 @@ async def verify_deployment(topology: Topology, options: VerifyOptions) -> Verif
             report.add(checks.check_outages(published, found, options.outages, counts))
 
         start: int | None
-        if topology.start_s is not None:
-            start, start_from = int(topology.start_s), "topology"
+        if topology.schedule_start is not None:
+            start, start_from = int(topology.schedule_start), "topology"
         else:
             start, start_from = await read_version_schedule_start(client, version), "ledger"
         report.add(checks.check_this_version(topology, published, start, counts))

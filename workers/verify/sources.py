@@ -2,7 +2,7 @@
 
 Nothing here writes: the topic is read without a consumer group (no offsets committed), and the
 ledger is read with plain `HMGET` / `GET` on the keys `dpstream.workers.ledger.keys` names (the
-ledger's scripts stay its only writers). `Ledger.deployment_start` is not used because it records
+ledger's scripts stay its only writers). `Ledger.version_schedule_start` is not used because it records
 a start when none exists; `read_version_schedule_start` only reads.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from dpstream.topology.errors import ConfigError
 from dpstream.workers.ledger.errors import LedgerUnavailable
-from dpstream.workers.ledger.keys import ScopeKeys, deployment_start_key
+from dpstream.workers.ledger.keys import ScopeKeys, version_schedule_start_key
 from dpstream.workers.runtime.admin import client_options
 from dpstream.workers.runtime.kafka_security import KafkaSecurity
 from dpstream.workers.runtime.topics import partition_count
@@ -207,12 +207,12 @@ async def read_releases(client: Any, wanted: Iterable[tuple[str, str]]) -> dict[
 async def read_version_schedule_start(client: Any, topology_version: str) -> int | None:
     """The start S the ledger recorded for this topology version (None if no worker recorded one).
 
-    Read only: unlike `Ledger.deployment_start`, nothing is set when it is absent.
+    Read only: unlike `Ledger.version_schedule_start`, nothing is set when it is absent.
     """
     from redis.exceptions import RedisError
 
     try:
-        raw = await client.get(deployment_start_key(topology_version))
+        raw = await client.get(version_schedule_start_key(topology_version))
     except (RedisError, OSError) as exc:
         raise LedgerUnavailable(f"ledger Redis unavailable while reading the schedule start: {exc}") from exc
     return _int_or_none(raw) if raw is not None else None
