@@ -97,14 +97,10 @@ class MetricAccumulator:
         first_start: int,
         *,
         until: int | None = None,
-        reuse_window: bool = True,
     ) -> None:
         """`first_start`: the first window of the schedule not yet emitted here (on the grid);
-        `until`: no window ending after it is ever emitted (replay's `--to`); `reuse_window=False`
-        sends every event through the general window-grid path (the reference the tumbling fast
-        path is tested against)."""
+        `until`: no window ending after it is ever emitted (replay's `--to`)."""
         self.metric = metric
-        self._reuse_window = reuse_window
         self.size = metric.window.size_s
         self.every = metric.window.every_s
         self.lateness = int(source.allowed_lateness_s)
@@ -150,8 +146,6 @@ class MetricAccumulator:
         self.skips = [0] * len(SKIP_REASONS)
         """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
         outside its declared keys, no value field. A list, so the hot path bumps one int slot."""
-        self._current: list[Any] = [math.inf, -math.inf, None]
-        """Tumbling windows: [start, end, state] of the window the last event went to (emission clears it)."""
         self.add_fn = self._make_add()
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
@@ -178,7 +172,7 @@ class MetricAccumulator:
         """
         return self.add_fn(unit, ts, fields, offset, horizon, order)
 
-    def _make_add(self):  # noqa: C901 - per-event hot path: pipeline_core 17 µs/event; its closure `add` runs once per event and metric
+    def _make_add(self):  # noqa: C901 - per-event hot path: pipeline_core 11-15 µs CPU/event (demo, web-analytics); its closure `add` runs once per event and metric
         group = self._group
         declared = self._keys
         value_field = self._value
@@ -197,14 +191,12 @@ class MetricAccumulator:
         acc = self
         skips = self.skips
         no_group, undeclared, no_value = MISSING_GROUP_FIELD, UNDECLARED_KEY, MISSING_VALUE_FIELD
-        cur = self._current
-        tumbling = every == size and self._reuse_window
         first = self.first_start
         admit = self._admit_key
         support_keys = grouped and is_sum  # a grouped sum's key may hold 0 and still be held
         single = max_per_key == 1
 
-        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:  # noqa: C901 - per-event hot path: pipeline_core 17 µs/event; one call per event and metric
+        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:  # noqa: C901 - per-event hot path: pipeline_core 11-15 µs CPU/event; one call per event and metric
             if grouped:
                 key = fields.get(group_field)
                 if key is None:
@@ -233,30 +225,19 @@ class MetricAccumulator:
                     f = hi
                     acc.clamped += 1
                 v = round(f * scale)  # exact integer grid units; bounds are whole units
-            if cur[0] <= ts < cur[1] and cur[1] >= horizon:
-                # tumbling, same open window as the previous event (the common case): no grid math
-                start = last = cur[0]
-                known = cur[2]
-            else:
-                last = int(ts // every) * every
-                start = last - size + every
-                known = None
+            last = int(ts // every) * every
+            start = last - size + every
             late = False
             while start <= last:
                 s = start
                 start += every
-                if known is not None:
-                    st = known
-                else:
-                    if s + size < horizon or s < acc.next_start:
-                        if s >= first:  # closed when the event arrived, or already emitted here
-                            late = True
-                        continue  # a window before the schedule's start S does not exist
-                    st = windows.get(s)
-                    if st is None:
-                        st = windows[s] = _WindowState(offset)
-                    if tumbling:
-                        cur[0], cur[1], cur[2] = s, s + size, st
+                if s + size < horizon or s < acc.next_start:
+                    if s >= first:  # closed when the event arrived, or already emitted here
+                        late = True
+                    continue  # a window before the schedule's start S does not exist
+                st = windows.get(s)
+                if st is None:
+                    st = windows[s] = _WindowState(offset)
                 if bounded:
                     kept = st.kept
                     got = kept.get(uk)
@@ -403,7 +384,6 @@ class MetricAccumulator:
         join these windows any more.
         """
         out: list[tuple[int, PartialValues]] = []
-        self._current[0], self._current[1], self._current[2] = math.inf, -math.inf, None
         s = self.next_start
         size, every, windows, lateness, until = self.size, self.every, self.windows, self.lateness, self.until
         while s + size + lateness <= t and (until is None or s + size <= until):

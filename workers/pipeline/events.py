@@ -6,7 +6,16 @@ Failures carry a reason from a fixed vocabulary (`REASONS`) so the dead-letter t
 
 from __future__ import annotations
 
-__all__ = ["REASONS", "MAX_UNIT_LENGTH", "MAX_DEAD_LETTER_RAW", "Event", "DeadLetter", "EventParser", "decode_json"]
+__all__ = [
+    "REASONS",
+    "MAX_UNIT_LENGTH",
+    "MAX_DEAD_LETTER_RAW",
+    "Event",
+    "DeadLetter",
+    "EventParser",
+    "decode_json",
+    "unit_of",
+]
 
 import base64
 import json
@@ -95,31 +104,50 @@ class DeadLetter:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+def unit_of(raw: object, field: str) -> str:
+    """The privacy unit a unit field's value names, as str, or EventError: a non-empty string of at
+    most MAX_UNIT_LENGTH characters, or an integer (its decimal string)."""
+    if type(raw) is str:
+        if not raw:
+            raise EventError("missing_unit", field)
+        if len(raw) > MAX_UNIT_LENGTH:
+            raise EventError("bad_unit", f"{field} is longer than {MAX_UNIT_LENGTH} characters")
+        return raw
+    if type(raw) is int:
+        return str(raw)
+    if raw is None:
+        raise EventError("missing_unit", field)
+    raise EventError("bad_unit", f"{field} is not a string or integer")
+
+
 def _parse_time(raw: object) -> float:
     """Epoch seconds from epoch seconds / milliseconds (number or numeric string) or ISO-8601 (always seconds)."""
-    if isinstance(raw, bool):
-        raise EventError("bad_timestamp", "boolean timestamp")
-    if isinstance(raw, (int, float)):
+    if type(raw) is float or type(raw) is int:
         ts = float(raw)
-    elif isinstance(raw, str):
+    elif type(raw) is str:
         try:
             ts = float(raw)
         except ValueError:
-            try:
-                parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
-            except ValueError:
-                raise EventError("bad_timestamp", "not epoch or ISO-8601") from None
-            if parsed.tzinfo is None:
-                raise EventError("bad_timestamp", "ISO-8601 time without a UTC offset") from None
-            ts = parsed.timestamp()
-            if not ts >= 0:
-                raise EventError("bad_timestamp", "timestamp is not a finite time after 1970") from None
-            return ts  # an ISO time is in seconds whatever its year (the milliseconds rule is for numbers)
-    else:
+            return _parse_iso(raw)
+    else:  # bool included: JSON true / false is not a time
         raise EventError("bad_timestamp", "timestamp is not a number or string")
-    if not math.isfinite(ts) or ts < 0:
+    if not 0.0 <= ts < math.inf:  # NaN fails this too
         raise EventError("bad_timestamp", "timestamp is not a finite time after 1970")
     return ts / 1000.0 if ts >= _MS_THRESHOLD else ts
+
+
+def _parse_iso(raw: str) -> float:
+    """Epoch seconds of an ISO-8601 time with a UTC offset (always seconds, whatever its year)."""
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+    except ValueError:
+        raise EventError("bad_timestamp", "not epoch or ISO-8601") from None
+    if parsed.tzinfo is None:
+        raise EventError("bad_timestamp", "ISO-8601 time without a UTC offset")
+    ts = parsed.timestamp()
+    if not ts >= 0:
+        raise EventError("bad_timestamp", "timestamp is not a finite time after 1970")
+    return ts
 
 
 class EventParser:
@@ -138,53 +166,6 @@ class EventParser:
         self._ts_field = source.timestamp
         self._value_fields = tuple(sorted(set(value_fields)))
         self._key_fields = tuple(sorted(set(key_fields)))
-        self.parse_fast = self._make_parse_fast()
-        """`parse` for the hot path: same answers and reasons, as a plain tuple (see below)."""
-
-    def _make_parse_fast(self) -> Callable[[bytes, int | None, int], tuple[str, float, dict[str, Any]]]:
-        """`parse` specialised to this source: the common shape (a JSON object with a non-empty string
-        unit, epoch-seconds number time, finite numbers and string keys where present) is checked
-        inline and returned as a tuple; anything else goes, already decoded, to the general
-        `_parse_object`, which accepts the other shapes and names the reason for the rest. A
-        property test shows it answers as `parse` does."""
-        if self._event_level or self._ts_field is None:
-            return self.parse
-        unit_field, ts_field = self._unit_field, self._ts_field
-        value_fields, key_fields = self._value_fields, self._key_fields
-        loads, isfinite, ms, general = decode_json, math.isfinite, _MS_THRESHOLD, self._parse_object
-
-        def parse_fast(
-            raw: bytes, record_time_ms: int | None = None, offset: int = 0
-        ) -> tuple[str, float, dict[str, Any]]:
-            try:
-                obj = loads(raw)
-            except _DECODE_ERRORS:
-                raise EventError("not_json") from None
-            if type(obj) is not dict:
-                return general(obj, record_time_ms, offset)
-            unit = obj.get(unit_field)
-            if type(unit) is not str or not unit or len(unit) > MAX_UNIT_LENGTH:
-                return general(obj, record_time_ms, offset)
-            ts: Any = obj.get(ts_field)  # narrowed by the exact type() checks below
-            tt = type(ts)
-            if tt is float:
-                if not 0.0 <= ts < ms:
-                    return general(obj, record_time_ms, offset)
-            elif tt is int and 0 <= ts < ms:
-                ts = float(ts)
-            else:
-                return general(obj, record_time_ms, offset)
-            for name in value_fields:
-                v = obj.get(name)
-                if v is not None and type(v) is not int and (type(v) is not float or not isfinite(v)):
-                    return general(obj, record_time_ms, offset)
-            for name in key_fields:
-                k = obj.get(name)
-                if k is not None and type(k) is not str:
-                    return general(obj, record_time_ms, offset)
-            return unit, ts, obj
-
-        return parse_fast
 
     def parse(self, raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> Event:
         """The validated event, or raise EventError(reason). `offset` names event-level units."""
@@ -192,51 +173,25 @@ class EventParser:
             obj = decode_json(raw)
         except _DECODE_ERRORS:
             raise EventError("not_json") from None
-        return self._parse_object(obj, record_time_ms, offset)
-
-    def _parse_object(self, obj: Any, record_time_ms: int | None, offset: int) -> Event:  # noqa: C901 - per-event hot path: pipeline_core 17 µs/event; one call per event
-        """`parse` after decoding: every accepted shape, or EventError naming the reason."""
         if type(obj) is not dict:
             raise EventError("not_object")
-        if self._event_level:
-            unit = f"#{offset}"
-        else:
-            u = obj.get(self._unit_field)
-            tu = type(u)
-            if tu is str:
-                if not u:
-                    raise EventError("missing_unit", self._unit_field)
-                if len(u) > MAX_UNIT_LENGTH:
-                    raise EventError("bad_unit", f"{self._unit_field} is longer than {MAX_UNIT_LENGTH} characters")
-                unit = u
-            elif tu is int:
-                unit = str(u)
-            elif u is None:
-                raise EventError("missing_unit", self._unit_field)
-            else:
-                raise EventError("bad_unit", f"{self._unit_field} is not a string or integer")
+        unit = f"#{offset}" if self._event_level else unit_of(obj.get(self._unit_field), self._unit_field)
         ts_raw = obj.get(self._ts_field) if self._ts_field is not None else None
-        if ts_raw is None:
-            if record_time_ms is None or record_time_ms < 0:
-                raise EventError("missing_timestamp", self._ts_field or "record time")
-            ts = record_time_ms / 1000.0
-        elif type(ts_raw) is float and 0.0 <= ts_raw < _MS_THRESHOLD:
-            ts = ts_raw  # the common case, fast: epoch seconds with a fraction
-        elif type(ts_raw) is int and 0 <= ts_raw < _MS_THRESHOLD:
-            ts = float(ts_raw)
-        else:
+        if ts_raw is not None:
             ts = _parse_time(ts_raw)
+        elif record_time_ms is not None and record_time_ms >= 0:
+            ts = record_time_ms / 1000.0
+        else:
+            raise EventError("missing_timestamp", self._ts_field or "record time")
         for name in self._value_fields:
             v = obj.get(name)
-            if v is None:
-                continue
-            tv = type(v)
-            if tv is int:
-                continue
-            if tv is not float or not math.isfinite(v):
+            if v is not None and type(v) is not int and (type(v) is not float or not math.isfinite(v)):
                 raise EventError("bad_value", f"{name} is not a finite number")
         for name in self._key_fields:
             k = obj.get(name)
             if k is not None and type(k) is not str and type(k) is not int:
                 raise EventError("bad_key", f"{name} is not a string or integer")
         return Event(unit, ts, obj)
+
+    parse_fast = parse
+    """The name `PartitionPipeline.process_batch` calls: `parse` itself, no second parser."""

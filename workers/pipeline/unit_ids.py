@@ -28,7 +28,7 @@ from typing import Any
 
 from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Source, Topology, UnitHash
-from dpstream.workers.pipeline.events import MAX_UNIT_LENGTH, EventParser
+from dpstream.workers.pipeline.events import EventParser, unit_of
 
 UNIT_HMAC_KEY_ENV = "DPSTREAM_UNIT_HMAC_KEY"
 """The environment variable holding the HMAC secret (the same value on every worker of a deployment)."""
@@ -101,10 +101,9 @@ def hashed_copy(
         return None
     if type(obj) is not dict:
         return None
-    unit = obj.get(field_name)
-    if type(unit) is int:
-        unit = str(unit)
-    elif type(unit) is not str or not unit or len(unit) > MAX_UNIT_LENGTH:
+    try:
+        unit = unit_of(obj.get(field_name), field_name)
+    except EventError:
         return None
     hashed = hasher(unit)
     obj[field_name] = hashed
