@@ -192,6 +192,3 @@ class EventParser:
             if k is not None and type(k) is not str and type(k) is not int:
                 raise EventError("bad_key", f"{name} is not a string or integer")
         return Event(unit, ts, obj)
-
-    parse_fast = parse
-    """The name `PartitionPipeline.process_batch` calls: `parse` itself, no second parser."""

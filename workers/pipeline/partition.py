@@ -131,7 +131,7 @@ class PartitionPipeline:
     def process_batch(self, records: Iterable[RecordLike]) -> BatchOutput:
         """Consume records in offset order; return dead letters and the partials of windows that
         closed because consumption reached a pending end-offset mark."""
-        parse = self._parser.parse_fast
+        parse = self._parser.parse
         adds = [acc.add_fn for acc in self._accs]
         ordered, own = any(acc.uses_order for acc in self._accs), self.partition
         lateness = self._lateness
