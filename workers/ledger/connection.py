@@ -48,10 +48,11 @@ LEDGER_ACL_COMMANDS = (
     # connection set-up (redis-py: AUTH; SELECT for a db other than 0; its CLIENT SETINFO may be refused)
     "+auth +hello +ping +select "
     # scripts (register_script: EVALSHA, NOSCRIPT → EVAL; SCRIPT LOAD at start) and what they call
-    "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +hkeys +xadd +zadd +zrem +expire "
+    "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +xadd +zadd +zscore +zrem "
+    "+expire +del "
     # reads, the scope index, the schedule start (MULTI SET NX / GET), the WAIT fence (redis-py's
     # incr() sends INCRBY)
-    "+hgetall +zcount +zrangebyscore +zrevrangebyscore +zrevrange +xrange +sadd +smembers "
+    "+hgetall +zcount +zrange +zrangebyscore +zrevrange +xrange +sadd +smembers "
     "+set +get +multi +exec +discard "
     "+incr +incrby +wait "
     # the durability check and replica discovery at start
