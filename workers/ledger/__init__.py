@@ -27,8 +27,11 @@ of 1e-18 against each period's `delta_cap`) to its period and to every later per
 touches (`ReleaseRequest.extra_periods`), in one atomic call: all or nothing.
 
 Spend is stored as integers in fixed units, charges rounded up, so no float drift can hide an
-overspend; all keys of one scope share a hash tag (Redis-Cluster safe) and the Lua scripts, which
-validate before their first write, are the only writers. A charge is durable before anything is
+overspend; all keys of one scope share a hash tag (Redis-Cluster safe). Every step is decided once,
+in Python (`decision`: a charge; `steps`: registration, S, grants, the breaker, parking), as writes
+on the scope's keys (`state.Op`); the in-process ledger applies them under its lock, Redis with
+`lua/apply.lua`, which writes only if the scope's `seq` is still the one decided on and checks the
+invariants (known release id, no overspend, fixed terms) itself, before its first write. A charge is durable before anything is
 published (AOF `appendfsync always`, `WAIT` for a replica). Allocation is adaptive: what is left,
 cap − reserve − spent, is re-divided at every release over the releases still to come (from the
 schedule start S), in proportion to each metric's planned remaining spend; the reserve is drawn
