@@ -57,7 +57,7 @@ def test_apply_refuses_an_overspend_decided_on_a_false_view(fresh_redis: Any) ->
 
     async def body() -> None:
         ledger, view, charge, seq, writer = await _setup(fresh_redis.url)
-        assert decide(view, charge).answer.outcome == "granted"  # the false view lets it through
+        assert decide(view, charge).answer.outcome == "charged"  # the false view lets it through
         with pytest.raises(InternalError, match="overspend"):  # (checked before its block-opens-once check)
             await _apply(ledger, charge, view, seq, writer, "p.1")
         view_with_block = View(view.config, {}, {PID: {**view.config, "start": str(P0)}}, {PID: P0}, None)
