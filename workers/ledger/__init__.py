@@ -31,8 +31,9 @@ overspend; all keys of one scope share a hash tag (Redis-Cluster safe). Every st
 in Python (`decision`: a charge; `steps`: registration, S, grants, the breaker, parking), as writes
 on the scope's keys (`state.Op`); the in-process ledger applies them under its lock, Redis with
 `lua/apply.lua`, which writes only if the scope's `seq` is still the one decided on and checks the
-invariants (known release id, no overspend, fixed terms) itself, before its first write. A charge is durable before anything is
-published (AOF `appendfsync always`, `WAIT` for a replica). Allocation is adaptive: what is left,
+invariants (known release id, no overspend, fixed terms) itself, before its first write. A charge
+is durable before anything is published (AOF `appendfsync always`, `WAIT` for a replica).
+Allocation is adaptive: what is left,
 cap − reserve − spent, is re-divided at every release over the releases still to come (from the
 schedule start S), in proportion to each metric's planned remaining spend; the reserve is drawn
 only by an audited operator action or a metric marked `may_use_reserve`. States: normal → warning

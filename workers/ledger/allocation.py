@@ -1,6 +1,6 @@
 """The adaptive allowance (see dpstream.workers.ledger) applied to a ledger snapshot, in exact units.
 
-The grant is `topology.allocation`'s rule, L × c_m / Σ_j c_j·n_j, on the scope's exact rates
+The allowance is `topology.allocation`'s rule, L × c_m / Σ_j c_j·n_j, on the scope's exact rates
 (`ScopeConfig.pricing_rates`) and the pool left in units, floored to a unit: on plan the grants
 equal the static plan to the unit and the last release of a period takes exactly what is left.
 """
@@ -11,7 +11,6 @@ __all__ = ["Snapshot", "state_of", "price", "price_in_order"]
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
@@ -93,7 +92,7 @@ def _adaptive_units(
     pool_left: int,
     schedule_start: int | None = None,
 ) -> int:
-    """The grant in units from `pool_left` units: floor(pool_left × `release_share`), 0 when nothing is left."""
+    """The allowance in units from `pool_left` units: floor(pool_left × `release_share`), 0 when nothing is left."""
     if pool_left <= 0:
         return 0
     left = _releases_left(cfg, snap, metric, period_start, window_end, schedule_start)
@@ -104,13 +103,17 @@ def _quote(
     cfg: ScopeConfig,
     plan: MetricShare,
     period_id: str,
+    snap: Snapshot,
     state: State,
-    version: int,
     units: int,
+    with_ratio: bool,
     thinned: bool = False,
     stretched: bool = False,
     refused_reason: str | None = None,
 ) -> Quote:
+    """The quote at `units`; with `with_ratio`, its `ratio_after` is the snapshot's spend after a
+    charge of `units`, over the cap (None without a cap)."""
+    ratio = (snap.spent_units + units) / snap.cap_units if with_ratio and snap.cap_units > 0 else None
     return Quote(
         plan.name,
         cfg.name,
@@ -122,7 +125,9 @@ def _quote(
         stretched,
         refused_reason,
         plan.may_use_reserve,
-        version,
+        snap.version,
+        False,
+        ratio,
     )
 
 
@@ -135,9 +140,11 @@ def price(
     window_start: int,
     window_end: int,
     schedule_start: int | None = None,
+    *,
+    with_ratio: bool = False,
 ) -> Quote:
     """The allowance for the release of `metric` over [window_start, window_end) in this period, at the
-    snapshot's spend version.
+    snapshot's spend version (`with_ratio`: with the period's `ratio_after` it, see `_quote`).
 
     `schedule_start` is the schedule start S: windows starting before it are never released
     (the public schedule), so they are not counted among the releases still to come; None (or S at
@@ -147,12 +154,11 @@ def price(
     if schedule_start is not None and window_start < schedule_start:
         schedule_start = None
     plan = cfg.plans.get(metric) or cfg.metric(metric)
-    cap, reserve, warn, spent, grant, breaker, _, version = snap
+    cap, reserve, warn, spent, grant, breaker, _, _ = snap
     if breaker is not None:
         kind = "manual" if breaker.manual else "automatic"
-        return _quote(
-            cfg, plan, period_id, State.OPEN, version, 0, refused_reason=f"breaker open ({kind}): {breaker.reason}"
-        )
+        reason = f"breaker open ({kind}): {breaker.reason}"
+        return _quote(cfg, plan, period_id, snap, State.OPEN, 0, with_ratio, refused_reason=reason)
     state = State.WARNING if spent >= warn else State.NORMAL  # state_of, with the breaker closed
     pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
@@ -166,7 +172,7 @@ def price(
     stretched = False
     if state is State.WARNING:
         if cfg.on_warning.thin > 1 and thinned_out(cfg.on_warning, window_start, plan.window):
-            return _quote(cfg, plan, period_id, state, version, 0, thinned=True)
+            return _quote(cfg, plan, period_id, snap, state, 0, with_ratio, thinned=True)
         if cfg.on_warning.stretch != 1.0:
             units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
@@ -176,20 +182,8 @@ def price(
             if plan.may_use_reserve
             else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
         )
-        return _quote(cfg, plan, period_id, state, version, 0, refused_reason=reason)
-    return Quote(
-        metric,
-        cfg.name,
-        period_id,
-        _chargeable(units),
-        units,
-        state,
-        False,
-        stretched,
-        None,
-        plan.may_use_reserve,
-        version,
-    )
+        return _quote(cfg, plan, period_id, snap, state, 0, with_ratio, refused_reason=reason)
+    return _quote(cfg, plan, period_id, snap, state, units, with_ratio, stretched=stretched)
 
 
 def price_in_order(
@@ -225,6 +219,4 @@ def price_in_order(
             counts = dict(snap.charged_after)
             counts[name] = counts.get(name, 0) + 1
             snap = snap._replace(spent_units=snap.spent_units + earlier.cost_units, charged_after=counts)
-    quote = price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start)
-    ratio = (snap.spent_units + quote.cost_units) / snap.cap_units if snap.cap_units > 0 else None
-    return replace(quote, ratio_after=ratio)
+    return price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)

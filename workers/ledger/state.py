@@ -90,16 +90,20 @@ def apply_ops(s: ScopeState, ops: Iterable[Op], audit_id: Callable[[], str], *, 
         role = key[0]
         if view_only and role not in _VIEW_KEYS:
             continue
-        if command == "HSET":
-            s.hash(key).update(zip(args[::2], args[1::2], strict=True))
-        elif command == "HINCRBY":
+        # the commands a grant makes most come first; field/value pairs are read off one iterator
+        if command == "HINCRBY":
             h = s.hash(key)
-            h[args[0]] = str(int(h.get(args[0], 0)) + int(args[1]))
-        elif command == "HDEL":
-            h = s.hash(key)
-            for name in args:
-                h.pop(name, None)
-        elif command in ("ZADD", "ZADDNX"):
+            name = args[0]
+            h[name] = str(int(h.get(name, 0)) + int(args[1]))
+        elif command == "HSET":
+            pairs = iter(args)
+            s.hash(key).update(zip(pairs, pairs, strict=True))
+        elif command == "XADD":
+            pairs = iter(args)
+            s.audit.append((audit_id(), dict(zip(pairs, pairs, strict=True))))
+        elif command == "EXPIRE":
+            continue  # (nothing expires in process)
+        elif command == "ZADD" or command == "ZADDNX":
             score, member = int(args[0]), str(args[1])
             if role == "periods":
                 if command == "ZADD" or member not in s.period_index:
@@ -108,7 +112,9 @@ def apply_ops(s: ScopeState, ops: Iterable[Op], audit_id: Callable[[], str], *, 
                 s.pending[member] = score
             else:
                 _zadd(s, (key[1], key[2]), member, score)
-        elif command == "XADD":
-            s.audit.append((audit_id(), dict(zip(args[::2], args[1::2], strict=True))))
-        elif command != "EXPIRE":  # (nothing expires in process)
+        elif command == "HDEL":
+            h = s.hash(key)
+            for name in args:
+                h.pop(name, None)
+        else:
             raise KeyError(command)

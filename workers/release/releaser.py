@@ -225,6 +225,8 @@ class Releaser:
         (those before it in the canonical (P(w), metric) order, all of them), as (metric, window
         start). They are the scope's windows in the public schedule that end at `end` and start in
         the same period (windows of one period share its snapshot of what is charged after `end`)."""
+        if len(self._scope_metrics[budget.name]) < 2:
+            return _NO_CLOSE  # the scope's only metric: no other release shares its close
         key = (m.name, start, end)
         cached = self._closes.get(key)
         if cached is not None:
@@ -348,6 +350,10 @@ class Releaser:
         if clamped and charge.outcome is Outcome.CHARGED:  # counted once per charged release, not per attempt
             self.counts.clamped[m.name] += clamped
         return charge
+
+
+_NO_CLOSE: tuple[list[tuple[str, int]], list[tuple[str, int]]] = ([], [])
+"""`_same_close`'s answer in a scope of one metric (never mutated: read only by `_quote`)."""
 
 
 def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int], ...]:
