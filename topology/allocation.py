@@ -26,6 +26,7 @@ __all__ = [
     "MetricDemand",
     "release_rates",
     "release_share",
+    "release_share_terms",
     "adaptive_release_cost",
     "planned_release_costs",
     "windows_left",
@@ -72,12 +73,19 @@ def release_share(metric: str, rates: Mapping[str, int], left: Mapping[str, int]
     over the metrics with releases left (`rates` from `release_rates`, `left` the n_j; 0 when none has).
 
     At most 1 when `metric` has a release left itself."""
+    rate, total = release_share_terms(metric, rates, left)
+    return Fraction(rate, total) if total > 0 else Fraction(0)
+
+
+def release_share_terms(metric: str, rates: Mapping[str, int], left: Mapping[str, int]) -> tuple[int, int]:
+    """`release_share` as (c_m, Σ_j c_j·n_j), integers (the ledger floors pool × c_m / Σ in whole
+    units without building the Fraction: 1.5 µs of a release's quote)."""
     total = 0
     for name, k in rates.items():
         n = left.get(name, 0)
         if n > 0:
             total += k * n
-    return Fraction(rates[metric], total) if total > 0 else Fraction(0)
+    return rates[metric], total
 
 
 def adaptive_release_cost(pool_left: float, metric: str, demands: Mapping[str, MetricDemand]) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from typing import Any
 
 from hypothesis import given, settings
@@ -88,7 +87,7 @@ def _views(draw: Any) -> tuple[View, Charge]:
     req = ReleaseRequest(
         "r1", "s", PIDS[main], "m", P0 + main * HOUR + 600, P0 + main * HOUR + 1200, 0.0, RECORD % b"r1"
     )
-    req = dataclasses.replace(req, may_use_reserve=may_use, extra_periods=extra, quoted_version=quoted)
+    req = req._replace(may_use_reserve=may_use, extra_periods=extra, quoted_version=quoted)
     known = b"first bytes" if _rarely(draw) else None
     view = View(CONFIG, breaker, blocks, starts, known)
     edge = draw(st.sampled_from([touched for touched, _ in [(PIDS[main], 0), *extra]]))
@@ -310,7 +309,7 @@ async def _replay(ops: list[tuple[Any, ...]]) -> None:
             later = tuple((period_id(HOUR, p), p) for p in periods_touched(HOUR, start, start + size)[1:])
             payload = RECORD % rid.encode()
             req = ReleaseRequest(rid, "s", quote.period_id, name, start, start + size, cost, payload, may_use)
-            req = dataclasses.replace(req, extra_periods=later, quoted_version=version)
+            req = req._replace(extra_periods=later, quoted_version=version)
             want, reason = model.charge(req, cost_to_units(cost))
             got = await ledger.charge(req)
             assert (got.outcome, got.reason.startswith(reason)) == (want, True), (op, got)

@@ -535,20 +535,6 @@ def test_pooled_vector_noise_has_the_measurements_distribution(
     assert len(set(pooled[:20])) > 1
 
 
-def test_release_result_of_builds_what_the_dataclass_constructor_builds() -> None:
-    """`ReleaseResult.of` (per release, without the frozen per-field setattr) equals the plain
-    constructor with every field given, and stays frozen."""
-    import dataclasses
-
-    from dpstream.workers.release.outcomes import ReleaseResult
-
-    result = ReleaseResult.of(ReleaseOutcome.PUBLISHED, "r", "m", 60, 120, "why", b"x")
-    assert result == ReleaseResult(ReleaseOutcome.PUBLISHED, "r", "m", 60, 120, "why", b"x")
-    assert len(dataclasses.fields(ReleaseResult)) == 7
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        result.metric = "other"  # type: ignore[misc]  # the point: it is frozen
-
-
 @given(
     version=st.text(min_size=1, max_size=20),
     metric=st.text(min_size=1, max_size=20),
@@ -565,27 +551,3 @@ def test_release_id_is_the_sha256_of_its_fields(version: str, metric: str, start
     want = hashlib.sha256(f"{version}|{metric}|{start}|{start + length}".encode()).hexdigest()
     assert release_id(version, metric, start, start + length) == want
     assert release_id(version, metric, start, start + length) == want  # the cached prefix is not consumed
-
-
-def test_noisy_release_of_builds_what_the_constructor_builds() -> None:
-    """`NoisyRelease.of` (per release) equals the constructor with the same fields and stays frozen."""
-    import dataclasses
-
-    from dpstream.workers.noise.release import NoisyRelease
-    from dpstream.workers.release.event import Noise, NoiseEvent, PrivacyEvent
-
-    fields = dict(
-        values={"": 3.0},
-        mechanism="discrete_gaussian",
-        noise={"scale": 2.0, "stddev": 2.0},
-        ci={"level": 0.95, "half_width": 4.0},
-        cost=0.5,
-        postprocess={"round": False, "clamp_zero": False},
-        partition_selection=None,
-        event=PrivacyEvent(Accounting.ZCDP, 0.5, (NoiseEvent(Noise.GAUSSIAN, 2.0, 1.0, 0.5),)),
-    )
-    fast = NoisyRelease.of(**fields)  # type: ignore[arg-type]  # the dict's values are the fields' types
-    assert fast == NoisyRelease(**fields)  # type: ignore[arg-type]  # as above
-    assert fast.to_record_fields() == NoisyRelease(**fields).to_record_fields()  # type: ignore[arg-type]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.cost = 1.0  # type: ignore[misc]  # the point: it is frozen

@@ -15,7 +15,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
-from dpstream.topology.allocation import release_share, thinned_out, warning_cost_factor
+from dpstream.topology.allocation import release_share_terms, thinned_out, warning_cost_factor
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
@@ -96,7 +96,8 @@ def _adaptive_units(
     if pool_left <= 0:
         return 0
     left = _releases_left(cfg, snap, metric, period_start, window_end, schedule_start)
-    return _units_of(pool_left, release_share(metric, cfg.pricing_rates, left))
+    rate, total = release_share_terms(metric, cfg.pricing_rates, left)
+    return pool_left * rate // total if total > 0 else 0
 
 
 def _quote(

@@ -30,7 +30,6 @@ import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from functools import lru_cache, partial
 from typing import TypeVar
@@ -338,7 +337,7 @@ class Ledger(ABC):
         ws = window_start if type(window_start) is int else int(window_start)
         quote = price_in_order(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start, before, charged)
         if self.past_horizon(we, self._clock()):
-            return replace(quote, cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
+            return quote._replace(cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
         return quote
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:

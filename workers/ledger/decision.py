@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 from collections.abc import Mapping
+from itertools import chain
 from typing import NamedTuple
 
 from dpstream.workers.ledger.state import Op
@@ -424,7 +425,8 @@ AUTO_FIELDS = ("auto_period", "auto_start", "auto_reason", "auto_at")
 
 
 def _flat(fields: Mapping[str, str | bytes]) -> tuple[str | bytes, ...]:
-    return tuple(x for pair in fields.items() for x in pair)
+    """(field, value, field, value, ...) of a hash or audit entry."""
+    return tuple(chain.from_iterable(fields.items()))
 
 
 def writes(c: Charge, d: Decision, retention_s: int) -> tuple[Op, ...]:
@@ -435,10 +437,7 @@ def writes(c: Charge, d: Decision, retention_s: int) -> tuple[Op, ...]:
     for pid in d.charged:
         block, ends = ("period", pid), ("ends", pid, req.metric)
         ops += [
-            ("HINCRBY", block, ("spent", c.cost)),
-            ("HINCRBY", block, ("delta_spent", c.delta)),
-            ("HINCRBY", block, ("granted", 1)),
-            ("HINCRBY", block, ("version", 1)),
+            ("HINCRBY", block, ("spent", c.cost, "delta_spent", c.delta, "granted", 1, "version", 1)),
             ("ZADD", ends, (int(req.window_end), req.release_id)),
             ("EXPIRE", ends, (retention_s,)),
         ]

@@ -20,7 +20,7 @@ Key = tuple[str, ...]
 ("ends", pid, metric), ("pending",), ("parked",), ("audit",): `keys.ScopeKeys` names each in Redis."""
 
 Op = tuple[str, Key, tuple[Any, ...]]
-"""One write: (command, key, arguments): HSET (field, value, ...), HINCRBY (field, by), HDEL
+"""One write: (command, key, arguments): HSET (field, value, ...), HINCRBY (field, by, ...), HDEL
 (fields), ZADD (score, member), ZADDNX (score, member: the member must be new), XADD (field,
 value, ...), EXPIRE (seconds)."""
 
@@ -93,8 +93,9 @@ def apply_ops(s: ScopeState, ops: Iterable[Op], audit_id: Callable[[], str], *, 
         # the commands a grant makes most come first; field/value pairs are read off one iterator
         if command == "HINCRBY":
             h = s.hash(key)
-            name = args[0]
-            h[name] = str(int(h.get(name, 0)) + int(args[1]))
+            pairs = iter(args)
+            for name, by in zip(pairs, pairs, strict=True):
+                h[name] = str(int(h.get(name, 0)) + int(by))
         elif command == "HSET":
             pairs = iter(args)
             s.hash(key).update(zip(pairs, pairs, strict=True))

@@ -193,7 +193,7 @@ class _ValueRelease(ReleaseMechanism):
             units = self._noise.draw(true_units)
             raw = codec.decode_keys(self._keys, units)
         values, _ = apply_postprocess(raw, self.metric.postprocess)  # `raw` is this release's own dict
-        return NoisyRelease.of(
+        return NoisyRelease(
             values=values,
             mechanism=self._name,
             noise=self._spread,

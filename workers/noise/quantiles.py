@@ -167,7 +167,7 @@ class QuantileRelease(ReleaseMechanism):
         chosen = sorted(q.select(values) for q in self.levels)
         raw = dict(zip(self._labels, chosen, strict=True))
         out, _ = apply_postprocess(raw, self.metric.postprocess)
-        return NoisyRelease.of(
+        return NoisyRelease(
             values=out,
             mechanism=self._name,
             noise=self._noise,

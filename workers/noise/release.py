@@ -4,8 +4,7 @@ from __future__ import annotations
 
 __all__ = ["FrozenFields", "NoisyRelease", "apply_postprocess"]
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpstream.topology.model import PostProcess
 from dpstream.workers.frozen import FrozenFields
@@ -14,8 +13,7 @@ if TYPE_CHECKING:
     from dpstream.workers.release.event import PrivacyEvent
 
 
-@dataclass(frozen=True)
-class NoisyRelease:
+class NoisyRelease(NamedTuple):
     """What one release publishes (values, mechanism, noise, ci of the record) and what it cost.
 
     `values` maps each released key to its noisy value ('' for an ungrouped metric); a top-k
@@ -23,7 +21,8 @@ class NoisyRelease:
     units, or {component: {scale, stddev}} when several noisy parts make up the value.
     `ci` is {level, half_width}: the half-width is one number for every key, except for a
     noisy-ratio mean, where it is an approximate per-key dict (see `workers.noise.mechanisms`).
-    `event` is the mechanism's privacy event at this cost (the record's `event`).
+    `event` is the mechanism's privacy event at this cost (the record's `event`). A named tuple:
+    one is built per release, at tuple speed.
     """
 
     values: dict[str, float]
@@ -31,38 +30,10 @@ class NoisyRelease:
     noise: dict[str, Any]
     ci: dict[str, Any] | None
     cost: float
-    postprocess: dict[str, bool] = field(default_factory=dict)
+    postprocess: dict[str, bool] = FrozenFields()
     keys: tuple[str, ...] = ()
     partition_selection: dict[str, Any] | None = None
     event: PrivacyEvent | None = None
-
-    @classmethod
-    def of(
-        cls,
-        values: dict[str, float],
-        mechanism: str,
-        noise: dict[str, Any],
-        ci: dict[str, Any] | None,
-        cost: float,
-        postprocess: dict[str, bool],
-        partition_selection: dict[str, Any] | None,
-        event: PrivacyEvent,
-    ) -> NoisyRelease:
-        """`NoisyRelease(...)` of a keyed value release (no top-k `keys`), built without the frozen
-        `__init__`'s per-field `object.__setattr__` (one per release; the same value, half the cost)."""
-        release = object.__new__(cls)
-        release.__dict__.update(
-            values=values,
-            mechanism=mechanism,
-            noise=noise,
-            ci=ci,
-            cost=cost,
-            postprocess=postprocess,
-            keys=(),
-            partition_selection=partition_selection,
-            event=event,
-        )
-        return release
 
     def to_record_fields(self) -> dict[str, Any]:
         """The release-record fields this object owns, as plain JSON-able values (a mechanism's

@@ -7,6 +7,7 @@ __all__ = ["ReleaseOutcome", "ReleaseResult", "ReleaseCounts", "refusal_outcome"
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 
 class ReleaseOutcome(Enum):
@@ -39,8 +40,7 @@ def refusal_outcome(reason: str) -> ReleaseOutcome:
     return ReleaseOutcome.REFUSED_BREAKER if reason.startswith("breaker open") else ReleaseOutcome.REFUSED_BUDGET
 
 
-@dataclass(frozen=True)
-class ReleaseResult:
+class ReleaseResult(NamedTuple):
     """One release attempt: outcome, id, reason (refused ones) and the bytes published."""
 
     outcome: ReleaseOutcome
@@ -51,24 +51,6 @@ class ReleaseResult:
     reason: str = ""
     payload: bytes = b""
     """The stored record that was published (empty when nothing was)."""
-
-    @classmethod
-    def of(
-        cls, outcome: ReleaseOutcome, release_id: str, metric: str, start: int, end: int, reason: str, payload: bytes
-    ) -> ReleaseResult:
-        """`ReleaseResult(...)` with every field given, built without the frozen `__init__`'s per-field
-        `object.__setattr__` (one per release; the same value, half the cost)."""
-        result = object.__new__(cls)
-        result.__dict__.update(
-            outcome=outcome,
-            release_id=release_id,
-            metric=metric,
-            window_start=start,
-            window_end=end,
-            reason=reason,
-            payload=payload,
-        )
-        return result
 
 
 @dataclass

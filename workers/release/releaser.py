@@ -181,7 +181,7 @@ class Releaser:
             faults.crash_point("after_publish")
         await self.ledger.commit(budget.name, rid)
         outcome = ReleaseOutcome.PUBLISHED if charged.outcome is Outcome.CHARGED else ReleaseOutcome.DUPLICATE
-        return ReleaseResult.of(outcome, rid, m.name, start, end, "", stored)
+        return ReleaseResult(outcome, rid, m.name, start, end, "", stored)
 
     def _order_of(self, scope: str) -> CanonicalOrder:
         """Quote → charge of one scope run one at a time in this process and in the public order of

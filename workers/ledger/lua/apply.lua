@@ -14,7 +14,7 @@
 -- ARGV[4] g: guards follow, 6 fields each: key index of a period block to charge, cost units,
 --         delta units, the caller's accounting, cap units and period length (s)
 -- ARGV[5 + 6g ..] ops, each: command, key index, argument count, arguments; commands HSET,
---         HINCRBY, HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
+--         HINCRBY (field, by, ...), HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
 -- Returns {'duplicate', payload} for a known release id, {'stale', seq} when the scope moved since
 -- the decision, each writing nothing, else {'ok', seq after}.
 -- Invariants, checked before the first write: a known release id is never charged again; a step
@@ -68,6 +68,8 @@ for _, op in ipairs(ops) do
   local cmd, key, args = op[1], op[2], {unpack(ARGV, op[3], op[3] + op[4] - 1)}
   if cmd == 'XADD' then
     redis.call('XADD', key, '*', unpack(args))
+  elseif cmd == 'HINCRBY' then  -- field, by, field, by, ...
+    for i = 1, #args, 2 do redis.call('HINCRBY', key, args[i], args[i + 1]) end
   elseif cmd == 'ZADDNX' then
     redis.call('ZADD', key, 'NX', unpack(args))
   else
