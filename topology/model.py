@@ -234,6 +234,8 @@ class Contribution:
     """L0: how many distinct group-by keys one unit may touch per window."""
     max_per_key: int = 1
     """L∞: how many events one unit may add to one key per window."""
+    max_windows: int | None = None
+    """How many of the metric's windows per period one unit counts in (None: every window)."""
 
 
 @dataclass(frozen=True)

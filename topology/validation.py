@@ -123,4 +123,13 @@ def check_metric_links(
                 "(e.g. 1m, 5m, 15m, 1h)",
             )
         )
+    if metric.contribution.max_windows is not None and window.size_s > window.every_s:
+        problems.append(
+            Problem(
+                where.line("metric", metric.name, "contribution"),
+                f"{subject}: contribution.max_windows {metric.contribution.max_windows}: its hopping windows "
+                f"straddle budget '{budget.name}''s period boundary, so one unit's events of one period could "
+                "move windows charged to the next; use a tumbling window, or drop max_windows",
+            )
+        )
     return problems

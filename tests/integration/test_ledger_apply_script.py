@@ -92,3 +92,32 @@ def test_apply_writes_nothing_when_stale_known_or_not_its_turn(fresh_redis: Any)
         await ledger.close()
 
     asyncio.run(body())
+
+
+def test_apply_refuses_a_max_windows_charge_that_pays_less_than_it_raises(fresh_redis: Any) -> None:
+    """Under `max_windows`, Python decided on a view that does not hold the metric's largest charges
+    (a larger charge than the m-th largest looks free): the script computes the raise from what is
+    stored, refuses the decision, and writes nothing; the true decision is written."""
+
+    async def body() -> None:
+        topology = one_scope_topology(epsilon=1.0, reserve=0.0, max_windows={"m": 1})
+        ledger = await open_ledger(fresh_redis.url, topology)
+        assert isinstance(ledger, RedisLedger)
+        assert (await ledger.charge(_req("first", 0.1))).outcome is Outcome.CHARGED
+        m, field = ledger.scope_of("m").capped["m"]
+        state = (await ledger._read_view("s", [PID])).state
+        view = View(state.config, state.breaker, state.periods, state.period_index, None)
+        terms, digest = ledger._terms["s"], state.config["digest"]
+        charge = Charge(_req("second", 0.3), cost_to_units(0.3), 0, P0, digest, terms, False, 1, m, field)
+        seq, writer = state.config["seq"], state.config["writer"]
+        lying = {PID: {**state.periods[PID], field: str(cost_to_units(0.3))}}  # "0.3 is paid already"
+        false_view = view._replace(blocks=lying)
+        assert decide(false_view, charge).answer.cost_units == 0
+        with pytest.raises(InternalError, match="raises the largest charges"):
+            await _apply(ledger, charge, false_view, seq, writer, "p.1")
+        assert await _spent(ledger) == cost_to_units(0.1) and await ledger.stored_payload("s", "second") is None
+        assert (await _apply(ledger, charge, view, seq, writer, "p.2"))[0] == b"ok"
+        assert await _spent(ledger) == cost_to_units(0.3)  # the one largest: 0.3 (raised by 0.2)
+        await ledger.close()
+
+    asyncio.run(body())

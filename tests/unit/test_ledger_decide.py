@@ -190,7 +190,7 @@ def test_decide_answers_as_the_rules_say_and_writes_only_what_its_outcome_allows
         assert a.reason.endswith(f" (in later period {d.refused_in}, which this window also touches)") == later
         return
     touched = [c.req.period_id] + [pid for pid, _ in c.req.extra_periods]
-    assert d.charged == tuple(touched) and d.refused_in is None and d.breaker_set is None
+    assert [p.pid for p in d.charged] == touched and d.refused_in is None and d.breaker_set is None
     for pid in touched:
         block = view.blocks.get(pid, {})
         spent = int(block.get("spent", 0)) + c.cost

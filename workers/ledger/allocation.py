@@ -41,6 +41,8 @@ class Snapshot(NamedTuple):
     """Per metric: releases already charged this period whose window ends at or after the priced one."""
     version: int = 0
     """The period block's spend version (bumped by every charge and grant of the period)."""
+    tops: Mapping[str, tuple[int, ...]] = {}
+    """Per metric under `max_windows`: its largest charges this period, largest first (`topm`)."""
 
 
 def _units_of(pool_units: int, share: Fraction) -> int:
@@ -78,6 +80,8 @@ def _releases_left(
         name: windows_left(period_start, period_s, window_end) - charged.get(name, 0)
         for name, windows_left in _schedules_of(cfg.pricing_windows, schedule_start)
     }
+    for name, (m, _) in cfg.capped.items():  # under max_windows only the first m charges are paid
+        left[name] = min(left[name], m - len(snap.tops.get(name, ())))
     if left[metric] < 1:
         left[metric] = 1
     return left
@@ -111,10 +115,12 @@ def _quote(
     thinned: bool = False,
     stretched: bool = False,
     refused_reason: str | None = None,
+    paid: int | None = None,
 ) -> Quote:
     """The quote at `units`; with `with_ratio`, its `ratio_after` is the snapshot's spend after a
-    charge of `units`, over the cap (None without a cap)."""
-    ratio = (snap.spent_units + units) / snap.cap_units if with_ratio and snap.cap_units > 0 else None
+    charge of `units` (of which the period pays `paid`, if given), over the cap (None without a cap)."""
+    spent_after = snap.spent_units + (units if paid is None else paid)
+    ratio = spent_after / snap.cap_units if with_ratio and snap.cap_units > 0 else None
     return Quote(
         plan.name,
         cfg.name,
@@ -155,12 +161,16 @@ def price(
     if schedule_start is not None and window_start < schedule_start:
         schedule_start = None
     plan = cfg.plans.get(metric) or cfg.metric(metric)
-    cap, reserve, warn, spent, grant, breaker, _, _ = snap
+    cap, reserve, warn, spent, grant, breaker = snap[:6]
     if breaker is not None:
         kind = "manual" if breaker.manual else "automatic"
         reason = f"breaker open ({kind}): {breaker.reason}"
         return _quote(cfg, plan, period_id, snap, State.OPEN, 0, with_ratio, refused_reason=reason)
     state = State.WARNING if spent >= warn else State.NORMAL  # state_of, with the breaker closed
+    if metric in cfg.capped:
+        m, top = cfg.capped[metric][0], snap.tops.get(metric, ())
+        if len(top) >= m:  # m paid already: priced at the m-th largest, which raises their sum by 0
+            return _quote(cfg, plan, period_id, snap, state, top[m - 1], with_ratio, paid=0)
     pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
         pool_left = 0

@@ -39,9 +39,10 @@ from dpstream.topology.errors import ConfigError, InternalError
 from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
+from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
 from dpstream.workers.ledger.config import ScopeConfig
-from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
+from dpstream.workers.ledger.decision import Charge, ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, version_schedule_start_key
 from dpstream.workers.ledger.state import Op, ScopeState
@@ -148,6 +149,10 @@ def period_start_of(period_s: int, pid: str) -> int:
         if _period_id(period_s, start) == pid and _period_start(period_s, start) == start:
             return start
     raise InternalError(f"period id {pid!r} does not name a {period_s} s period")
+
+
+_UNCAPPED = (0, "")
+"""`ScopeConfig.capped` of a metric without `max_windows`."""
 
 
 class Ledger(ABC):
@@ -385,9 +390,9 @@ class Ledger(ABC):
             raise InternalError(f"release quoted_version must be a whole number >= 0 or None, got {v!r}")
         now = self._clock()
         expired = self.past_horizon(int(we), now)
-        raw = await self._charge(
-            req, units, delta_units, pstart, cfg.digest, int(now * 1000), self._terms[req.scope], expired
-        )
+        m, top_field = cfg.capped.get(metric, _UNCAPPED)
+        charge = Charge(req, units, delta_units, pstart, cfg.digest, self._terms[req.scope], expired, int(now * 1000))
+        raw = await self._charge(charge._replace(max_windows=m, top_field=top_field) if m else charge)
         return ChargeResult(
             _OUTCOMES.get(raw.outcome) or Outcome(raw.outcome),
             raw.payload,
@@ -664,6 +669,7 @@ class Ledger(ABC):
         if not stored:
             return None
         cap, reserve, warn = _terms(stored, period)
+        capped = self._configs[scope].capped
         return Snapshot(
             cap,
             reserve,
@@ -673,6 +679,7 @@ class Ledger(ABC):
             _breaker_for(breaker, pid),
             counts,
             int(period.get("version", 0)),
+            {name: topm.parse(period.get(field)) for name, (_, field) in capped.items()} if capped else {},
         )
 
     @abstractmethod
@@ -682,20 +689,8 @@ class Ledger(ABC):
         """(config, breaker, period, charged-after counts) in one consistent read."""
 
     @abstractmethod
-    async def _charge(
-        self,
-        req: ReleaseRequest,
-        cost_units: int,
-        delta_units: int,
-        period_start: int,
-        digest: str,
-        now_ms: int,
-        terms: ChargeTerms,
-        expired: bool,
-    ) -> RawCharge:
-        """Decide and apply one charge atomically (`decision`): `terms` are the caller's; `expired`
-        (the window is past the idempotency horizon) answers EXPIRED
-        after the known release_id check, writing nothing."""
+    async def _charge(self, charge: Charge) -> RawCharge:
+        """Decide `charge` (`decision.decide`) on the scope as stored and apply its writes, atomically."""
 
     @abstractmethod
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...

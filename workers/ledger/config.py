@@ -19,6 +19,7 @@ from dpstream.topology.allocation import MetricDemand, release_rates, release_sh
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 from dpstream.topology.selection import scope_cap, selection_delta_total
+from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.keys import check_scope_name
 from dpstream.workers.ledger.units import cap_to_units, delta_cap_to_units, share_of_units
 
@@ -33,6 +34,14 @@ class MetricShare:
     window: Window
     per_period: int
     may_use_reserve: bool
+    max_windows: int | None = None
+    """`contribution.max_windows`: a unit counts in at most this many of the metric's windows per
+    period, so the period pays only the metric's largest `max_windows` charges (`decision`)."""
+
+    @property
+    def paid_per_period(self) -> int:
+        """The windows a period pays for on plan: all of them, or `max_windows` when fewer."""
+        return self.per_period if self.max_windows is None else min(self.per_period, self.max_windows)
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,12 @@ class ScopeConfig:
     metrics: tuple[MetricShare, ...]
     delta_cap_units: int = 0
     """The partition-selection δ a period may spend, in δ units (1e-18; 0 when nothing selects)."""
+    topology_version: str = ""
+    """The version of the topology this process runs (not stored: processes of several versions
+    charge one scope; under `max_windows` each version's charges are bounded apart, `topm.field`)."""
 
     @classmethod
-    def from_budget(cls, budget: Budget, metrics: list[Metric]) -> ScopeConfig:
+    def from_budget(cls, budget: Budget, metrics: list[Metric], topology_version: str = "") -> ScopeConfig:
         """Cap = ρ* (CKS20, at the δ left after partition selection) for zCDP scopes, ε for pure ones."""
         check_scope_name(budget.name)
         where = f"budget {budget.name!r}"
@@ -72,6 +84,7 @@ class ScopeConfig:
                 m.window,
                 m.window.releases_per_period(budget.period_s),
                 m.may_use_reserve,
+                m.contribution.max_windows,
             )
             for m in metrics
         )
@@ -89,6 +102,7 @@ class ScopeConfig:
             on_warning=budget.on_warning,
             metrics=plans,
             delta_cap_units=delta_cap_to_units(selection_delta_total(budget, metrics), where),
+            topology_version=topology_version,
         )
 
     def metric(self, name: str) -> MetricShare:
@@ -110,7 +124,18 @@ class ScopeConfig:
     def pricing_rates(self) -> dict[str, int]:
         """Each metric's rate k_j (`topology.allocation.release_rates`), the pricing rule's input, once
         per scope; a name that repeats is priced as its first plan (`plans`)."""
-        return release_rates({p.name: MetricDemand(p.weight, p.per_period, p.per_period) for p in self.plans.values()})
+        paid = {p.name: p.paid_per_period for p in self.plans.values()}
+        return release_rates({name: MetricDemand(p.weight, paid[name], paid[name]) for name, p in self.plans.items()})
+
+    @cached_property
+    def capped(self) -> dict[str, tuple[int, str]]:
+        """Metric → (its `max_windows`, the period block's field of its largest charges under this
+        topology version: `topm.field`), for the metrics that have one."""
+        return {
+            name: (p.max_windows, topm.field(name, self.topology_version))
+            for name, p in self.plans.items()
+            if p.max_windows is not None
+        }
 
     @cached_property
     def pricing_windows(self) -> tuple[tuple[str, Window], ...]:
@@ -121,7 +146,7 @@ class ScopeConfig:
     def planned_shares(self) -> dict[str, Fraction]:
         """Each metric's share of the pool on plan (every release to come): w_m / Σw / N_m, exact."""
         rates = self.pricing_rates
-        left = {p.name: p.per_period for p in self.plans.values()}
+        left = {p.name: p.paid_per_period for p in self.plans.values()}
         return {name: release_share(name, rates, left) for name in rates}
 
     @cached_property
@@ -145,7 +170,11 @@ class ScopeConfig:
             "stretch": repr(self.on_warning.stretch),
             "thin": str(self.on_warning.thin),
             "metrics": json.dumps(
-                [[p.name, str(p.weight), p.window.size_s, p.window.every_s, p.may_use_reserve] for p in self.metrics],
+                [
+                    [p.name, str(p.weight), p.window.size_s, p.window.every_s, p.may_use_reserve]
+                    + ([] if p.max_windows is None else [p.max_windows])  # (digests without it unchanged)
+                    for p in self.metrics
+                ],
                 separators=(",", ":"),
             ),
         }
@@ -155,4 +184,7 @@ class ScopeConfig:
 
 def scope_configs(topology: Topology) -> dict[str, ScopeConfig]:
     """Every budget scope of a topology, by name."""
-    return {name: ScopeConfig.from_budget(b, topology.metrics_of(name)) for name, b in topology.budgets.items()}
+    return {
+        name: ScopeConfig.from_budget(b, topology.metrics_of(name), topology.topology_version)
+        for name, b in topology.budgets.items()
+    }

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from itertools import chain
 from typing import NamedTuple
 
+from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.state import Op
 from dpstream.workers.ledger.types import RATIO_TOKEN, ReleaseRequest, State
 
@@ -98,6 +99,10 @@ class Charge(NamedTuple):
     terms: ChargeTerms
     expired: bool
     now_ms: int
+    max_windows: int = 0
+    """The metric's `contribution.max_windows` (0: none): a period pays only its largest charges (`topm`)."""
+    top_field: str = ""
+    """The period block's field holding those charges under the caller's topology version (`topm.field`)."""
 
 
 class Decision(NamedTuple):
@@ -107,9 +112,10 @@ class Decision(NamedTuple):
     answer: RawCharge
     opened: tuple[_OpenBlock, ...] = ()
     """(period id, start, terms) of each block to open (the `periods` index and the block's terms)."""
-    charged: tuple[str, ...] = ()
-    """The periods charged: each adds the cost to `spent`, the δ to `delta_spent`, 1 to
-    `granted` and `version`, and the release to the metric's `ends` at its window end."""
+    charged: tuple[_Paid, ...] = ()
+    """The periods charged: each adds what it pays to `spent`, the δ to `delta_spent`, 1 to
+    `granted` and `version`, the release to the metric's `ends` at its window end and, under
+    `max_windows`, stores the metric's largest charges after it."""
     refused_in: str | None = None
     """The period whose `refused` counter counts this refusal."""
     breaker_drop_auto: bool = False
@@ -123,6 +129,15 @@ class Decision(NamedTuple):
 
 _OpenBlock = tuple[str, int, dict[str, str]]
 """(period id, start, terms) of a block to open."""
+
+
+class _Paid(NamedTuple):
+    """What one period pays for a charge: the units added to its spend and, under `max_windows`,
+    the metric's largest charges after it (`topm.raised`; None without the cap)."""
+
+    pid: str
+    units: int
+    top: tuple[int, ...] | None
 
 
 class _Period(NamedTuple):
@@ -227,6 +242,16 @@ def _rollover(view: View, periods: list[_Period], manual: bool, actor: str) -> l
     ]
 
 
+def _paid(view: View, c: Charge, p: _Period) -> _Paid:
+    """What period `p` pays for this charge: its cost, or under `max_windows` what it raises the sum
+    of the metric's largest charges by (`topm`)."""
+    if not c.max_windows:
+        return _Paid(p.pid, c.cost, None)
+    stored = (view.blocks.get(p.pid) or _EMPTY).get(c.top_field)
+    units, top = topm.raised(topm.parse(stored), c.max_windows, c.cost)
+    return _Paid(p.pid, units, top)
+
+
 def _later(p: _Period, main: _Period) -> str:
     return "" if p is main else f" (in later period {p.pid}, which this window also touches)"
 
@@ -290,9 +315,9 @@ def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, st
         for p in periods:
             if br.get("auto_period") == p.pid:
                 return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
-    cost, delta, may_use_reserve = c.cost, c.delta, c.req.may_use_reserve
+    delta, may_use_reserve = c.delta, c.req.may_use_reserve
     for p in periods:
-        spent, cap = p.spent, p.cap
+        spent, cap, cost = p.spent, p.cap, _paid(view, c, p).units
         if spent + cost > cap:
             return (
                 p,
@@ -346,10 +371,11 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
     dropped = bool(rollover)
     entries = rollover  # (this decision's own list: the rollover entry, if any, comes first)
     blocks = _opened(view, c, periods, False, entries)
-    cost_s, delta_s, actor, rid, metric = str(cost), str(delta), req.actor, req.release_id, req.metric
+    delta_s, actor, rid, metric = str(delta), req.actor, req.release_id, req.metric
     main_ratio = ""
-    for p in periods:
-        spent = p.spent + cost
+    paid = tuple([_paid(view, c, p) for p in periods])
+    for p, pays in zip(periods, paid, strict=True):
+        spent = p.spent + pays.units
         spent_s = str(spent)
         after = _state(spent, p.warn, False)
         ratio = "%.6f" % (spent / p.cap)
@@ -363,17 +389,19 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
                 "actor": actor,
                 "release_id": rid,
                 "metric": metric,
-                "cost": cost_s,
+                "cost": str(pays.units),
                 "delta": delta_s,
                 "state": after,
             }
         )  # (every field is non-empty: no filter needed)
+        if pays.top is not None:  # the release's own cost, beside what the period paid for it
+            entries[-1]["release_cost"] = str(cost)
         was = _state(p.spent, p.warn, False)
         if after != was:
             fields = {"reason": f"{was} -> {after} at ratio {ratio}", "actor": "ledger", "state": after}
             entries.append(audit_entry("state", p, actor, spent, fields))
     main, ratio = periods[0], main_ratio
-    spent = main.spent + cost
+    spent = main.spent + paid[0].units
     payload = bytes(req.payload).replace(RATIO_TOKEN, b'"ratio_after":' + ratio.encode(), 1)
     release: dict[str, str | bytes] = {
         "state": "reserved",
@@ -381,16 +409,15 @@ def _grant(view: View, c: Charge, periods: list[_Period], rollover: list[dict[st
         "metric": metric,
         "window_start": str(req.window_start),
         "window_end": str(req.window_end),
-        "cost": cost_s,
+        "cost": str(paid[0].units),
         "delta": delta_s,
         "extra_periods": " ".join([p.pid for p in periods[1:]]) if len(periods) > 1 else "",
         "payload": payload,
         "ratio_after": ratio,
         "reserved_at": str(c.now_ms),
     }
-    answer = RawCharge("charged", payload, "", spent, main.cap, _state(spent, main.warn, False), cost)
-    charged = (main.pid,) if len(periods) == 1 else tuple([p.pid for p in periods])
-    return Decision(answer, blocks, charged, None, dropped, None, tuple(entries), release)
+    answer = RawCharge("charged", payload, "", spent, main.cap, _state(spent, main.warn, False), paid[0].units)
+    return Decision(answer, blocks, paid, None, dropped, None, tuple(entries), release)
 
 
 def stale_reason(version: int | str) -> str:
@@ -434,10 +461,12 @@ def writes(c: Charge, d: Decision, retention_s: int) -> tuple[Op, ...]:
     req, ops = c.req, []
     for pid, start, terms in d.opened:
         ops += [("ZADDNX", ("periods",), (start, pid)), ("HSET", ("period", pid), _flat(terms))]
-    for pid in d.charged:
+    for pid, units, top in d.charged:
         block, ends = ("period", pid), ("ends", pid, req.metric)
+        if top is not None:
+            ops.append(("HSET", block, (c.top_field, topm.text(top))))
         ops += [
-            ("HINCRBY", block, ("spent", c.cost, "delta_spent", c.delta, "granted", 1, "version", 1)),
+            ("HINCRBY", block, ("spent", units, "delta_spent", c.delta, "granted", 1, "version", 1)),
             ("ZADD", ends, (int(req.window_end), req.release_id)),
             ("EXPIRE", ends, (retention_s,)),
         ]

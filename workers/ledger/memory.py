@@ -19,14 +19,13 @@ from typing import Any, TypeVar
 
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import (
-    ChargeTerms,
     Ledger,
     RawCharge,
     parked_from_json,
 )
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
 from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
-from dpstream.workers.ledger.types import ParkedRelease, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ParkedRelease, PendingRelease
 
 _A = TypeVar("_A")
 
@@ -79,26 +78,16 @@ class MemoryLedger(Ledger):
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 
-    async def _charge(
-        self,
-        req: ReleaseRequest,
-        cost_units: int,
-        delta_units: int,
-        period_start: int,
-        digest: str,
-        now_ms: int,
-        terms: ChargeTerms,
-        expired: bool,
-    ) -> RawCharge:
+    async def _charge(self, charge: Charge) -> RawCharge:
+        req = charge.req
         with self._lock:  # read the view, decide, apply: no await in between
             s = self._store.get(req.scope)
             if s is None or not s.config:
                 raise InternalError(f"charge: scope not registered ({req.scope})")
             known = s.releases.get(req.release_id)
             view = View(s.config, s.breaker, s.periods, s.period_index, None if known is None else _payload(known))
-            charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
             decision = decide(view, charge)
-            apply_ops(s, writes(charge, decision, self._retention_s), lambda: self._next_audit_id(now_ms))
+            apply_ops(s, writes(charge, decision, self._retention_s), lambda: self._next_audit_id(charge.now_ms))
             return decision.answer
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:

@@ -39,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, parked_from_json
+from dpstream.workers.ledger.base import Ledger, RawCharge, parked_from_json
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.decision import Charge, Decision, View, decide, neighbours, writes
 from dpstream.workers.ledger.durability import check_durability, replica_problem
@@ -298,20 +298,10 @@ class RedisLedger(Ledger):
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return int(raw) if raw is not None else None
 
-    async def _charge(
-        self,
-        req: ReleaseRequest,
-        cost_units: int,
-        delta_units: int,
-        period_start: int,
-        digest: str,
-        now_ms: int,
-        terms: ChargeTerms,
-        expired: bool,
-    ) -> RawCharge:
+    async def _charge(self, charge: Charge) -> RawCharge:
         """Queue the charge for its scope's flusher, which decides the queued charges on its cached
         view and applies them in one pipeline (group commit): one round trip for many charges."""
-        charge = Charge(req, cost_units, delta_units, period_start, digest, terms, expired, now_ms)
+        req = charge.req
         answer: asyncio.Future[RawCharge] = asyncio.get_running_loop().create_future()
         self._queued.setdefault(req.scope, []).append((charge, answer))
         if req.scope not in self._flushers:
@@ -444,10 +434,10 @@ class RedisLedger(Ledger):
         keys = [k.config, k.release(req.release_id), k.turn]
         index: dict[Key, int] = {("config",): 1, ("release", req.release_id): 2}
         args: list[str | bytes] = [seq, writer, new_writer, str(len(decision.charged))]
-        for pid in decision.charged:
+        for pid, units, _ in decision.charged:
             block = self._key_index(k, ("period", pid), keys, index)
-            args += [block, str(charge.cost), str(charge.delta), terms.accounting, str(terms.cap_units)]
-            args.append(str(terms.period_s))
+            args += [block, str(units), str(charge.delta), terms.accounting, str(terms.cap_units)]
+            args += [str(terms.period_s), str(charge.max_windows), charge.top_field, str(charge.cost)]
         self._encode_ops(k, ops, keys, index, args)
         return keys, args
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 __all__ = ["ManualClock", "one_scope_topology"]
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Budget,
+    Contribution,
     Mechanism,
     Metric,
     Sinks,
@@ -48,18 +49,30 @@ def one_scope_topology(
     warn_at: float = 0.8,
     on_warning: WarningPolicy | None = None,
     metrics: Sequence[tuple[str, float, int, int, bool]] = (("m", 1.0, 86_400, 86_400, False),),
+    max_windows: Mapping[str, int] | None = None,
+    topology_version: int = 1,
 ) -> Topology:
-    """One budget scope; metrics as (name, weight, window size s, every s, may_use_reserve)."""
+    """One budget scope; metrics as (name, weight, window size s, every s, may_use_reserve), with
+    `contribution.max_windows` for the metrics `max_windows` names."""
+    caps = max_windows or {}
     mech = Mechanism.LAPLACE if accounting is Accounting.PURE else Mechanism.GAUSSIAN
     return Topology(
-        version=1,
+        version=topology_version,
         sources={"src": Source("src", "events", "user_id")},
         budgets={
             scope: Budget(scope, epsilon, delta, accounting, period_s, reserve, warn_at, on_warning or WarningPolicy())
         },
         metrics={
             name: Metric(
-                name, "src", scope, weight, Window(size, every), Aggregate.COUNT, mech, may_use_reserve=may_use
+                name,
+                "src",
+                scope,
+                weight,
+                Window(size, every),
+                Aggregate.COUNT,
+                mech,
+                contribution=Contribution(max_windows=caps.get(name)),
+                may_use_reserve=may_use,
             )
             for name, weight, size, every, may_use in metrics
         },

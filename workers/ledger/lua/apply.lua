@@ -11,14 +11,17 @@
 -- KEYS[4..]        the keys the ops and guards name, by index into KEYS
 -- ARGV[1] seq and ARGV[2] writer the step was decided at ('0' and '' for a scope never written)
 -- ARGV[3] this step's writer id '<process>.<n>' (unique per step), set as `writer` when it writes
--- ARGV[4] g: guards follow, 6 fields each: key index of a period block to charge, cost units,
---         delta units, the caller's accounting, cap units and period length (s)
--- ARGV[5 + 6g ..] ops, each: command, key index, argument count, arguments; commands HSET,
+-- ARGV[4] g: guards follow, 9 fields each: key index of a period block to charge, the units it
+--         pays, delta units, the caller's accounting, cap units and period length (s), and under
+--         `contribution.max_windows` m (else 0), the block's field of the metric's largest charges
+--         and the release's cost (units)
+-- ARGV[5 + 9g ..] ops, each: command, key index, argument count, arguments; commands HSET,
 --         HINCRBY (field, by, ...), HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
 -- Returns {'duplicate', payload} for a known release id, {'stale', seq} when the scope moved since
 -- the decision, each writing nothing, else {'ok', seq after}.
 -- Invariants, checked before the first write: a known release id is never charged again; a step
--- decided on another state writes nothing; in every charged block spent + cost <= cap and
+-- decided on another state writes nothing; under max_windows a block pays what the release raises
+-- the sum of the metric's m largest charges by; in every charged block spent + paid <= cap and
 -- delta_spent + delta <= delta_cap (its own terms once opened, else the config's); an opened
 -- block keeps its accounting and period length and no larger cap than the caller's; a block is
 -- opened once. All or nothing: one script, every write after every check.
@@ -39,6 +42,16 @@ for _ = 1, g do
   local key = KEYS[tonumber(ARGV[at])]
   local cost, delta = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local acc, cap_in, plen = ARGV[at + 3], tonumber(ARGV[at + 4]), ARGV[at + 5]
+  local m = tonumber(ARGV[at + 6])
+  if m > 0 then  -- the m largest charges before and after this one (stored largest first)
+    local top, before, after = {}, 0, 0
+    for v in string.gmatch(redis.call('HGET', key, ARGV[at + 7]) or '', '%d+') do top[#top + 1] = tonumber(v) end
+    for i = 1, math.min(#top, m) do before = before + top[i] end
+    top[#top + 1] = tonumber(ARGV[at + 8])
+    table.sort(top, function(x, y) return x > y end)
+    for i = 1, math.min(#top, m) do after = after + top[i] end
+    if after - before ~= cost then return fail('charge is not what it raises the largest charges of ' .. key .. ' by') end
+  end
   local b = redis.call('HMGET', key, 'spent', 'cap', 'delta_spent', 'delta_cap', 'accounting', 'period_s')
   local cap, dcap = tonumber(b[2] or cfg[1]), tonumber(b[4] or cfg[2] or '0')
   if tonumber(b[1] or '0') + cost > cap then return fail('overspend in ' .. key) end
@@ -46,7 +59,7 @@ for _ = 1, g do
   if b[2] and ((b[5] or cfg[3] or '') ~= acc or cap > cap_in or (b[6] or cfg[4] or '') ~= plen) then
     return fail('charge against the fixed terms of ' .. key)
   end
-  at = at + 6
+  at = at + 9
 end
 
 local COMMANDS = {HSET = true, HINCRBY = true, HDEL = true, ZADD = true, ZADDNX = true, XADD = true, EXPIRE = true}
