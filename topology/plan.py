@@ -127,7 +127,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpstream.topology import accounting as acc
-from dpstream.topology.allocation import MetricDemand, planned_release_costs
+from dpstream.topology.allocation import MetricDemand, paid_windows, planned_release_costs
 from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error
 from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
@@ -198,10 +198,18 @@ class MetricPlan:
     candidates: int | None = None
     """How many candidates a quantile metric's public grid has (None otherwise)."""
 
+    max_windows: int | None = None
+    """`contribution.max_windows`: the period pays for this many of its releases (None: each)."""
+
+    @property
+    def paid_windows(self) -> int:
+        """The releases a period pays for (`allocation.paid_windows`): its share is spent in these."""
+        return paid_windows(self.releases_per_period, self.max_windows)
+
     @property
     def per_period_cost(self) -> float:
         """What the metric spends in one period on plan."""
-        return self.releases_per_period * self.per_release_cost
+        return self.paid_windows * self.per_release_cost
 
 
 @dataclass(frozen=True)
@@ -276,12 +284,15 @@ class ScopePlan:
         `schedule_start`, after the period start) the windows starting at or after S, priced by the same
         rule over those alone (`allocation.planned_release_costs`). No window from S: (0, static cost)."""
         if schedule_start is None or schedule_start <= period_start:
-            return {m.name: (m.releases_per_period, m.per_release_cost) for m in self.metrics}
+            return {m.name: (m.paid_windows, m.per_release_cost) for m in self.metrics}
         demands = {
             m.name: MetricDemand(
                 m.weight,
-                m.releases_per_period,
-                Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end),
+                m.paid_windows,
+                paid_windows(
+                    Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end),
+                    m.max_windows,
+                ),
             )
             for m in self.metrics
         }
@@ -384,7 +395,8 @@ def _metric_plan(
         straddling_windows=window.overlap - 1,
         weight=metric.weight,
         weight_share=metric.weight / total_weight,
-        releases_per_period=demands[metric.name].per_period,
+        releases_per_period=window.releases_per_period(budget.period_s),
+        max_windows=metric.contribution.max_windows,
         per_release_cost=cost,
         per_release_epsilon=_to_epsilon(budget, conversion, cost),
         may_use_reserve=metric.may_use_reserve,
@@ -423,14 +435,10 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
     selection = selection_delta_total(budget, metrics)
     conversion = conversion_delta(budget, metrics) if budget.accounting is Accounting.ZCDP else 0.0
     pool = cap * (1.0 - budget.reserve)
-    demands = {
-        m.name: MetricDemand(
-            weight=m.weight,
-            per_period=m.window.releases_per_period(budget.period_s),
-            left=m.window.releases_per_period(budget.period_s),
-        )
-        for m in metrics
+    paid = {
+        m.name: paid_windows(m.window.releases_per_period(budget.period_s), m.contribution.max_windows) for m in metrics
     }
+    demands = {m.name: MetricDemand(weight=m.weight, per_period=paid[m.name], left=paid[m.name]) for m in metrics}
     costs = planned_release_costs(pool, demands)
     plans = tuple(_metric_plan(topology, budget, m, costs[m.name], demands, conversion) for m in metrics)
     planned = math.fsum(p.per_period_cost for p in plans)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from dpstream.topology.allocation import MetricDemand, release_rates, release_share
+from dpstream.topology.allocation import MetricDemand, paid_windows, release_rates, release_share
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
 from dpstream.topology.selection import scope_cap, selection_delta_total
@@ -40,8 +40,8 @@ class MetricShare:
 
     @property
     def paid_per_period(self) -> int:
-        """The windows a period pays for on plan: all of them, or `max_windows` when fewer."""
-        return self.per_period if self.max_windows is None else min(self.per_period, self.max_windows)
+        """The windows a period pays for on plan (`topology.allocation.paid_windows`)."""
+        return paid_windows(self.per_period, self.max_windows)
 
 
 @dataclass(frozen=True)

@@ -111,8 +111,9 @@ def planned_spent(
     scope_plan: Any, period_start: int, period_end: int, now: float, schedule_start: int | None = None
 ) -> float:
     """What the plan (`topology.plan.scope_plan`) has spent by `now` in the period: each metric's
-    per-release cost on plan times its windows of the period that have ended. Reaches the pool when the
-    period's last window ends.
+    per-release cost on plan times its windows of the period that have ended, up to the windows it
+    pays for (under `contribution.max_windows` m, its share is spent in its first m windows). Reaches
+    the pool when the period's last window ends.
 
     In a deployment's first period (the schedule start S, `schedule_start`, after the period start)
     only windows starting at or after S are released (the public schedule) and the ledger spends the
@@ -121,7 +122,10 @@ def planned_spent(
     planned = scope_plan.planned_from(period_start, period_end, schedule_start)
     return math.fsum(
         planned[m.name][1]
-        * Schedule(m.window_size_s, m.window_every_s, schedule_start).ended(period_start, period_end, now)
+        * min(
+            planned[m.name][0],
+            Schedule(m.window_size_s, m.window_every_s, schedule_start).ended(period_start, period_end, now),
+        )
         for m in scope_plan.metrics
         if planned[m.name][0] > 0
     )
