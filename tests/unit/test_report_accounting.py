@@ -202,3 +202,30 @@ def test_page_keeps_the_whole_period_when_every_charge_is_at_one_window_end(seed
     text = render_page(build_report(seed_day[1]))
     assert "zoomed to" not in text and '<g id="period-overview">' not in text
     assert "hours into the period (window end)" in text
+
+
+def test_a_period_composes_only_the_m_costliest_records_of_a_max_windows_metric() -> None:
+    """Under contribution.max_windows m the report composes each (metric, topology version)'s m
+    costliest records (the ledger pays only those); other metrics' records all count; flagged ones never."""
+    from dpstream.workers.report.accounting import composed_checks
+    from dpstream.workers.report.collect import Charge
+    from dpstream.workers.report.costcheck import RecordCheck
+
+    def charge(rid: str, metric: str, version: str, m: int | None) -> Charge:
+        record = {"topology_version": version, "event": {"max_windows": m}}
+        return Charge(rid, metric, 0, 1, 0, 0, record)
+
+    rows = [
+        ("a1", "capped", "v1", 2, 0.3),
+        ("a2", "capped", "v1", 2, 0.5),
+        ("a3", "capped", "v1", 2, 0.1),
+        ("a4", "capped", "v1", 2, 0.4),
+        ("b1", "capped", "v2", 2, 0.2),
+        ("c1", "plain", "v1", None, 0.1),
+        ("c2", "plain", "v1", None, 0.1),
+    ]
+    charges = [charge(rid, metric, version, m) for rid, metric, version, m, _ in rows]
+    checks = [RecordCheck(rid, metric, cost, record_cost=cost) for rid, metric, _, _, cost in rows]
+    flagged = RecordCheck("a5", "capped", 0.9, record_cost=0.9, problems=["bad"])
+    kept = composed_checks([*checks, flagged], [*charges, charge("a5", "capped", "v1", 2)])
+    assert sorted(c.release_id for c in kept) == ["a2", "a4", "b1", "c1", "c2"]

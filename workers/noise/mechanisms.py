@@ -118,10 +118,16 @@ def _noise_event(noise: measurements.IntegerNoise) -> NoiseEvent:
 
 
 def _event(
-    accounting: Accounting, cost: float, parts: tuple[NoiseEvent, ...], thr: measurements.Threshold | None
+    metric: Metric,
+    accounting: Accounting,
+    cost: float,
+    parts: tuple[NoiseEvent, ...],
+    thr: measurements.Threshold | None,
 ) -> PrivacyEvent:
-    """The privacy event of a release at `cost`, its partition-selection δ the threshold's map (if any)."""
-    return PrivacyEvent(accounting, cost, parts, delta=thr.delta if thr is not None else 0.0)
+    """The privacy event of a release at `cost`, its partition-selection δ the threshold's map (if
+    any), with the metric's `contribution.max_windows` (the period composes only its m largest)."""
+    delta = thr.delta if thr is not None else 0.0
+    return PrivacyEvent(accounting, cost, parts, delta=delta, max_windows=metric.contribution.max_windows)
 
 
 class ReleaseMechanism:
@@ -173,7 +179,7 @@ class _ValueRelease(ReleaseMechanism):
                 self._noise, accounting, metric.contribution.max_keys, self._codec.per_key_units, delta
             )
             self.partition_selection = _selection_info(self._threshold, self._codec.unit, delta)
-        self.event = _event(accounting, cost, (_noise_event(self._noise),), self._threshold)
+        self.event = _event(metric, accounting, cost, (_noise_event(self._noise),), self._threshold)
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
         """Noisy value per public key (zero-filled), or per key surviving partition selection."""
@@ -232,7 +238,9 @@ class _RatioMeanRelease(ReleaseMechanism):
                 self._count, accounting, metric.contribution.max_keys, self._count_codec.per_key_units, delta
             )
             self.partition_selection = _selection_info(self._threshold, 1.0, delta)
-        self.event = _event(accounting, cost, (_noise_event(self._sum), _noise_event(self._count)), self._threshold)
+        self.event = _event(
+            metric, accounting, cost, (_noise_event(self._sum), _noise_event(self._count)), self._threshold
+        )
 
     def _centred_units(self, total: float | Fraction, count: int) -> int:
         if not isinstance(total, Fraction) and not math.isfinite(total):
@@ -314,7 +322,7 @@ class _TopKRelease(ReleaseMechanism):
             parts = (_noise_event(noise),)
         self._top = measurements.top_k(accounting, select_cost, k, linf)
         top = NoiseEvent(Noise.TOP_K, self._top.scale, float(linf), self._top.cost, k=self._top.k)
-        self.event = _event(accounting, cost, (top, *parts), self._threshold)
+        self.event = _event(metric, accounting, cost, (top, *parts), self._threshold)
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:
         """Keys in rank order; candidates are the declared keys or those surviving selection."""

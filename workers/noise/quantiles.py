@@ -157,6 +157,7 @@ class QuantileRelease(ReleaseMechanism):
             accounting,
             cost,
             tuple(NoiseEvent(Noise.QUANTILE, q.scale, float(q.d_in), q.cost, alpha=q.alpha) for q in self.levels),
+            max_windows=metric.contribution.max_windows,
         )
 
     def release(self, true_values: Mapping[str, Any]) -> NoisyRelease:

@@ -65,7 +65,8 @@ class PrivacyEvent:
     parts: tuple[NoiseEvent, ...]
     delta: float = 0.0
     max_windows: int | None = None
-    """The metric's most windows a unit may touch in a period, for top-m accounting (not set yet)."""
+    """The metric's `contribution.max_windows`: a unit counts in at most this many of its windows per
+    period, so a period composes only the metric's largest charges of a topology version (`ledger.topm`)."""
     lump: float | None = None
     """A running total's one-off charge taken with this release (not set yet)."""
 

@@ -13,7 +13,7 @@ no in-period credit: the gap is reported, never returned to the period's budget.
 
 from __future__ import annotations
 
-__all__ = ["GAP_REASON", "accounting_section", "checks_of"]
+__all__ = ["GAP_REASON", "accounting_section", "checks_of", "composed_checks"]
 
 from typing import Any
 
@@ -21,7 +21,7 @@ from dpstream.topology.accounting import epsilon_equivalent
 from dpstream.topology.model import Accounting
 from dpstream.topology.selection import conversion_delta
 from dpstream.workers.ledger.units import DELTA_UNITS_PER_DELTA, UNITS_PER_CURRENCY
-from dpstream.workers.report.collect import PeriodData
+from dpstream.workers.report.collect import Charge, PeriodData
 from dpstream.workers.report.costcheck import Component, RecordCheck, check_record
 from dpstream.workers.report.tight import PLD_DISCRETIZATION, RDP_ORDERS, tight_epsilons
 
@@ -41,6 +41,25 @@ def checks_of(data: PeriodData) -> list[RecordCheck]:
     return [check_record(c, data.topology.metrics.get(c.metric), accounting) for c in data.charges]
 
 
+def composed_checks(checks: list[RecordCheck], charges: list[Charge]) -> list[RecordCheck]:
+    """The checked records a period composes: each one, except that under `contribution.max_windows`
+    m only the m costliest of a (metric, topology version) count (a unit is in at most m of them)."""
+    kept: list[RecordCheck] = []
+    capped: dict[tuple[str, str, int], list[RecordCheck]] = {}
+    for chk, charge in zip(checks, charges, strict=True):
+        if not chk.ok:
+            continue
+        record = charge.record or {}
+        m = (record.get("event") or {}).get("max_windows")
+        if m is None:
+            kept.append(chk)
+        else:
+            capped.setdefault((charge.metric, str(record.get("topology_version", "")), int(m)), []).append(chk)
+    for (_, _, m), group in capped.items():
+        kept += sorted(group, key=lambda c: c.record_cost or 0.0, reverse=True)[:m]
+    return kept
+
+
 def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str, Any]:
     """The accounting section of the report (JSON-able)."""
     budget = data.topology.budgets[data.scope]
@@ -51,7 +70,8 @@ def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str,
     audited_units = sum(c.cost_units for c in data.charges)
     selection_delta = data.delta_spent_units / DELTA_UNITS_PER_DELTA
     charged_eps = epsilon_equivalent(zcdp, spent, conv_delta).epsilon
-    components: list[Component] = [p for chk in checks if chk.ok for p in chk.components]
+    composed = composed_checks(checks, data.charges)
+    components: list[Component] = [p for chk in composed for p in chk.components]
     flagged = [c for c in checks if not c.ok]
     section: dict[str, Any] = {
         "currency": "rho" if zcdp else "epsilon",
@@ -95,6 +115,12 @@ def accounting_section(data: PeriodData, checks: list[RecordCheck]) -> dict[str,
             "scope_delta": data.delta,
         },
     }
+    if len(composed) < len(checks) - len(flagged):
+        section["charged"]["max_windows_note"] = (
+            f"{len(composed)} of {len(checks) - len(flagged)} records are composed: under contribution.max_windows "
+            "a period pays only each metric's m largest charges per topology version, so the ledger's spend is "
+            "not the sum of the records' costs"
+        )
     if not zcdp or not components:
         section["tight"] = None
         section["gap"] = None

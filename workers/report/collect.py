@@ -30,9 +30,12 @@ class Charge:
     metric: str
     at_ms: int
     cost_units: int
+    """What the period paid for it (under `max_windows`, what it raised the m largest charges by)."""
     delta_units: int
     spent_units_after: int
     record: dict[str, Any] | None
+    release_cost_units: int | None = None
+    """The release's own cost when the period paid another amount (`max_windows`); None: `cost_units`."""
 
     @property
     def cost(self) -> float:
@@ -140,6 +143,7 @@ async def collect_period(ledger: Ledger, topology: Topology, scope: str, period:
                     delta_units=int(f.get("delta") or 0),
                     spent_units_after=int(f.get("spent") or 0),
                     record=_decode(raw),
+                    release_cost_units=int(f["release_cost"]) if "release_cost" in f else None,
                 )
             )
         else:

@@ -178,10 +178,10 @@ def check_record(charge: Charge, metric: Metric | None, accounting: Accounting) 
         out.problems.append(f"record lacks its cost or privacy event ({type(exc).__name__}: {exc})")
         return out
     out.mapped = sum(c.mapped_cost for c in out.components)
-    if cost_to_units(out.record_cost) != charge.cost_units:
+    charged = charge.cost_units if charge.release_cost_units is None else charge.release_cost_units
+    if cost_to_units(out.record_cost) != charged:
         out.problems.append(
-            f"record cost {out.record_cost!r} is {cost_to_units(out.record_cost)} units; the ledger charged "
-            f"{charge.cost_units}"
+            f"record cost {out.record_cost!r} is {cost_to_units(out.record_cost)} units; the ledger charged {charged}"
         )
     if event.cost != out.record_cost:
         out.problems.append(f"event cost {event.cost!r} is not the record's cost {out.record_cost!r}")
