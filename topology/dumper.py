@@ -121,6 +121,8 @@ def _metric(metric: Metric) -> dict[str, Any]:
             "max_keys": metric.contribution.max_keys,
             "max_per_key": metric.contribution.max_per_key,
         }
+        if metric.contribution.max_windows is not None:
+            out["contribution"]["max_windows"] = metric.contribution.max_windows
     optional = {
         "value": metric.value,
         "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds else None,

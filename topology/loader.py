@@ -104,7 +104,7 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
     ),
     "window": ("tumbling", "hopping", "every"),
     "on_warning": ("stretch", "thin"),
-    "contribution": ("max_keys", "max_per_key"),
+    "contribution": ("max_keys", "max_per_key", "max_windows"),
     "postprocess": ("round", "clamp_zero"),
     "sinks": ("releases", "dead_letter", "partials"),
     "kafka": ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile"),

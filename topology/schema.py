@@ -117,6 +117,7 @@ _LIMITS: dict[tuple[type, str], dict[str, Any]] = {
     (Metric, "k"): {"minimum": 1},
     (Contribution, "max_keys"): {"minimum": 1},
     (Contribution, "max_per_key"): {"minimum": 1},
+    (Contribution, "max_windows"): {"minimum": 1},
 }
 
 _YAML_ONLY: dict[type, dict[str, dict[str, Any]]] = {
