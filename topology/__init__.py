@@ -13,8 +13,8 @@ metric per period: at each window's close, in the public close order, the units 
 is below m are included and counted, whatever the release does; the others' contributions to that
 window are dropped. Which windows a unit counts in depends on its own records only, and each release
 is priced at the metric's period share over min(windows per period, m). It is refused on windows that
-can straddle a period boundary, so one period's events never move which windows count in the next. Keys taken from data pass DP partition selection (`selection`);
-declared keys are always released, zero or not.
+can straddle a period boundary, so one period's events never move which windows count in the next.
+Keys taken from data pass DP partition selection (`selection`); declared keys are always released, zero or not.
 
 Stream rules: apart from the noised values nothing published depends on the data.
 

@@ -19,6 +19,7 @@ __all__ = [
     "EVENT_LEVEL_LABEL",
     "UNIT_LEVEL_LABEL",
     "guarantee_label",
+    "charged_windows",
     "event_level_note",
     "DEFAULT_PUBLISH_DELAY_S",
     "Window",
@@ -344,13 +345,8 @@ class Metric:
         return tuple(quantile_label(a) for a in self.quantiles or ())
 
     def charged_per_period(self, period_s: int) -> int:
-        """Windows of one period a unit's contributions can reach: the releases per period, at most
-        `contribution.max_windows`. The pricing rule takes this as the metric's windows per period, so
-        under a cap each release is priced at the metric's period share over max_windows (a unit's
-        worst-case spend in a period is then the sum of the max_windows largest per-window charges)."""
-        n = self.window.releases_per_period(period_s)
-        m = self.contribution.max_windows
-        return n if m is None else min(n, m)
+        """`charged_windows` of a whole period's releases under this metric's `contribution.max_windows`."""
+        return charged_windows(self.window.releases_per_period(period_s), self.contribution.max_windows)
 
     @property
     def public_keys(self) -> bool:
@@ -453,6 +449,14 @@ class Topology:
             doc["start_s"] = self.schedule_start
         blob = json.dumps(doc, sort_keys=True, default=_enum_value, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def charged_windows(windows: int, max_windows: int | None) -> int:
+    """Of `windows` releases of a metric in one period, how many one unit's contributions can reach:
+    at most `max_windows` (None: no cap). The pricing rule takes this as the metric's count of windows
+    (per period, and left), so under a cap each release is priced at the metric's period share over
+    max_windows: a unit's worst-case spend in a period is the sum of its max_windows largest charges."""
+    return windows if max_windows is None else min(windows, max_windows)
 
 
 def quantile_label(alpha: float) -> str:
