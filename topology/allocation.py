@@ -27,7 +27,6 @@ __all__ = [
     "release_rates",
     "release_share",
     "release_share_terms",
-    "paid_windows",
     "adaptive_release_cost",
     "planned_release_costs",
     "windows_left",
@@ -67,13 +66,6 @@ def release_rates(demands: Mapping[str, MetricDemand]) -> dict[str, int]:
         rates[name] = Fraction(d.weight) / d.per_period
     lcm = math.lcm(*(r.denominator for r in rates.values()))
     return {name: r.numerator * (lcm // r.denominator) for name, r in rates.items()}
-
-
-def paid_windows(windows: int, max_windows: int | None) -> int:
-    """How many of a metric's `windows` releases a period pays for, the count the rule prices by:
-    each one, or under `contribution.max_windows` m only m (a unit counts in at most m windows, and
-    the ledger charges only the m largest, `workers.ledger.topm`): its share is spent in m windows."""
-    return windows if max_windows is None else min(windows, max_windows)
 
 
 def release_share(metric: str, rates: Mapping[str, int], left: Mapping[str, int]) -> Fraction:

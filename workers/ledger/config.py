@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from dpstream.topology.allocation import MetricDemand, paid_windows, release_rates, release_share
+from dpstream.topology.allocation import MetricDemand, release_rates, release_share
 from dpstream.topology.errors import ConfigError
-from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
+from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window, charged_windows
 from dpstream.topology.selection import scope_cap, selection_delta_total
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.keys import check_scope_name
@@ -40,8 +40,8 @@ class MetricShare:
 
     @property
     def paid_per_period(self) -> int:
-        """The windows a period pays for on plan (`topology.allocation.paid_windows`)."""
-        return paid_windows(self.per_period, self.max_windows)
+        """The windows a period pays for on plan (`topology.model.charged_windows`)."""
+        return charged_windows(self.per_period, self.max_windows)
 
 
 @dataclass(frozen=True)
