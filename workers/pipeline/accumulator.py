@@ -19,8 +19,9 @@ in. Per (unit, window):
 
 The window's aggregate follows that state (a replaced or evicted contribution is taken out
 again). With `contribution.max_windows`, each window's close then takes out, whole, the units whose
-count of windows this period has reached the cap (`window_caps`): as if their events had never come. Replaying a partition from the first event of an open window feeds it the same records,
-so it rebuilds the same partial.
+count of windows this period has reached the cap (`window_caps`): as if their events had never come.
+Replaying a partition from the first event of an open window feeds it the same records, so it
+rebuilds the same partial.
 
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
