@@ -298,9 +298,10 @@ class ScopePlan:
     def planned_from(
         self, period_start: int, period_end: int, schedule_start: int | None = None
     ) -> dict[str, tuple[int, float]]:
-        """Per metric, (releases, per-release cost) the plan spends the pool on in [period_start,
-        period_end): the whole period's (N_m, static cost); in a deployment's first period (S,
-        `schedule_start`, after the period start) the windows starting at or after S, priced by the same
+        """Per metric, (charged releases, per-release cost) the plan spends the pool on in [period_start,
+        period_end): the whole period's (charged windows, static cost; under `max_windows` m at most m);
+        in a deployment's first period (S, `schedule_start`, after the period start) the windows starting
+        at or after S (again at most m charged), priced by the same
         rule over those alone (`allocation.planned_release_costs`). No window from S: (0, static cost)."""
         if schedule_start is None or schedule_start <= period_start:
             return {m.name: (m.charged, m.per_release_cost) for m in self.metrics}
@@ -315,7 +316,7 @@ class ScopePlan:
         if not any(d.left for d in demands.values()):
             return {m.name: (0, m.per_release_cost) for m in self.metrics}
         costs = planned_release_costs(self.pool, demands)
-        return {name: (starts[name], costs[name]) for name in demands}
+        return {name: (demands[name].left, costs[name]) for name in demands}
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ def test_planned_spend_rate_of_a_capped_metric_integrates_to_planned_spent() -> 
     scope = build_plan(_front_loaded(hourly=False)).scope("b")
     (metric,) = scope.metrics
     end = P0 + DAY
-    assert metric.max_windows == 60 and metric.paid_windows == 60
+    assert metric.max_windows == 60 and metric.charged == 60
     assert math.isclose(planned_spend_rate(scope, P0, end, now=P0), metric.per_release_cost / 60, rel_tol=1e-12)
     assert planned_spend_rate(scope, P0, end, now=P0 + HOUR) == 0.0
     assert planned_spend_rate(scope, P0, end, now=end - 1) == 0.0
