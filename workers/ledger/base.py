@@ -18,13 +18,13 @@ cost, scope-name checks that passed); what they answer is unchanged.
 from __future__ import annotations
 
 __all__ = [
-    "parked_from_json",
     "Ledger",
     "ChargeTerms",
     "RawCharge",
     "DEFAULT_RETENTION_S",
 ]
 
+import json
 import re
 import time
 from abc import ABC, abstractmethod
@@ -194,7 +194,7 @@ class Ledger(ABC):
         for name, cfg in self._configs.items():
             fields = cfg.stored_fields()
             for _ in range(5):
-                stored = (await self._config_fields(name)).get("period_s")
+                stored = await self._read(name, lambda s: s.config.get("period_s"))
                 period_s = int(stored) if stored else cfg.period_s
                 pstart = _period_start(period_s, self._clock())
                 pid = _period_id(period_s, pstart)
@@ -419,7 +419,7 @@ class Ledger(ABC):
         before = self._now_ms() - int(older_than_s * 1000)
         out: list[PendingRelease] = []
         for scope in await self.scopes():
-            out.extend(await self._pending(scope, before))
+            out.extend(await self._read(scope, partial(_pending_of, scope, before), before_ms=before))
         return sorted(out, key=lambda p: (p.charged_at_ms, p.release_id))
 
     async def scopes(self) -> list[str]:
@@ -443,8 +443,9 @@ class Ledger(ABC):
             start = self._schedule_start
         since = start if start is not None and pstart < start < now else pstart
         pid = _period_id(period_s, pstart)
-        period = await self._period_fields(scope, pid)
-        breaker = _breaker_for(await self._breaker_fields(scope), pid)
+        period, breaker = await self._read(
+            scope, lambda s: (dict(s.periods.get(pid, {})), _breaker_for(s.breaker, pid)), (pid,)
+        )
         cap, reserve, warn = _terms(stored, period)
         accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
@@ -486,9 +487,11 @@ class Ledger(ABC):
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
         """The scope's period blocks, newest first."""
         await self._stored(scope)
+        index = await self._read(scope, lambda s: sorted(s.period_index.items(), key=_by_start, reverse=True))
+        blocks = await self._blocks(scope, [pid for pid, _ in index[:limit]])
         out = []
-        for pid, start in await self._period_ids(scope, limit):
-            f = await self._period_fields(scope, pid)
+        for pid, start in index[:limit]:
+            f = blocks[pid]
             out.append(
                 PeriodSummary(
                     period_id=pid,
@@ -508,7 +511,13 @@ class Ledger(ABC):
     async def audit(self, scope: str, since_ms: int = 0, limit: int | None = None) -> list[AuditEntry]:
         """The scope's audit trail from `since_ms` (epoch ms), oldest first."""
         check_scope_name(scope)
-        rows = await self._audit(scope, int(since_ms), limit)
+        since = int(since_ms)
+        rows = await self._read(
+            scope,
+            lambda s: [(i, dict(f)) for i, f in s.audit if int(i.split("-")[0]) >= since][:limit],
+            since_ms=since,
+            limit=limit,
+        )
         return [AuditEntry(id=i, kind=AuditKind(f["kind"]), fields=f) for i, f in rows]
 
     async def reconcile(self, scope: str) -> ReconcileReport:
@@ -520,10 +529,11 @@ class Ledger(ABC):
                 sums = audited.setdefault(entry.fields["period"], [0, 0])
                 sums[0] += int(entry.fields["cost"])
                 sums[1] += 1
-        pids = {pid for pid, _ in await self._period_ids(scope, None)} | set(audited)
+        pids = sorted(await self._read(scope, lambda s: set(s.period_index)) | set(audited))
+        blocks = await self._blocks(scope, pids)
         rows = []
-        for pid in sorted(pids):
-            f = await self._period_fields(scope, pid)
+        for pid in pids:
+            f = blocks[pid]
             a = audited.get(pid, [0, 0])
             rows.append(PeriodReconcile(pid, int(f.get("spent", 0)), a[0], int(f.get("granted", 0)), a[1]))
         return ReconcileReport(scope, tuple(rows))
@@ -591,7 +601,10 @@ class Ledger(ABC):
     async def parked(self, scope: str) -> list[ParkedRelease]:
         """The scope's parked windows (held, or waiting for the worker's retry), oldest first."""
         _check_scope(scope)
-        return sorted(await self._parked(scope), key=lambda p: (p.parked_at_ms, p.release_id))
+        rows = await self._read(
+            scope, lambda s: [_parked_from_json(scope, r, json.loads(e)) for r, e in s.parked.items()]
+        )
+        return sorted(rows, key=lambda p: (p.parked_at_ms, p.release_id))
 
     async def retry_parked(self, scope: str, release_id: str | None, reason: str, actor: str) -> int:
         """Operator: let the worker retry one parked window (or all with None); audited with actor and
@@ -618,7 +631,7 @@ class Ledger(ABC):
 
     async def _stored(self, scope: str) -> dict[str, str]:
         check_scope_name(scope)
-        stored = await self._config_fields(scope)
+        stored = await self._read(scope, lambda s: dict(s.config))
         if not stored:
             known = ", ".join(await self._scopes()) or "none"
             raise ConfigError(
@@ -626,6 +639,10 @@ class Ledger(ABC):
                 "check --scope, or start a worker with the topology first"
             )
         return stored
+
+    async def _blocks(self, scope: str, pids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The period blocks `pids` as stored (empty: not opened), in one read."""
+        return await self._read(scope, lambda s: {pid: dict(s.periods.get(pid, {})) for pid in pids}, pids)
 
     async def _operator_breaker(self, scope: str, action: str, reason: str, actor: str) -> bool:
         _need_reason(reason, actor)
@@ -702,26 +719,7 @@ class Ledger(ABC):
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
 
     @abstractmethod
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]: ...
-
-    @abstractmethod
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
-
-    @abstractmethod
-    async def _config_fields(self, scope: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _breaker_fields(self, scope: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        """(period id, start), newest first."""
-
-    @abstractmethod
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]: ...
 
     @abstractmethod
     async def _step(
@@ -735,11 +733,24 @@ class Ledger(ABC):
         """Read the scope (its config, breaker, period index, the blocks `pids`, and with `parked` its
         parked windows), `decide`, and apply the writes decided, atomically; the answer decided."""
 
-    @abstractmethod
-    async def _scopes(self) -> list[str]: ...
+    async def _read(
+        self,
+        scope: str,
+        read: Callable[[ScopeState], _A],
+        pids: Sequence[str] = (),
+        *,
+        since_ms: int | None = None,
+        before_ms: int | None = None,
+        limit: int | None = None,
+    ) -> _A:
+        """`read` of the scope's state as one read that writes nothing: its config, breaker, period
+        index, blocks `pids` and parked windows; with `since_ms` its audit entries from then (at most
+        `limit`), with `before_ms` its releases pending since then at the latest, and their records.
+        A backend holding the whole `ScopeState` (in process) answers it as a step deciding no write."""
+        return await self._step(scope, pids, lambda s: (read(s), ()), parked=True)
 
     @abstractmethod
-    async def _parked(self, scope: str) -> list[ParkedRelease]: ...
+    async def _scopes(self) -> list[str]: ...
 
 
 def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
@@ -804,8 +815,25 @@ def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
     return None
 
 
-def parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
-    """A `ParkedRelease` from a parked window's JSON entry (`steps.decide_park`) (shared by both backends)."""
+def _by_start(row: tuple[str, int]) -> tuple[int, str]:
+    """A period index entry's sort key: by start, as the Redis sorted set (ties by period id)."""
+    return row[1], row[0]
+
+
+def _pending_of(scope: str, before_ms: int, s: ScopeState) -> list[PendingRelease]:
+    """The scope's releases charged at `before_ms` or earlier and not yet published (a release whose
+    record is gone, past retention, is left out)."""
+    out = []
+    for rid, at in s.pending.items():
+        r = s.releases.get(rid)
+        if at <= before_ms and r:
+            cost, ws, we = int(r["cost"]), int(r["window_start"]), int(r["window_end"])
+            out.append(PendingRelease(rid, scope, str(r["period"]), str(r["metric"]), ws, we, cost, at, r["payload"]))
+    return out
+
+
+def _parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
+    """A `ParkedRelease` from a parked window's JSON entry (`steps.decide_park`)."""
 
     def num(name: str) -> int:
         value = doc.get(name, 0)

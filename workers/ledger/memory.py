@@ -12,26 +12,17 @@ from __future__ import annotations
 
 __all__ = ["MemoryLedger"]
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.base import (
-    ChargeTerms,
-    Ledger,
-    RawCharge,
-    parked_from_json,
-)
+from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
 from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
-from dpstream.workers.ledger.types import ParkedRelease, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ReleaseRequest
 
 _A = TypeVar("_A")
-
-_ALWAYS = ("kind", "period", "spent", "ratio", "actor")
-"""Audit fields every entry carries; other empty fields are left out (as the scripts' XADD does)."""
 
 
 def _payload(release: dict[str, Any]) -> bytes:
@@ -68,10 +59,6 @@ class MemoryLedger(Ledger):
         ms, seq = self._last_id
         self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
         return f"{last[0]}-{last[1]}"
-
-    def _xadd(self, s: ScopeState, now_ms: int, fields: dict[str, str]) -> None:
-        entry = {k: v for k, v in fields.items() if v != "" or k in _ALWAYS}
-        s.audit.append((self._next_audit_id(now_ms), entry))
 
     # ---- the scripts -------------------------------------------------------------------------
 
@@ -131,10 +118,6 @@ class MemoryLedger(Ledger):
 
     # ---- reads -----------------------------------------------------------------------------------
 
-    async def _parked(self, scope: str) -> list[ParkedRelease]:
-        with self._lock:
-            return [parked_from_json(scope, rid, json.loads(e)) for rid, e in self._scope(scope).parked.items()]
-
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
@@ -148,51 +131,6 @@ class MemoryLedger(Ledger):
             s = self._store.get(scope) or self._scope(scope)
             rel = s.releases.get(release_id)
             return None if rel is None else bytes(_payload(rel))
-
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
-        with self._lock:
-            s = self._scope(scope)
-            out = []
-            for rid, at in sorted(s.pending.items(), key=lambda kv: (kv[1], kv[0])):
-                if at > before_ms:
-                    continue
-                r = s.releases[rid]
-                out.append(
-                    PendingRelease(
-                        rid,
-                        scope,
-                        str(r["period"]),
-                        str(r["metric"]),
-                        int(r["window_start"]),
-                        int(r["window_end"]),
-                        int(r["cost"]),
-                        at,
-                        _payload(r),
-                    )
-                )
-            return out
-
-    async def _config_fields(self, scope: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._store[scope].config) if scope in self._store else {}
-
-    async def _breaker_fields(self, scope: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._scope(scope).breaker)
-
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._scope(scope).periods.get(pid, {}))
-
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        with self._lock:
-            rows = sorted(self._scope(scope).period_index.items(), key=lambda kv: (-kv[1], kv[0]))
-            return rows if limit is None else rows[:limit]
-
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
-        with self._lock:
-            rows = [(i, dict(f)) for i, f in self._scope(scope).audit if int(i.split("-")[0]) >= since_ms]
-            return rows if limit is None else rows[:limit]
 
     async def _scopes(self) -> list[str]:
         with self._lock:

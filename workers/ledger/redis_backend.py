@@ -27,7 +27,6 @@ __all__ = ["RedisLedger", "connect"]
 
 import asyncio
 import itertools
-import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +38,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge, parked_from_json
+from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.decision import Charge, Decision, View, decide, neighbours, writes
 from dpstream.workers.ledger.durability import check_durability, replica_problem
@@ -47,7 +46,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
 from dpstream.workers.ledger.state import Key, Op, ScopeState, apply_ops
-from dpstream.workers.ledger.types import ChargeResult, Outcome, ParkedRelease, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
@@ -522,52 +521,30 @@ class RedisLedger(Ledger):
         raw = await self._guard(self._client.hget(self._keys(scope).release(release_id), "payload"))
         return bytes(raw) if raw is not None else None
 
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
+    async def _read(
+        self,
+        scope: str,
+        read: Callable[[ScopeState], _A],
+        pids: Sequence[str] = (),
+        *,
+        since_ms: int | None = None,
+        before_ms: int | None = None,
+        limit: int | None = None,
+    ) -> _A:
+        state = (await self._read_view(scope, pids, parked=True)).state
         k = self._keys(scope)
-        rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))
-        out = []
-        for rid_b, score in rows:
-            rid = _s(rid_b)
-            r = await self._guard(self._client.hgetall(k.release(rid)))
-            if not r:
-                continue  # expired past retention
-            f = {_s(a): b for a, b in r.items()}
-            out.append(
-                PendingRelease(
-                    rid,
-                    scope,
-                    _s(f["period"]),
-                    _s(f["metric"]),
-                    int(f["window_start"]),
-                    int(f["window_end"]),
-                    int(f["cost"]),
-                    int(score),
-                    bytes(f["payload"]),
-                )
-            )
-        return out
-
-    async def _config_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).config)))
-
-    async def _breaker_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).breaker)))
-
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).period(pid))))
-
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        end = -1 if limit is None else limit - 1
-        rows = await self._guard(self._client.zrevrange(self._keys(scope).periods, 0, end, withscores=True))
-        return [(_s(pid), int(score)) for pid, score in rows]
-
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
-        rows = await self._guard(self._client.xrange(self._keys(scope).audit, f"{since_ms}-0", "+", count=limit))
-        return [(_s(i), _hash(f)) for i, f in rows]
-
-    async def _parked(self, scope: str) -> list[ParkedRelease]:
-        raw = await self._guard(self._client.hgetall(self._keys(scope).parked))
-        return [parked_from_json(scope, _s(rid), json.loads(doc)) for rid, doc in raw.items()]
+        if since_ms is not None:
+            rows = await self._guard(self._client.xrange(k.audit, f"{since_ms}-0", "+", count=limit))
+            state.audit = [(_s(i), _hash(f)) for i, f in rows]
+        if before_ms is not None:
+            rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))
+            state.pending = {_s(rid): int(at) for rid, at in rows}
+            pipe = self._client.pipeline(transaction=False)
+            for rid in state.pending:
+                pipe.hgetall(k.release(rid))
+            for rid, r in zip(state.pending, await self._guard(pipe.execute()), strict=True):
+                state.releases[rid] = {_s(a): bytes(b) if a == b"payload" else _s(b) for a, b in r.items()}
+        return read(state)
 
     async def _scopes(self) -> list[str]:
         return sorted(_s(s) for s in await self._guard(self._client.smembers(self._scopes_index)))
