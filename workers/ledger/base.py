@@ -225,7 +225,7 @@ class Ledger(ABC):
         It is also recorded with each of `scopes` (default: this ledger's topology's), see
         `record_schedule_start`."""
         _check_start(proposed)
-        start = await self._version_schedule_start(version_schedule_start_key(topology_version), proposed)
+        start = int(await self._set_nx(version_schedule_start_key(topology_version), str(proposed)) or proposed)
         await self.record_schedule_start(start, scopes)
         return start
 
@@ -246,21 +246,22 @@ class Ledger(ABC):
     async def recorded_version_schedule_start(self, topology_version: str) -> int | None:
         """The start recorded for this topology version, or None; read only (a scrape never records
         one: that would fix S at the first scrape instead of the first worker's start)."""
-        return await self._read_version_schedule_start(version_schedule_start_key(topology_version))
+        raw = await self._get(version_schedule_start_key(topology_version))
+        return None if raw is None else int(raw)
 
     async def resolve_ledger_id(self) -> str | None:
         """This ledger namespace's id (`ledger.identity`): created once (set-if-absent, so the first
         opener's proposal wins and every later open, here or elsewhere, reads it), then kept. None
         for the in-process ledger, which binds nothing: its records are charged to no ledger."""
         if not self._ledger_id_known:
-            got = await self._create_ledger_id(LEDGER_ID_KEY, new_ledger_id())
+            got = await self._set_nx(LEDGER_ID_KEY, new_ledger_id())
             self._ledger_id = None if got is None else check_ledger_id(got, f"{self.backend} ledger")
             self._ledger_id_known = True
         return self._ledger_id
 
     async def recorded_ledger_id(self) -> str | None:
         """The id stored for this namespace, or None; read only (`verify` never creates one)."""
-        got = await self._read_ledger_id(LEDGER_ID_KEY)
+        got = await self._get(LEDGER_ID_KEY)
         return None if got is None else check_ledger_id(got, f"{self.backend} ledger")
 
     @property
@@ -658,20 +659,13 @@ class Ledger(ABC):
         """List a registered scope in the namespace's scope index (Redis: its own key, another slot)."""
 
     @abstractmethod
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
-        """Set `key` to `proposed` if absent; the stored value either way."""
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
+        """Set the namespace-wide `key` (a deployment's start, the ledger id) to `proposed` if absent;
+        the stored value either way (None: this backend keeps no such key)."""
 
-    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
-        """Set `key` to `proposed` if absent; the stored value either way (None: this backend has no id)."""
-        return None
-
-    async def _read_ledger_id(self, key: str) -> str | None:
-        """The value of `key`, or None."""
-        return None
-
-    async def _read_version_schedule_start(self, key: str) -> int | None:
-        """The value of `key`, or None; a backend that does not answer it reads as None (the in-process
-        ledger: its readers share the ledger object and read `schedule_start` instead)."""
+    async def _get(self, key: str) -> str | None:
+        """The value of a namespace-wide `key`, or None; a backend that does not answer it reads as None
+        (the in-process ledger: its readers share the ledger object and read `schedule_start` instead)."""
         return None
 
     async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:

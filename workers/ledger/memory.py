@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from dpstream.topology.errors import InternalError
 from dpstream.workers.ledger.base import ChargeTerms, Ledger, RawCharge
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
+from dpstream.workers.ledger.keys import LEDGER_ID_KEY
 from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
 from dpstream.workers.ledger.types import ReleaseRequest
 
@@ -45,7 +46,7 @@ class MemoryLedger(Ledger):
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self._store: dict[str, ScopeState] = {}
-        self._deploy: dict[str, int] = {}
+        self._deploy: dict[str, str] = {}
         self._last_id = (0, -1)
 
     def _scope(self, scope: str) -> ScopeState:
@@ -62,7 +63,9 @@ class MemoryLedger(Ledger):
 
     # ---- the scripts -------------------------------------------------------------------------
 
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
+        if key == LEDGER_ID_KEY:
+            return None  # the in-process ledger binds no id: its records are charged to no ledger
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 

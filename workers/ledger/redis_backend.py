@@ -273,29 +273,17 @@ class RedisLedger(Ledger):
     async def _index_scope(self, scope: str) -> None:
         await self._guard(self._client.sadd(self._scopes_index, scope))
 
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
         key = in_namespace(key, self._namespace)
-        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first start wins)
-        pipe.set(key, proposed, nx=True)
-        pipe.get(key)
-        out = await self._guard(pipe.execute())
-        return int(out[1])
-
-    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
-        key = in_namespace(key, self._namespace)
-        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first id wins, forever)
+        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first value wins, forever)
         pipe.set(key, proposed, nx=True)
         pipe.get(key)
         out = await self._guard(pipe.execute())
         return _s(out[1])
 
-    async def _read_ledger_id(self, key: str) -> str | None:
+    async def _get(self, key: str) -> str | None:
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return None if raw is None else _s(raw)
-
-    async def _read_version_schedule_start(self, key: str) -> int | None:
-        raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
-        return int(raw) if raw is not None else None
 
     async def _charge(
         self,
