@@ -15,8 +15,8 @@ One interface, two backends (Redis for production, in-process for `replay` and t
 contract test suite.
 
 A period's terms are fixed when it opens: its block copies cap, reserve, warn threshold,
-accounting and selection-δ cap at its first charge or refusal, and every check in that period
-uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
+accounting, selection-δ cap and period length at its first charge, refusal or grant, and every
+check in that period uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
 future periods; while the current period's block exists, a registration that changes the
 accounting or period length, or shrinks the cap, is refused with a one-line ConfigError. Every
 charge carries the worker's config digest: a worker whose topology disagrees with the scope's

@@ -4,11 +4,10 @@ Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scr
 in-process ledger's dict writes, its charges decided by `decision.decide`); pricing, periods,
 status, history and reconciliation live here once.
 
-A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap, period length) are
-copied into its block when it opens and hold for the whole period: pricing, status and every
-reserve check read the block's terms once it exists, the registered config's only before. Every
-charge carries the caller's own accounting, cap and period length, and a block whose terms are not
-the caller's refuses it, whatever registered last.
+A period's terms are its block's (`dpstream.workers.ledger`): pricing, status and every reserve
+check read them once the block exists, the registered config's only before. Every charge carries the
+caller's own accounting, cap and period length, and a block whose terms are not the caller's refuses
+it, whatever registered last.
 
 The per-release calls (`quote`, `charge`, `commit`, `stored_payload`) memoise what is a pure
 function of values that repeat from release to release (period names, unit conversions of a
@@ -31,7 +30,7 @@ from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache, partial
 from typing import TypeVar
 
@@ -45,6 +44,7 @@ from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, version_schedule_start_key
+from dpstream.workers.ledger.reporting import iso
 from dpstream.workers.ledger.state import Op, ScopeState
 from dpstream.workers.ledger.steps import (
     REGISTER_REFUSED,
@@ -132,10 +132,6 @@ def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, i
         int(period.get("reserve", stored["reserve"])),
         int(period.get("warn", stored["warn"])),
     )
-
-
-def _iso(ts: int) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @lru_cache(maxsize=1024)
@@ -776,7 +772,7 @@ def _refused_change(cfg: ScopeConfig, raw: RawRegister, pid: str, period_end: in
     return ConfigError(
         f"budget scope {cfg.name!r}: {change} while period {pid} is open: the change takes effect only from "
         f"the next period; keep accounting {raw.block_accounting}, cap >= {cap:.6g} and period "
-        f"{raw.stored_period_s} s until {_iso(period_end)}, or use a new scope name"
+        f"{raw.stored_period_s} s until {iso(period_end)}, or use a new scope name"
     )
 
 
