@@ -113,6 +113,9 @@ HORIZON_MARGIN_S = 3600
 tenth of the retention): a worker whose clock lags the charging one's by up to this still refuses
 it instead of charging afresh."""
 
+_SUMMARY_FIELDS = ("cap", "reserve", "spent", "granted", "refused", "grant", "delta_spent", "delta_cap")
+"""The block fields a `PeriodSummary` reports, in its field order (after the period's id and start)."""
+
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -429,17 +432,14 @@ class Ledger(ABC):
         inside this period (its first: nothing was spent before S); S is `schedule_start`, else the
         one recorded with the scope (`record_schedule_start`: the same for every reader), else the
         one this ledger prices with (a ledger whose workers recorded none with the scope yet)."""
-        stored = await self._stored(scope)
-        period_s = int(stored["period_s"])
         now = self._clock()
-        pstart = _period_start(period_s, now)
+        stored, period_s, pstart, pid = await self._current(scope, now)
         start = schedule_start
         if start is None:
             start = _schedule_start_of(stored)
         if start is None:
             start = self._schedule_start
         since = start if start is not None and pstart < start < now else pstart
-        pid = _period_id(period_s, pstart)
         period, breaker = await self._read(
             scope, lambda s: (dict(s.periods.get(pid, {})), _breaker_for(s.breaker, pid)), (pid,)
         )
@@ -486,24 +486,10 @@ class Ledger(ABC):
         await self._stored(scope)
         index = await self._read(scope, lambda s: sorted(s.period_index.items(), key=_by_start, reverse=True))
         blocks = await self._blocks(scope, [pid for pid, _ in index[:limit]])
-        out = []
-        for pid, start in index[:limit]:
-            f = blocks[pid]
-            out.append(
-                PeriodSummary(
-                    period_id=pid,
-                    start=start,
-                    cap_units=int(f.get("cap", 0)),
-                    reserve_units=int(f.get("reserve", 0)),
-                    spent_units=int(f.get("spent", 0)),
-                    charged=int(f.get("granted", 0)),
-                    refused=int(f.get("refused", 0)),
-                    grant_units=int(f.get("grant", 0)),
-                    delta_spent_units=int(f.get("delta_spent", 0)),
-                    delta_cap_units=int(f.get("delta_cap", 0)),
-                )
-            )
-        return out
+        return [
+            PeriodSummary(pid, start, *(int(blocks[pid].get(name, 0)) for name in _SUMMARY_FIELDS))
+            for pid, start in index[:limit]
+        ]
 
     async def audit(self, scope: str, since_ms: int = 0, limit: int | None = None) -> list[AuditEntry]:
         """The scope's audit trail from `since_ms` (epoch ms), oldest first."""
@@ -548,10 +534,7 @@ class Ledger(ABC):
         the period's total grant in units. Refused (ConfigError, nothing written) when more is asked
         than is left to grant: the reserve not yet granted, and no more than the cap has left."""
         _need_reason(reason, actor)
-        stored = await self._stored(scope)
-        period_s = int(stored["period_s"])
-        pstart = _period_start(period_s, self._clock())
-        pid = _period_id(period_s, pstart)
+        _, _, pstart, pid = await self._current(scope, self._clock())
         units = grant_to_units(amount)
         outcome, figures = await self._step(scope, (pid,), lambda s: decide_grant(s, pid, pstart, units, reason, actor))
         if outcome == "granted":
@@ -637,15 +620,20 @@ class Ledger(ABC):
             )
         return stored
 
+    async def _current(self, scope: str, now: float) -> tuple[dict[str, str], int, int, str]:
+        """A registered scope's config and period length, and the start and id of its period at `now`."""
+        stored = await self._stored(scope)
+        period_s = int(stored["period_s"])
+        pstart = _period_start(period_s, now)
+        return stored, period_s, pstart, _period_id(period_s, pstart)
+
     async def _blocks(self, scope: str, pids: Sequence[str]) -> dict[str, dict[str, str]]:
         """The period blocks `pids` as stored (empty: not opened), in one read."""
         return await self._read(scope, lambda s: {pid: dict(s.periods.get(pid, {})) for pid in pids}, pids)
 
     async def _operator_breaker(self, scope: str, action: str, reason: str, actor: str) -> bool:
         _need_reason(reason, actor)
-        stored = await self._stored(scope)
-        period_s = int(stored["period_s"])
-        pid = _period_id_uncached(period_s, self._clock())
+        pid = (await self._current(scope, self._clock()))[3]
         now_ms = self._now_ms()
         return await self._step(scope, (), lambda s: decide_breaker(s, action, reason, actor, pid, now_ms))
 
