@@ -484,7 +484,8 @@ class Ledger(ABC):
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
         """The scope's period blocks, newest first."""
         await self._stored(scope)
-        index = await self._read(scope, lambda s: sorted(s.period_index.items(), key=_by_start, reverse=True))
+        newest = partial(sorted, key=_by_start, reverse=True)
+        index = await self._read(scope, lambda s: newest(s.period_index.items()), periods=limit)
         blocks = await self._blocks(scope, [pid for pid, _ in index[:limit]])
         return [
             PeriodSummary(pid, start, *(int(blocks[pid].get(name, 0)) for name in _SUMMARY_FIELDS))
@@ -512,7 +513,7 @@ class Ledger(ABC):
                 sums = audited.setdefault(entry.fields["period"], [0, 0])
                 sums[0] += int(entry.fields["cost"])
                 sums[1] += 1
-        pids = sorted(await self._read(scope, lambda s: set(s.period_index)) | set(audited))
+        pids = sorted(await self._read(scope, lambda s: set(s.period_index), periods=-1) | set(audited))
         blocks = await self._blocks(scope, pids)
         rows = []
         for pid in pids:
@@ -717,14 +718,16 @@ class Ledger(ABC):
         read: Callable[[ScopeState], _A],
         pids: Sequence[str] = (),
         *,
+        periods: int = 0,
         since_ms: int | None = None,
         before_ms: int | None = None,
         limit: int | None = None,
     ) -> _A:
-        """`read` of the scope's state as one read that writes nothing: its config, breaker, period
-        index, blocks `pids` and parked windows; with `since_ms` its audit entries from then (at most
-        `limit`), with `before_ms` its releases pending since then at the latest, and their records.
-        A backend holding the whole `ScopeState` (in process) answers it as a step deciding no write."""
+        """`read` of the scope's state as one read that writes nothing: its config, breaker, parked
+        windows and blocks `pids`; the `periods` newest entries of its period index (-1: all); with
+        `since_ms` its audit entries from then (at most `limit`), with `before_ms` its releases pending
+        since then at the latest, and their records. A backend holding the whole `ScopeState` (in
+        process) answers it as a step deciding no write, everything in reach."""
         return await self._step(scope, pids, lambda s: (read(s), ()), parked=True)
 
     @abstractmethod

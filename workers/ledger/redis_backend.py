@@ -515,18 +515,30 @@ class RedisLedger(Ledger):
         read: Callable[[ScopeState], _A],
         pids: Sequence[str] = (),
         *,
+        periods: int = 0,
         since_ms: int | None = None,
         before_ms: int | None = None,
         limit: int | None = None,
     ) -> _A:
-        state = (await self._read_view(scope, pids, parked=True)).state
         k = self._keys(scope)
+        pipe = self._client.pipeline(transaction=True)
+        for key in (k.config, k.breaker, k.parked, *map(k.period, pids)):
+            pipe.hgetall(key)
+        if periods:
+            pipe.zrevrange(k.periods, 0, periods - 1 if periods > 0 else -1, withscores=True)
         if since_ms is not None:
-            rows = await self._guard(self._client.xrange(k.audit, f"{since_ms}-0", "+", count=limit))
-            state.audit = [(_s(i), _hash(f)) for i, f in rows]
+            pipe.xrange(k.audit, f"{since_ms}-0", "+", count=limit)
         if before_ms is not None:
-            rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))
-            state.pending = {_s(rid): int(at) for rid, at in rows}
+            pipe.zrangebyscore(k.pending, "-inf", before_ms, withscores=True)
+        out = iter(await self._guard(pipe.execute()))
+        state = ScopeState(config=_hash(next(out)), breaker=_hash(next(out)), parked=_hash(next(out)))
+        state.periods = {pid: _hash(next(out)) for pid in pids}
+        if periods:
+            state.period_index = {_s(pid): int(start) for pid, start in next(out)}
+        if since_ms is not None:
+            state.audit = [(_s(i), _hash(f)) for i, f in next(out)]
+        if before_ms is not None:
+            state.pending = {_s(rid): int(at) for rid, at in next(out)}
             pipe = self._client.pipeline(transaction=False)
             for rid in state.pending:
                 pipe.hgetall(k.release(rid))
