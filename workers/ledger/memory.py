@@ -1,7 +1,7 @@
 """The in-process ledger backend (offline `replay`, unit tests): the scripts' writes on dicts.
 
 A charge reads a `decision.View` of the scope's dicts, `decide`s and applies the `Decision`;
-the other steps are the small `.lua` scripts ported to Python.
+the other steps (`steps`) and every read (`Ledger._read`) run on the scope's `ScopeState` itself.
 
 Same contract as the Redis backend, checked by one contract test suite. Each step runs without
 awaiting, under a lock, so it is atomic for every task and thread of the process. Nothing is

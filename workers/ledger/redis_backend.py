@@ -151,17 +151,21 @@ class RedisLedger(Ledger):
         except (RedisError, OSError) as exc:
             raise LedgerUnavailable(f"ledger Redis {self._url} unavailable: {exc}") from exc
 
-    async def server_settings(self) -> dict[str, str]:
-        """`CONFIG GET appendonly / appendfsync` of the server (for the durability check)."""
+    async def server_settings(self, node: tuple[str, int] | None = None) -> dict[str, str]:
+        """`CONFIG GET appendonly / appendfsync` of the server, or of another `node` (a replica, a Cluster
+        node), for the durability check; a setting the server itself refuses to show reads as unset."""
+        client = self._client if node is None else self._address.node_client(*node)
         out: dict[str, str] = {}
-        for name in ("appendonly", "appendfsync"):
-            try:
-                got = await self._guard(self._client.config_get(name))
-            except LedgerUnavailable as exc:
-                if "unavailable" in str(exc):
-                    raise
-                got = {}
-            out.update(_hash(got))
+        try:
+            for name in ("appendonly", "appendfsync"):
+                try:
+                    out.update(_hash(await self._guard(client.config_get(name))))
+                except LedgerUnavailable as exc:
+                    if node is not None or "unavailable" in str(exc):
+                        raise
+        finally:
+            if node is not None:
+                await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
         return out
 
     async def replicas(self) -> list[tuple[str, int]]:
@@ -183,7 +187,7 @@ class RedisLedger(Ledger):
         check_durability(self._url, await self.server_settings(), allow_volatile)
         replicas = await self.replicas()
         for host, port in replicas:
-            got = await self._node_settings(host, port)
+            got = await self.server_settings((host, port))
             check_durability(f"{self._url} (replica {host}:{port})", got, allow_volatile)
         if self._address.min_replicas is None:
             self.min_replicas = 1 if self._address.sentinel or replicas else 0
@@ -202,19 +206,9 @@ class RedisLedger(Ledger):
         await self._guard(self._client.ping())  # the client learns the cluster's nodes
         cluster = cast("RedisCluster[bytes]", self._client)
         for node in cluster.get_nodes():
-            got = await self._node_settings(str(node.host), int(node.port))
+            got = await self.server_settings((str(node.host), int(node.port)))
             check_durability(f"{self._url} (node {node.host}:{node.port})", got, allow_volatile)
         self.min_replicas = 0
-
-    async def _node_settings(self, host: str, port: int) -> dict[str, str]:
-        """`CONFIG GET appendonly / appendfsync` of one other node (a replica, a Cluster node)."""
-        client = self._address.node_client(host, port)
-        try:
-            got = dict(await self._guard(client.config_get("appendonly")))
-            got.update(await self._guard(client.config_get("appendfsync")))
-        finally:
-            await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
-        return _hash(got)
 
     async def _replicated(self, scope: str) -> None:
         """Return once everything written so far to `scope`'s primary is on `min_replicas` replicas,
