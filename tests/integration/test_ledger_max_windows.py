@@ -144,10 +144,11 @@ def test_quotes_spend_the_share_in_the_first_m_windows_then_price_at_the_mth_lar
     run(body())
 
 
-@given(costs=st.lists(st.integers(1, 50), min_size=1, max_size=30), m=st.integers(1, 6))
+@given(costs=st.lists(st.integers(1, 50), min_size=1, max_size=24), m=st.integers(1, 6))
 @settings(max_examples=60, deadline=None)
 def test_memory_spend_is_the_top_m_rule(costs: list[int], m: int) -> None:
-    """Any sequence of charges: the stored spend is the sum of the m largest (in-process)."""
+    """Any sequence of charges (at most the 24 hourly windows of the period): the stored spend is the
+    sum of the m largest (in-process)."""
 
     async def body() -> None:
         ledger = await _open("memory", m=m)
