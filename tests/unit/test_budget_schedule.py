@@ -312,3 +312,15 @@ def test_a_shaped_first_period_from_s_spends_the_pool():
     assert spent == pool
     a = {s: c for (m, s), c in costs.items() if m == "a"}
     assert abs(a[start] - 2 * a[P0 + 20 * 3600]) <= 200
+
+
+def test_planned_spent_follows_the_shape_and_reaches_the_pool():
+    from dpstream.workers.telemetry.budget import planned_spent
+
+    topo = one_scope_topology(metrics=(("a", 1.0, 3600, 3600, False),), schedules={"a": PEAK})
+    scope = build_plan(topo).scope("s")
+    at = [planned_spent(scope, P0, P0 + DAY, P0 + h * 3600) for h in (0, 8, 18, 24)]
+    assert at[0] == 0.0
+    assert at[1] == pytest.approx(scope.pool * 8 / 34)  # 8 off-peak hours of weight 1
+    assert at[2] == pytest.approx(scope.pool * 28 / 34)  # then 10 peak hours of weight 2
+    assert at[3] == pytest.approx(scope.pool)
