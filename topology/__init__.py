@@ -8,8 +8,13 @@ unbounded horizon "ε per unit per day" weakens. Each scope keeps one currency (
 (ρ adds up; the cap is the largest ρ whose (ε, δ) conversion fits the scope) or pure ε. Contribution
 bounding happens before aggregation: per unit and window at most `max_keys` keys (L0) and
 `max_per_key` events per key (L∞), values clamped to `bounds`; sensitivities come only from these
-declared bounds (`sensitivity`). Keys taken from data pass DP partition selection (`selection`);
-declared keys are always released, zero or not.
+declared bounds (`sensitivity`). With `max_windows: m` a unit also counts in at most m windows of the
+metric per period: at each window's close, in the public close order, the units present whose count
+is below m are included and counted, whatever the release does; the others' contributions to that
+window are dropped. Which windows a unit counts in depends on its own records only, and each release
+is priced at the metric's period share over min(windows per period, m). It is refused on windows that
+can straddle a period boundary, so one period's events never move which windows count in the next.
+Keys taken from data pass DP partition selection (`selection`); declared keys are always released, zero or not.
 
 Stream rules: apart from the noised values nothing published depends on the data.
 

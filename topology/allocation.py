@@ -22,7 +22,7 @@ the counts become weighted counts W_j = Σ over the windows left of h, and the n
 so on plan each window of m costs pool × (w_m / Σw) × h(w) / W_m(period): peak windows weighted 2
 cost twice the others, and the period still spends exactly the pool. A flat metric has h ≡ 1, so
 W_j = n_j and c_j = w_j / N_j: the same integers as without a schedule, the same prices.
-Under `contribution.max_windows` m only the m costliest windows are paid (`paid_windows`); shaped,
+Under `contribution.max_windows` m only the m costliest windows are paid (`model.charged_windows`); shaped,
 the weighted count keeps the m' heaviest windows left (`weighted_windows`), which is min(n, m')
 when flat. With m or more windows at the top weight the paid windows cost what they cost flat
 (`topology.lint` warns): up-weighting helps only when fewer than m windows are up-weighted.
@@ -39,7 +39,6 @@ __all__ = [
     "release_rates",
     "release_share",
     "release_share_terms",
-    "paid_windows",
     "hour_weights",
     "window_weight",
     "weighted_windows",
@@ -57,7 +56,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpstream.topology.errors import InternalError
-from dpstream.topology.model import Accounting, HourlyShape, WarningPolicy, Window
+from dpstream.topology.model import Accounting, HourlyShape, WarningPolicy, Window, charged_windows
 from dpstream.topology.schedule import Schedule
 
 
@@ -85,13 +84,6 @@ def release_rates(demands: Mapping[str, MetricDemand]) -> dict[str, int]:
     return {name: r.numerator * (lcm // r.denominator) for name, r in rates.items()}
 
 
-def paid_windows(windows: int, max_windows: int | None) -> int:
-    """How many of a metric's `windows` releases a period pays for, the count the rule prices by:
-    each one, or under `contribution.max_windows` m only m (a unit counts in at most m windows, and
-    the ledger charges only the m largest, `workers.ledger.topm`): its share is spent in m windows."""
-    return windows if max_windows is None else min(windows, max_windows)
-
-
 def hour_weights(shape: HourlyShape | None) -> tuple[int, ...] | None:
     """A schedule's 24 weights as the rule uses them: read exactly (the decimal written,
     `Fraction(repr(w))`), scaled to integers by their common denominator and divided by their gcd
@@ -116,9 +108,9 @@ def window_weight(weights: Sequence[int] | None, window_start: int) -> int:
 def weighted_windows(counts: Sequence[int], weights: Sequence[int] | None, paid: int | None = None) -> int:
     """W: the weighted count of windows counted per UTC hour of day (`Schedule.starts_by_hour`),
     Σ_h counts[h]·h; with `paid` (under `max_windows`, the windows a period still pays for) only the
-    `paid` heaviest count. With no schedule: Σ counts, at most `paid` (`paid_windows`)."""
+    `paid` heaviest count. With no schedule: Σ counts, at most `paid` (`model.charged_windows`)."""
     if weights is None:
-        return paid_windows(sum(counts), paid)
+        return charged_windows(sum(counts), paid)
     if paid is None:
         return sum(n * h for n, h in zip(counts, weights, strict=True))
     total, take = 0, paid
@@ -132,10 +124,10 @@ def weighted_windows(counts: Sequence[int], weights: Sequence[int] | None, paid:
 
 def period_weighted_windows(window: Window, period_s: int, weights: Sequence[int] | None, paid: int | None) -> int:
     """W_j(whole period): the windows a whole period pays for, weighted (`weighted_windows`); with no
-    schedule exactly `paid_windows(releases per period, paid)`. Every period weighs alike: a shaped
+    schedule exactly `charged_windows(releases per period, paid)`. Every period weighs alike: a shaped
     metric's period is whole days and its step divides a day (the loader checks)."""
     if weights is None:
-        return paid_windows(window.releases_per_period(period_s), paid)
+        return charged_windows(window.releases_per_period(period_s), paid)
     return weighted_windows(Schedule(window.size_s, window.every_s).starts_by_hour(0, period_s), weights, paid)
 
 

@@ -128,10 +128,19 @@ def _lint_composition(topology: Topology, warn: _Warn) -> None:
 
 
 def _lint_windows(topology: Topology, warn: _Warn) -> None:
-    """Hopping windows that straddle a period boundary (charged to both periods)."""
+    """Hopping windows that straddle a period boundary (charged to both periods), and a
+    `contribution.max_windows` no smaller than the windows per period (it caps nothing)."""
     for metric in topology.metrics.values():
         window = metric.window
         scope = topology.budgets.get(metric.budget)
+        cap = metric.contribution.max_windows
+        if cap is not None and scope is not None and cap >= window.releases_per_period(scope.period_s):
+            warn(
+                ("metric", metric.name, "contribution"),
+                f"metric '{metric.name}': contribution.max_windows {cap}: not below the "
+                f"{window.releases_per_period(scope.period_s)} windows per {format_duration(scope.period_s)} "
+                f"period of budget '{scope.name}', so it caps nothing and costs nothing less; lower it or remove it",
+            )
         if window.kind is WindowKind.HOPPING and scope is not None:
             straddling = window.size_s // window.every_s - 1
             warn(

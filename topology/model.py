@@ -19,6 +19,7 @@ __all__ = [
     "EVENT_LEVEL_LABEL",
     "UNIT_LEVEL_LABEL",
     "guarantee_label",
+    "charged_windows",
     "event_level_note",
     "DEFAULT_PUBLISH_DELAY_S",
     "Window",
@@ -42,6 +43,7 @@ __all__ = [
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -198,6 +200,17 @@ class Window:
         """Window releases whose start lies in one budget period."""
         return period_s // self.every_s
 
+    def straddles(self, period_s: int) -> bool:
+        """True when some window of the grid overlaps two periods of `period_s` seconds.
+
+        Windows start on multiples of every_s and periods on multiples of period_s (both from the UTC
+        epoch), so window starts reach exactly the period offsets that are multiples of
+        g = gcd(every_s, period_s); the last of them below the period's end is period_s − g, and that
+        window crosses the boundary iff it is longer than g. With a size that divides the period (the
+        loader's rule) this is every hopping window, and no tumbling one.
+        """
+        return self.size_s > math.gcd(self.every_s, period_s)
+
     def starts_covering(self, ts: float) -> range:
         """Start times (seconds) of every window that contains event time `ts`."""
         last = int(ts // self.every_s) * self.every_s
@@ -282,7 +295,10 @@ class Contribution:
     max_per_key: int = 1
     """L∞: how many events one unit may add to one key per window."""
     max_windows: int | None = None
-    """How many of the metric's windows per period one unit counts in (None: every window)."""
+    """How many windows of the metric one unit may count in per budget period (None: every window).
+    At each window's close, in the public close order, the units present whose count is below it are
+    included and counted; the others' contributions to that window are dropped. Only for windows that
+    never straddle a period boundary (`Window.straddles`)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +393,10 @@ class Metric:
     def quantile_labels(self) -> tuple[str, ...]:
         """The released name of each quantile level: 0.5 → 'p50', 0.99 → 'p99', 0.999 → 'p99.9'."""
         return tuple(quantile_label(a) for a in self.quantiles or ())
+
+    def charged_per_period(self, period_s: int) -> int:
+        """`charged_windows` of a whole period's releases under this metric's `contribution.max_windows`."""
+        return charged_windows(self.window.releases_per_period(period_s), self.contribution.max_windows)
 
     @property
     def public_keys(self) -> bool:
@@ -481,6 +501,14 @@ class Topology:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def charged_windows(windows: int, max_windows: int | None) -> int:
+    """Of `windows` releases of a metric in one period, how many one unit's contributions can reach:
+    at most `max_windows` (None: no cap). The pricing rule takes this as the metric's count of windows
+    (per period, and left), so under a cap each release is priced at the metric's period share over
+    max_windows: a unit's worst-case spend in a period is the sum of its max_windows largest charges."""
+    return windows if max_windows is None else min(windows, max_windows)
+
+
 def quantile_label(alpha: float) -> str:
     """'p' and the level in percent without trailing zeros: 0.5 → 'p50', 0.999 → 'p99.9'."""
     return "p" + f"{alpha * 100:.10f}".rstrip("0").rstrip(".")
@@ -499,11 +527,16 @@ def _budget_doc(budget: Budget) -> dict[str, object]:
 
 
 def _metric_doc(metric: Metric) -> dict[str, object]:
-    """A metric as hashed: the quantile fields only when set (every other aggregate keeps its version)."""
+    """A metric as hashed: the quantile fields and `contribution.max_windows` only when set (a metric
+    without them keeps the version it had before they existed)."""
     doc = asdict(metric)
     for name in _QUANTILE_FIELDS:
         if doc[name] is None:
             del doc[name]
+    contribution = doc["contribution"]
+    assert isinstance(contribution, dict)
+    if contribution["max_windows"] is None:
+        del contribution["max_windows"]
     return doc
 
 

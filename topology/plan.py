@@ -56,9 +56,14 @@ unrounded; `null` marks a value that does not apply.
               "weight": float,
               "weight_share": float,         # w / Σw of the scope
               "releases_per_period": int,    # period / every
+              "max_windows": int | null,     # contribution.max_windows: windows one unit counts in per period
+              "charged_per_period": int,     # min(releases_per_period, max_windows): the windows one unit's
+                                             # contributions reach, which the pricing rule divides the share by
               "per_release_cost": float,     # currency of the scope
               "per_release_epsilon": float,  # ε-equivalent: pure ε; zcdp CKS(ρ, δ of the scope)
-              "per_period_cost": float,      # releases_per_period × per_release_cost
+              "per_period_cost": float,      # charged_per_period × per_release_cost: one unit's worst case
+              "uncapped": {...} | absent,    # with max_windows only: the same release without the cap,
+                                             # {per_release_cost, components: [{component, stddev, scale}]}
               "may_use_reserve": bool,
               "group_by": str | null,
               "keys": "none" | "declared" | "data",  # where the released keys come from
@@ -135,7 +140,6 @@ from dpstream.topology import accounting as acc
 from dpstream.topology.allocation import (
     MetricDemand,
     hour_weights,
-    paid_windows,
     period_weighted_windows,
     planned_release_costs,
     release_rates,
@@ -154,6 +158,7 @@ from dpstream.topology.model import (
     Topology,
     Window,
     WindowKind,
+    charged_windows,
 )
 from dpstream.topology.schedule import Schedule
 from dpstream.topology.selection import conversion_delta, scope_cap, selection_delta_per_release, selection_delta_total
@@ -241,9 +246,14 @@ class MetricPlan:
     """A quantile metric's levels (None otherwise)."""
     candidates: int | None = None
     """How many candidates a quantile metric's public grid has (None otherwise)."""
-
     max_windows: int | None = None
-    """`contribution.max_windows`: the period pays for this many of its releases (None: each)."""
+    """`contribution.max_windows`: windows of the metric one unit counts in per period (None: all)."""
+    charged_per_period: int | None = None
+    """Windows of a period one unit's contributions reach, min(releases, max_windows) (None: releases)."""
+    uncapped_per_release_cost: float | None = None
+    """With max_windows: what one release would cost without the cap (None otherwise)."""
+    uncapped_components: tuple[NoiseComponentPlan, ...] | None = None
+    """With max_windows: the noisy parts of one release without the cap, to show σ beside σ capped."""
     hour_weights: tuple[int, ...] | None = None
     """The metric's budget schedule as the rule's integer weights (`allocation.hour_weights`); None: flat.
     Shaped, `per_release_cost` is the mean over the period's paid windows and `segments` the costs by hour."""
@@ -252,14 +262,14 @@ class MetricPlan:
     """Shaped metrics only: the cost and noise of a release per run of hours of one weight."""
 
     @property
-    def paid_windows(self) -> int:
-        """The releases a period pays for (`allocation.paid_windows`): its share is spent in these."""
-        return paid_windows(self.releases_per_period, self.max_windows)
+    def charged(self) -> int:
+        """Windows of a period one unit's contributions reach (the releases per period without a cap)."""
+        return self.releases_per_period if self.charged_per_period is None else self.charged_per_period
 
     @property
     def per_period_cost(self) -> float:
-        """What the metric spends in one period on plan."""
-        return self.paid_windows * self.per_release_cost
+        """What the metric spends on one unit in one period on plan: its charged windows × the release cost."""
+        return self.charged * self.per_release_cost
 
 
 @dataclass(frozen=True)
@@ -329,29 +339,27 @@ class ScopePlan:
     def planned_from(
         self, period_start: int, period_end: int, schedule_start: int | None = None
     ) -> dict[str, tuple[int, float]]:
-        """Per metric, (releases, per-release cost) the plan spends the pool on in [period_start,
-        period_end): the whole period's (N_m, static cost); in a deployment's first period (S,
-        `schedule_start`, after the period start) the windows starting at or after S, priced by the same
+        """Per metric, (charged releases, per-release cost) the plan spends the pool on in [period_start,
+        period_end): the whole period's (charged windows, static cost; under `max_windows` m at most m);
+        in a deployment's first period (S, `schedule_start`, after the period start) the windows starting
+        at or after S (again at most m charged), priced by the same
         rule over those alone (`allocation.planned_release_costs`). No window from S: (0, static cost)."""
         if schedule_start is None or schedule_start <= period_start:
-            return {m.name: (m.paid_windows, m.per_release_cost) for m in self.metrics}
+            return {m.name: (m.charged, m.per_release_cost) for m in self.metrics}
         if any(m.hour_weights is not None for m in self.metrics):
             return self._shaped_from(period_start, period_end, schedule_start)
+        starts = {
+            m.name: Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end)
+            for m in self.metrics
+        }
         demands = {
-            m.name: MetricDemand(
-                m.weight,
-                m.paid_windows,
-                paid_windows(
-                    Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end),
-                    m.max_windows,
-                ),
-            )
+            m.name: MetricDemand(m.weight, m.charged, charged_windows(starts[m.name], m.max_windows))
             for m in self.metrics
         }
         if not any(d.left for d in demands.values()):
             return {m.name: (0, m.per_release_cost) for m in self.metrics}
         costs = planned_release_costs(self.pool, demands)
-        return {name: (d.left, costs[name]) for name, d in demands.items()}
+        return {name: (demands[name].left, costs[name]) for name in demands}
 
     def _shaped_from(self, period_start: int, period_end: int, schedule_start: int) -> dict[str, tuple[int, float]]:
         """`planned_from` in a first period when a metric is shaped: the rule on weighted counts; a shaped
@@ -360,7 +368,7 @@ class ScopePlan:
         paid: dict[str, int] = {}
         for m in self.metrics:
             grid = Schedule(m.window_size_s, m.window_every_s, schedule_start)
-            paid[m.name] = paid_windows(grid.starts_in(period_start, period_end), m.max_windows)
+            paid[m.name] = charged_windows(grid.starts_in(period_start, period_end), m.max_windows)
             whole = period_weighted_windows(
                 Window(m.window_size_s, m.window_every_s), self.period_s, m.hour_weights, m.max_windows
             )
@@ -456,8 +464,10 @@ def _metric_plan(
     cost: float,
     demands: dict[str, MetricDemand],
     conversion: float,
+    uncapped_cost: float | None = None,
     segments: tuple[tuple[int, int, float, int, float], ...] = (),
 ) -> MetricPlan:
+    """`uncapped_cost`: with `contribution.max_windows`, the release's cost without the cap."""
     grid = len(metric.candidates) if metric.candidates is not None else None
     total_weight = math.fsum(d.weight for d in demands.values())
     source = topology.sources.get(metric.source)
@@ -477,7 +487,6 @@ def _metric_plan(
         weight=metric.weight,
         weight_share=metric.weight / total_weight,
         releases_per_period=window.releases_per_period(budget.period_s),
-        max_windows=metric.contribution.max_windows,
         per_release_cost=cost,
         per_release_epsilon=_to_epsilon(budget, conversion, cost),
         may_use_reserve=metric.may_use_reserve,
@@ -491,6 +500,12 @@ def _metric_plan(
         create_time_arrival=source.create_time_arrival if source is not None else False,
         quantiles=metric.quantiles,
         candidates=grid,
+        max_windows=metric.contribution.max_windows,
+        charged_per_period=metric.charged_per_period(budget.period_s),
+        uncapped_per_release_cost=uncapped_cost,
+        uncapped_components=None
+        if uncapped_cost is None
+        else tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, uncapped_cost)),
         hour_weights=hour_weights(metric.schedule),
         schedule_name=metric.schedule.name if metric.schedule is not None else None,
         segments=tuple(
@@ -563,11 +578,25 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
             if weights[m.name] is None:
                 continue
             unit = release_share(m.name, rates, paid)
-            count = paid_windows(m.window.releases_per_period(budget.period_s), m.contribution.max_windows)
+            count = m.charged_per_period(budget.period_s)
             costs[m.name] = pool * float(unit * paid[m.name] / count)  # the mean over the paid windows
             segments[m.name] = _segments(m, budget.period_s, pool, unit)
+    uncapped: dict[str, float] = {}
+    if any(m.contribution.max_windows is not None for m in metrics):  # the same plan without the caps, beside it
+        n = {m.name: m.window.releases_per_period(budget.period_s) for m in metrics}
+        uncapped = planned_release_costs(pool, {m.name: MetricDemand(m.weight, n[m.name], n[m.name]) for m in metrics})
     plans = tuple(
-        _metric_plan(topology, budget, m, costs[m.name], demands, conversion, segments.get(m.name, ())) for m in metrics
+        _metric_plan(
+            topology,
+            budget,
+            m,
+            costs[m.name],
+            demands,
+            conversion,
+            uncapped[m.name] if m.contribution.max_windows is not None else None,
+            segments.get(m.name, ()),
+        )
+        for m in metrics
     )
     planned = math.fsum(p.per_period_cost for p in plans)
     return ScopePlan(
@@ -645,14 +674,19 @@ def format_ratio(ratio: float | None) -> str:
 
 def typical_warning(metric: MetricPlan, t: TypicalComparison) -> str | None:
     """The one-line warning when the 95 % CI exceeds the typical value (None otherwise), with what would
-    narrow it. The topology has no `contribution.max_windows` yet: the line says "(when available)"."""
+    narrow it (a longer window, a larger weight, a smaller or new `contribution.max_windows`)."""
     if not t.exceeds:
         return None
+    cap = (
+        f"a smaller contribution.max_windows (now {metric.max_windows})"
+        if metric.max_windows is not None
+        else "contribution.max_windows (at most that many windows per unit and period)"
+    )
     return (
         f"WARNING {metric.name}: 95% CI ±{t.ci95_half_width:.4g} is {format_ratio(t.ratio)}× "
         f"its typical value {t.value:.4g} per window (noise swamps the signal); "
         f"try a longer window (now {format_duration(metric.window_size_s)}), "
-        f"a larger weight (now {metric.weight_share:.3f} of the scope), or contribution.max_windows (when available)"
+        f"a larger weight (now {metric.weight_share:.3f} of the scope), or {cap}"
     )
 
 
@@ -701,6 +735,8 @@ def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dic
         "weight": m.weight,
         "weight_share": m.weight_share,
         "releases_per_period": m.releases_per_period,
+        "max_windows": m.max_windows,
+        "charged_per_period": m.charged,
         "per_release_cost": m.per_release_cost,
         "per_release_epsilon": m.per_release_epsilon,
         "per_period_cost": m.per_period_cost,
@@ -713,6 +749,13 @@ def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dic
         "k": m.k,
         "components": [_component_json(c) for c in m.components],
     }
+    if m.uncapped_components is not None:
+        doc["uncapped"] = {
+            "per_release_cost": m.uncapped_per_release_cost,
+            "components": [
+                {"component": c.component, "stddev": c.stddev, "scale": c.scale} for c in m.uncapped_components
+            ],
+        }
     if m.quantiles is not None:
         doc["quantiles"] = list(m.quantiles)
         doc["candidates"] = m.candidates

@@ -91,6 +91,9 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
         "95% CI ±",
         "E|err|",
     ]
+    capped = any(m.uncapped_components is not None for m in s.metrics)
+    if capped:
+        header.insert(header.index("σ") + 1, "σ no cap")
     compare = any(m.name in typical for m in s.metrics)
     if compare:
         header += ["typical", "CI/typ"]
@@ -107,7 +110,7 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
                     m.mechanism.value,
                     _window(m),
                     f"{m.weight_share:.3f}",
-                    str(m.releases_per_period),
+                    str(m.releases_per_period) + (f" (cap {m.max_windows})" if m.max_windows is not None else ""),
                     _num(m.per_release_cost),
                     _num(m.per_release_epsilon),
                 ]
@@ -115,6 +118,10 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
                 else [""] * 8
             )
             quantile = c.rank_error95 is not None
+            sigmas = [_num(c.stddev)]
+            if capped:  # σ without the metric's max_windows beside it ('-' for a metric without one)
+                uncapped = m.uncapped_components[i] if m.uncapped_components is not None else None
+                sigmas.append(_num(uncapped.stddev) if uncapped is not None else "-")
             rows.append(
                 lead
                 + [
@@ -122,7 +129,7 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
                     _num(c.l1),
                     _num(c.l2),
                     _num(c.scale),
-                    _num(c.stddev),
+                    *sigmas,
                     f"rank {_num(c.rank_error95)}" if quantile else _num(c.ci95_half_width),
                     _num(c.expected_abs_error),
                 ]
@@ -196,6 +203,11 @@ def render_plan(plan: Plan, typical: Mapping[str, TypicalComparison] | None = No
             "quantile parts (p50, ...) show their own cost; their scale is in ranks, and 'rank r' is the error "
             "statement: with probability ≥ 95 % the released candidate's rank error (|#below − α·n| without ties) is "
             "at most r above the grid's smallest (no value interval: it would depend on the data)."
+        )
+    if any(m.max_windows is not None for s in plan.scopes for m in s.metrics):
+        lines.append(
+            "rel/period (cap m): contribution.max_windows: one unit counts in at most m windows a period, so each "
+            "release is priced at the metric's share over m; σ no cap: the same release's σ without it."
         )
     if typical:
         lines.append(

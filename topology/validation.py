@@ -1,8 +1,9 @@
 """Cross-entity rules of a topology (a metric against its source and budget) and where things were written.
 
 Field-level checks live in the loader; the rules here need two entities at once: the metric's
-source and budget must exist, its mechanism must suit the budget's accounting, and its window
-must divide the budget period.
+source and budget must exist, its mechanism must suit the budget's accounting, its window
+must divide the budget period, and a `contribution.max_windows` needs a unit-level source and
+windows that never straddle a period boundary (each period counts its own windows only).
 """
 
 from __future__ import annotations
@@ -74,7 +75,17 @@ def check_metric_links(
     """Problems of `metric` against its source and budget (skipping entities that are broken themselves)."""
     subject = f"metric '{metric.name}'"
     problems: list[Problem] = []
-    if metric.source not in sources and ("source", metric.source) not in broken:
+    source = sources.get(metric.source)
+    if source is not None and source.event_level and metric.contribution.max_windows is not None:
+        problems.append(
+            Problem(
+                where.line("metric", metric.name, "contribution"),
+                f"{subject}: contribution.max_windows {metric.contribution.max_windows}: source '{source.name}' "
+                "is event-level (privacy_unit 'event': every event its own unit), so there is no unit to count "
+                "windows of; remove max_windows",
+            )
+        )
+    if source is None and ("source", metric.source) not in broken:
         problems.append(
             Problem(
                 where.line("metric", metric.name, "source"),
@@ -109,12 +120,12 @@ def check_metric_links(
             )
         )
     window = metric.window
+    shape = (
+        f"{{tumbling: {format_duration(window.size_s)}}}"
+        if window.kind is WindowKind.TUMBLING
+        else f"{{hopping: {format_duration(window.size_s)}, every: {format_duration(window.every_s)}}}"
+    )
     if budget.period_s % window.size_s != 0:
-        shape = (
-            f"{{tumbling: {format_duration(window.size_s)}}}"
-            if window.kind is WindowKind.TUMBLING
-            else f"{{hopping: {format_duration(window.size_s)}, every: {format_duration(window.every_s)}}}"
-        )
         problems.append(
             Problem(
                 where.line("metric", metric.name, "window"),
@@ -123,13 +134,14 @@ def check_metric_links(
                 "(e.g. 1m, 5m, 15m, 1h)",
             )
         )
-    if metric.contribution.max_windows is not None and window.size_s > window.every_s:
+    elif metric.contribution.max_windows is not None and window.straddles(budget.period_s):
         problems.append(
             Problem(
                 where.line("metric", metric.name, "contribution"),
-                f"{subject}: contribution.max_windows {metric.contribution.max_windows}: its hopping windows "
-                f"straddle budget '{budget.name}''s period boundary, so one unit's events of one period could "
-                "move windows charged to the next; use a tumbling window, or drop max_windows",
+                f"{subject}: contribution.max_windows {metric.contribution.max_windows}: window {shape} has "
+                f"windows straddling the {format_duration(budget.period_s)} period boundary of budget "
+                f"'{budget.name}', so one period's events would move which windows count in the next; use a "
+                "tumbling window whose size divides the period, or remove max_windows",
             )
         )
     return problems

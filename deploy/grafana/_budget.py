@@ -173,8 +173,10 @@ def panels() -> list[Builder[Any]]:
                 id=8,
                 title="Burn rate (actual ÷ planned spend rate)",
                 description=(
-                    "rate(dpstream_budget_spent_total) ÷ dpstream_budget_planned_spend_rate per scope: 1 "
-                    "is on plan, above 1 burns faster than planned. Lines at 6 and 14.4 are the "
+                    "rate(dpstream_budget_spent_total[W]) ÷ avg_over_time(dpstream_budget_planned_spend_rate[W]) "
+                    "per scope, the spend against the plan's over the same window W (a max_windows metric's "
+                    "plan is front-loaded): 1 is on plan, above 1 burns faster than planned. Lines at 6 and "
+                    "14.4 are the "
                     "DPBudgetBurnRateElevated and DPBudgetBurnRateHigh thresholds (on a daily scope their"
                     " windows are 15 m and 5 m)."
                 ),
@@ -184,8 +186,8 @@ def panels() -> list[Builder[Any]]:
                         (
                             "max by (scope, currency) "
                             '(rate(dpstream_budget_spent_total{scope=~"$scope"}[$__rate_interval])) / '
-                            "clamp_min(max by (scope, currency) "
-                            '(dpstream_budget_planned_spend_rate{scope=~"$scope"}), 1e-12)'
+                            "clamp_min(max by (scope, currency) (avg_over_time("
+                            'dpstream_budget_planned_spend_rate{scope=~"$scope"}[$__rate_interval])), 1e-12)'
                         ),
                         "{{scope}} now",
                     ),
@@ -193,7 +195,8 @@ def panels() -> list[Builder[Any]]:
                         (
                             "max by (scope, currency) "
                             '(rate(dpstream_budget_spent_total{scope=~"$scope"}[15m])) / clamp_min(max by '
-                            '(scope, currency) (dpstream_budget_planned_spend_rate{scope=~"$scope"}), 1e-12)'
+                            "(scope, currency) (avg_over_time("
+                            'dpstream_budget_planned_spend_rate{scope=~"$scope"}[15m])), 1e-12)'
                         ),
                         "{{scope}} 15m",
                     ),
@@ -201,7 +204,8 @@ def panels() -> list[Builder[Any]]:
                         (
                             "max by (scope, currency) "
                             '(rate(dpstream_budget_spent_total{scope=~"$scope"}[1h])) / clamp_min(max by '
-                            '(scope, currency) (dpstream_budget_planned_spend_rate{scope=~"$scope"}), 1e-12)'
+                            "(scope, currency) (avg_over_time("
+                            'dpstream_budget_planned_spend_rate{scope=~"$scope"}[1h])), 1e-12)'
                         ),
                         "{{scope}} 1h",
                     ),
@@ -218,8 +222,9 @@ def panels() -> list[Builder[Any]]:
                 id=9,
                 title="Spend per hour vs plan (scope currency)",
                 description=(
-                    "increase(dpstream_budget_spent_total[1h]) against the plan's current spend rate × "
-                    "3600, in the scope's currency (ρ for zCDP, ε for pure)."
+                    "increase(dpstream_budget_spent_total[1h]) against what the plan spent in the same hour "
+                    "(avg_over_time(dpstream_budget_planned_spend_rate[1h]) × 3600), in the scope's currency "
+                    "(ρ for zCDP, ε for pure)."
                 ),
                 grid=Grid(h=9, w=12, x=0, y=20),
                 targets=[
@@ -228,7 +233,10 @@ def panels() -> list[Builder[Any]]:
                         "{{scope}} spent/h ({{currency}})",
                     ),
                     Q(
-                        ('max by (scope, currency) (dpstream_budget_planned_spend_rate{scope=~"$scope"}) * 3600'),
+                        (
+                            "max by (scope, currency) "
+                            '(avg_over_time(dpstream_budget_planned_spend_rate{scope=~"$scope"}[1h])) * 3600'
+                        ),
                         "{{scope}} planned/h ({{currency}})",
                     ),
                 ],

@@ -24,7 +24,7 @@ RECORD = b'{"release_id":"%s","budget":{"ratio_after":null}}'
 
 
 async def _spent(ledger: RedisLedger) -> int:
-    return int((await ledger._period_fields("s", PID)).get("spent", 0))
+    return int((await ledger._blocks("s", [PID]))[PID].get("spent", 0))
 
 
 def _req(rid: str, cost: float) -> ReleaseRequest:

@@ -112,7 +112,7 @@ def test_typical_gives_the_ratio_and_warns_only_when_ci_exceeds_it(capsys, topo)
     assert len(warnings) == 1
     (w,) = warnings
     assert w.startswith("WARNING views:") and "4×" in w
-    assert "longer window" in w and "larger weight" in w and "max_windows (when available)" in w
+    assert "longer window" in w and "larger weight" in w and "contribution.max_windows (at most" in w
     assert "CI/typ" in out
 
     rc, out, _ = _plan(capsys, str(topo), "--typical", f"views={ci * 4}")

@@ -130,3 +130,15 @@ def test_examples_warnings() -> None:
     assert [w.message.split(":")[0] for w in web] == ["metric 'active_users_5m'"]
     assert [w.message.split(":")[0] for w in seed] == ["budget 'risk-features'"] and adaptive == []
     assert "reserve 0 < 1 - warn_at" in seed[0].message
+
+
+def test_max_windows_not_below_windows_per_period_warns() -> None:
+    """A max_windows at or above the windows per period caps nothing: one warning naming both figures."""
+    spot = "    mechanism: gaussian\n"
+    capped = BASE.replace(spot, spot + "    contribution: {max_windows: 1440}\n")
+    messages = _messages(capped)
+    assert messages == [
+        "warning: t.yaml:18: metric 'a': contribution.max_windows 1440: not below the 1440 windows per 1d period "
+        "of budget 'daily', so it caps nothing and costs nothing less; lower it or remove it"
+    ]
+    assert _messages(capped.replace("1440", "60")) == []

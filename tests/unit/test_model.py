@@ -79,10 +79,12 @@ def _source_before_new_fields(source: Source) -> dict:
 
 
 def _metric_before_new_fields(metric: Metric) -> dict:
-    """A metric as hashed before the quantile fields (left out of the hash while unset) existed."""
+    """A metric as hashed before the quantile fields and `contribution.max_windows` (left out of the
+    hash while unset) existed."""
     doc = dataclasses.asdict(metric)
     for key in ("quantiles", "candidates", "schedule"):
         assert doc.pop(key) is None
+    assert doc["contribution"].pop("max_windows") is None
     return doc
 
 
@@ -132,3 +134,39 @@ def test_a_source_partitioner_other_than_the_default_changes_the_version():
     crc = dataclasses.replace(base, sources={"clicks": dataclasses.replace(keyed, partitioner=Partitioner.CRC32)})
     assert murmur.topology_version == _version_without_start(murmur)
     assert crc.topology_version != murmur.topology_version
+
+
+def test_window_straddles_matches_brute_force() -> None:
+    """`Window.straddles(period)` is true iff some grid window overlaps two periods (checked window by window)."""
+    period = 3600
+    for size in (60, 300, 600, 900, 3600, 7200, 420, 3000):
+        for every in [e for e in range(60, size + 1, 60) if size % e == 0]:
+            window = Window(size, every)
+            brute = any(
+                s // period != (s + size - 1) // period for s in range(0, 3 * period, every)
+            )  # the grid repeats every lcm(every, period) ≤ 3 periods here
+            assert window.straddles(period) is brute, (size, every)
+
+
+def test_tumbling_divisor_never_straddles_and_hopping_always_does() -> None:
+    """With a size that divides the period: tumbling windows never straddle, hopping ones always do."""
+    assert not Window(60, 60).straddles(86_400)
+    assert Window(300, 60).straddles(86_400)
+    assert Window(120, 60).straddles(86_400)
+
+
+def test_charged_per_period_is_min_of_windows_and_cap() -> None:
+    """The windows one unit's contributions can reach per period: releases per period, at most max_windows."""
+    metric = _topology().metrics["views"]
+    assert metric.charged_per_period(86_400) == 1440
+    capped = dataclasses.replace(metric, contribution=dataclasses.replace(metric.contribution, max_windows=60))
+    assert capped.charged_per_period(86_400) == 60
+    assert capped.charged_per_period(1800) == 30
+
+
+def test_max_windows_changes_the_topology_version_only_when_set() -> None:
+    """Setting contribution.max_windows is a new version (new release ids); unset keeps the old one."""
+    base = _topology()
+    capped = _topology(contribution=dataclasses.replace(base.metrics["views"].contribution, max_windows=60))
+    assert capped.topology_version != base.topology_version
+    assert base.topology_version == _version_without_start(base)

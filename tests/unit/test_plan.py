@@ -12,6 +12,7 @@ from dpstream.topology.model import (
     Accounting,
     Aggregate,
     Budget,
+    Contribution,
     Mechanism,
     Metric,
     Sinks,
@@ -269,6 +270,8 @@ def test_plan_json_shape_is_stable_and_serialisable():
         "weight",
         "weight_share",
         "releases_per_period",
+        "max_windows",
+        "charged_per_period",
         "per_release_cost",
         "per_release_epsilon",
         "per_period_cost",
@@ -295,3 +298,55 @@ def test_plan_json_shape_is_stable_and_serialisable():
     }
     assert metric["declared_keys"] == ["home", "search", "product", "cart", "checkout"]
     assert sum(m["per_period_cost"] for m in scope["metrics"]) == pytest.approx(scope["pool"])
+
+
+def test_max_windows_shrinks_sigma_by_the_square_root_of_windows_over_cap():
+    """1,440 one-minute windows a day, max_windows 60: each release costs 24× more ρ, so σ is √24 ≈ 4.9× smaller,
+    shown beside the uncapped σ; the unit's worst case (60 charged windows) still spends the pool."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY, reserve=0.0)
+    capped = _count(contribution=Contribution(max_windows=60))
+    scope = build_plan(_topology(budget, capped)).scope("b")
+    (metric,) = scope.metrics
+    assert (metric.releases_per_period, metric.max_windows, metric.charged) == (1440, 60, 60)
+    assert metric.uncapped_per_release_cost is not None and metric.uncapped_components is not None
+    assert metric.per_release_cost == pytest.approx(24 * metric.uncapped_per_release_cost, rel=1e-12)
+    sigma, uncapped_sigma = metric.components[0].stddev, metric.uncapped_components[0].stddev
+    assert sigma is not None and uncapped_sigma is not None
+    assert uncapped_sigma / sigma == pytest.approx(math.sqrt(24), rel=1e-9)
+    assert round(uncapped_sigma / sigma, 1) == 4.9
+    # the uncapped σ is the plain plan's, and the pool is what one unit can cost at most
+    plain = build_plan(_reference_scope()).scope("b").metrics[0]
+    assert uncapped_sigma == pytest.approx(plain.components[0].stddev, rel=1e-12)
+    assert scope.planned_total == pytest.approx(scope.pool, rel=1e-12)
+    doc = plan_to_json(build_plan(_topology(budget, capped)))["scopes"][0]["metrics"][0]
+    assert (doc["max_windows"], doc["charged_per_period"]) == (60, 60)
+    assert doc["uncapped"]["components"][0]["stddev"] == pytest.approx(uncapped_sigma)
+
+
+def test_max_windows_in_a_mixed_scope_prices_by_the_one_rule():
+    """A capped metric beside an uncapped one: each gets its weight share of the pool over its charged windows."""
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY, reserve=0.2)
+    topology = _topology(budget, _count("a", contribution=Contribution(max_windows=10)), _count("b", weight=3.0))
+    scope = build_plan(topology).scope("b")
+    a, b = scope.metrics
+    assert a.per_release_cost == pytest.approx(scope.pool * 0.25 / 10, rel=1e-12)
+    assert b.per_release_cost == pytest.approx(scope.pool * 0.75 / 1440, rel=1e-12)
+    assert b.uncapped_components is None and b.max_windows is None
+    assert scope.planned_total == pytest.approx(scope.pool, rel=1e-12)
+    # from a start S in the period: the windows from S, at most the cap, share the pool by the same rule
+    first = scope.planned_from(0, DAY, DAY - 600)
+    assert first["a"][0] == 10 and first["b"][0] == 10
+    assert first["a"][1] == pytest.approx(scope.pool * 0.25 / 10 * (0.25 + 0.75) / (0.25 + 0.75 * 10 / 1440))
+
+
+def test_rendered_plan_shows_sigma_with_and_without_the_cap_side_by_side():
+    """The text plan gains a 'σ no cap' column beside σ (only when a metric of the scope has max_windows)."""
+    from dpstream.topology.plan_render import render_plan
+
+    budget = Budget("b", 1.0, 1e-6, Accounting.ZCDP, DAY, reserve=0.0)
+    text = render_plan(build_plan(_topology(budget, _count(contribution=Contribution(max_windows=60)))))
+    header = next(line for line in text.splitlines() if line.strip().startswith("metric"))
+    row = next(line for line in text.splitlines() if line.strip().startswith("c "))
+    assert " σ  σ no cap " in header
+    assert "1440 (cap 60)" in row and "35.1" in row and "171.9" in row  # σ ≈ 171.93/√24 beside 171.93
+    assert "σ no cap" not in render_plan(build_plan(_reference_scope()))

@@ -385,3 +385,37 @@ def test_a_true_sum_past_the_grid_is_published_and_counted_clamped_off_the_recor
     clamped_record, ordinary_record = json.loads(first.payload), json.loads(ordinary.payload)
     assert clamped_record.keys() == ordinary_record.keys()  # the record says nothing of the clamp
     assert clamped_record["noise"] == ordinary_record["noise"] and "clamped" not in first.payload.decode()
+
+
+def test_a_max_windows_metric_spends_its_share_in_its_first_m_windows_and_releases_every_window() -> None:
+    """contribution.max_windows: 4 on 24 hourly windows: every window is released at the same noise
+    (P/4 each, then priced at the 4th largest), the period pays only 4 of them (the pool), each
+    record's privacy event names max_windows, and the σ is √6 smaller than without the cap."""
+    capped = load_topology_text(_YAML.replace("max_per_key: 1}", "max_per_key: 1, max_windows: 4}"))
+    plain = load_topology_text(_YAML)
+
+    async def body() -> tuple[list[dict], float, float, int, int]:
+        day = _T0 - _T0 % 86_400
+        ledger = await open_ledger("memory", capped, clock=ManualClock(day + 86_399))
+        releaser = Releaser(capped, ledger)
+        sink = _Sink()
+        records = []
+        for h in range(24):
+            result = await releaser.release("hist", (day + h * 3600, day + (h + 1) * 3600), {"a": 3, "b": 5}, sink)
+            assert result.outcome is ReleaseOutcome.PUBLISHED
+            records.append(json.loads(result.payload))
+        status = await ledger.status("b")
+        cfg = ledger.scope_of("hist")
+        await ledger.close()
+        plain_ledger = await open_ledger("memory", plain, clock=ManualClock(day + 86_400))
+        plain_quote = await plain_ledger.quote("hist", day, day + 3600)
+        await plain_ledger.close()
+        pool = cfg.cap_units - cfg.reserve_units
+        return records, plain_quote.cost, records[0]["cost"]["rho"], status.spent_units, pool
+
+    records, plain_cost, capped_cost, spent, pool = _run(body())
+    assert {r["event"]["max_windows"] for r in records} == {4}
+    for r in records:  # the same noise in every window (to a unit of 1e-12: P/4 floors)
+        assert r["cost"]["rho"] == pytest.approx(capped_cost, rel=1e-9)
+    assert capped_cost == pytest.approx(6 * plain_cost, rel=1e-9)  # ρ ∝ 1/σ²: σ √6 smaller
+    assert spent == pool  # four windows paid P/4, the other twenty raised nothing

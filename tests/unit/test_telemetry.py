@@ -171,6 +171,121 @@ def test_planned_spend_rate_in_a_first_partial_period_spends_the_pool_from_s() -
     assert planned_spend_rate(scope, P0, end, end + 5 * HOUR) == 0.0  # S in a later period
 
 
+_FRONT_YAML = """
+version: 1
+sources:
+  s: {{topic: t, privacy_unit: user_id, timestamp: ts, allowed_lateness: 30s}}
+budgets:
+  b: {{epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d, reserve: 0.2, warn_at: 0.8}}
+metrics:
+{metrics}sinks: {{releases: r, dead_letter: d}}
+"""
+_HOURLY = """  hourly:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1h}
+    aggregate: count
+    contribution: {max_per_key: 1}
+    mechanism: gaussian
+"""
+_CAPPED = """  minutely:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    contribution: {max_per_key: 1, max_windows: 60}
+    mechanism: gaussian
+"""
+
+
+def _front_loaded(hourly: bool = True):
+    """A 1-day scope of a minute metric under max_windows 60 (and, with `hourly`, an hourly metric of
+    the same weight): the minute metric's share is spent in the first hour of each period."""
+    return load_topology_text(_FRONT_YAML.format(metrics=(_HOURLY if hourly else "") + _CAPPED))
+
+
+def test_planned_spend_rate_front_loads_a_max_windows_metric() -> None:
+    """Hourly (uncapped) and minutely (m = 60) of equal weight: each gets half the pool; the hourly half is
+    spread over the day, the minutely half over the first hour (its cost / 60 s), then 0. Without `now`
+    the rate is the period's average, as before."""
+    scope = build_plan(_front_loaded()).scope("b")
+    end = P0 + DAY
+    half = scope.pool / 2
+    first_hour, after = half / DAY + half / HOUR, half / DAY
+    for t in (P0, P0 + 1, P0 + 59, P0 + 60, P0 + 30 * 60, P0 + HOUR - 1):
+        assert math.isclose(planned_spend_rate(scope, P0, end, now=t), first_hour, rel_tol=1e-12), t - P0
+    for t in (P0 + HOUR, P0 + HOUR + 1, P0 + 12 * HOUR, end - 1):
+        assert math.isclose(planned_spend_rate(scope, P0, end, now=t), after, rel_tol=1e-12), t - P0
+    assert planned_spend_rate(scope, P0, end, now=P0 + HOUR) < planned_spend_rate(scope, P0, end, now=P0 + HOUR - 1)
+    # the same shape in every period, and the same without an S or with S at or before the period start
+    for start in (None, P0, P0 - HOUR):
+        assert planned_spend_rate(scope, end, end + DAY, start, now=end + 10) == planned_spend_rate(
+            scope, P0, end, start, now=P0 + 10
+        )
+    assert planned_spend_rate(scope, P0, end) == planned_spend_rate(scope) == scope.pool / DAY
+    # over the period it spends the pool (the rate is constant within each minute)
+    spent = math.fsum(planned_spend_rate(scope, P0, end, now=t) * 60 for t in range(P0, end, 60))
+    assert math.isclose(spent, scope.pool, rel_tol=1e-9)
+
+
+def test_planned_spend_rate_of_a_capped_metric_integrates_to_planned_spent() -> None:
+    """A scope of the capped minute metric alone: cost / 60 s for the first hour, then exactly 0 (the burn-rate
+    rules then have no series); at each window end the rate's integral is `planned_spent`."""
+    scope = build_plan(_front_loaded(hourly=False)).scope("b")
+    (metric,) = scope.metrics
+    end = P0 + DAY
+    assert metric.max_windows == 60 and metric.charged == 60
+    assert math.isclose(planned_spend_rate(scope, P0, end, now=P0), metric.per_release_cost / 60, rel_tol=1e-12)
+    assert planned_spend_rate(scope, P0, end, now=P0 + HOUR) == 0.0
+    assert planned_spend_rate(scope, P0, end, now=end - 1) == 0.0
+    integral = 0.0
+    for k in range(1, 120):
+        integral += planned_spend_rate(scope, P0, end, now=P0 + (k - 1) * 60) * 60
+        assert math.isclose(integral, planned_spent(scope, P0, end, P0 + k * 60), rel_tol=1e-9), k
+
+
+def test_planned_spend_rate_front_loads_from_a_mid_period_start() -> None:
+    """From S = 06:30 the minute metric pays for its 60 windows from 06:30 (to 07:30) and the hourly one for
+    its 17 from 07:00: the minute metric's part is spent by 07:30, the hourly part over S .. period end."""
+    scope = build_plan(_front_loaded()).scope("b")
+    end = P0 + DAY
+    planned = scope.planned_from(P0, end, S_MID)
+    assert planned["minutely"][0] == 60 and planned["hourly"][0] == 17
+    even = planned["hourly"][0] * planned["hourly"][1] / (end - S_MID)
+    front = planned["minutely"][1] / 60
+    assert planned_spend_rate(scope, P0, end, S_MID, now=S_MID - 60) == even  # not before S
+    for t in (S_MID, S_MID + 60, S_MID + HOUR - 1):
+        assert math.isclose(planned_spend_rate(scope, P0, end, S_MID, now=t), even + front, rel_tol=1e-12)
+    assert planned_spend_rate(scope, P0, end, S_MID, now=S_MID + HOUR) == even
+    spent = math.fsum(planned_spend_rate(scope, P0, end, S_MID, now=t) * 60 for t in range(S_MID, end, 60))
+    assert math.isclose(spent, scope.pool, rel_tol=1e-9)
+    # from 23:30 only 30 minute windows are released: the whole pool goes to them, none to the hourly metric
+    late = scope.planned_from(P0, end, end - 1800)
+    assert late["hourly"][0] == 0 and late["minutely"][0] == 30
+    assert planned_spend_rate(scope, P0, end, end - 1800, now=end - 60) == late["minutely"][1] / 60
+    assert math.isclose(late["minutely"][1] * 30, scope.pool, rel_tol=1e-12)
+    assert planned_spend_rate(scope, P0, end, end + 5 * HOUR, now=end - 60) == 0.0  # S in a later period
+
+
+def test_budget_reader_serves_the_planned_spend_rate_at_its_clock() -> None:
+    """The reader passes its (injected) clock to `planned_spend_rate`: the front-loaded rate in the first
+    hour, the hourly metric's alone after it."""
+    topology = _front_loaded()
+    plan = build_plan(topology).scope("b")
+
+    async def body(now: float) -> float | None:
+        ledger = await open_ledger("memory", topology, clock=_Clock(now))
+        return (await BudgetReader(topology, clock=_Clock(now)).read(ledger))[0].planned_spend_rate
+
+    during, after = asyncio.run(body(P0 + 30 * 60)), asyncio.run(body(P0 + 2 * HOUR))
+    assert during == planned_spend_rate(plan, P0, P0 + DAY, now=P0 + 30 * 60)
+    assert after == planned_spend_rate(plan, P0, P0 + DAY, now=P0 + 2 * HOUR)
+    assert during is not None and after is not None
+    assert math.isclose(during, after * 25, rel_tol=1e-12)  # (1/DAY + 1/HOUR) over 1/DAY
+
+
 def test_on_plan_the_gauge_and_the_ledger_agree_in_a_first_partial_period() -> None:
     """Charging every window from S = 06:30 at its quote, the ledger's spent ratio after each close equals
     the planned ratio at that time (to the ledger's rounding), as it does in a whole period."""

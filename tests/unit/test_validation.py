@@ -239,3 +239,46 @@ def test_pure_scope_accepts_laplace_and_exponential() -> None:
     )
     topology = load_topology_text(text, env={})
     assert topology.budgets["daily"].delta == 0.0
+
+
+CAPPED = "aggregate: count\n    mechanism: gaussian\n    contribution: {max_windows: 60}"
+
+
+def test_max_windows_loads_on_a_tumbling_window() -> None:
+    """contribution.max_windows is read as a positive whole number on a tumbling window."""
+    topology = load_topology_text(BASE.replace(METRIC_SPOT, CAPPED), path="t.yaml", env={})
+    assert topology.metrics["m"].contribution.max_windows == 60
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "pattern"),
+    [
+        ("max_windows: 60", "max_windows: 0", r"^t\.yaml:20: metric 'm': contribution\.max_windows 0: must be at"),
+        ("max_windows: 60", "max_windows: 2.5", r"contribution\.max_windows 2\.5: must be a whole number"),
+        ("max_windows: 60", "max_window: 60", r"max_window.*max_windows"),
+    ],
+)
+def test_max_windows_field_errors(old: str, new: str, pattern: str) -> None:
+    """A bad max_windows value is one line naming the field, the value and the fix."""
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_topology_text(BASE.replace(METRIC_SPOT, CAPPED.replace(old, new)), path="t.yaml", env={})
+    assert "\n" not in str(info.value)
+
+
+def test_max_windows_refused_on_straddling_windows() -> None:
+    """A hopping window has windows across the period boundary: max_windows is refused with the fix."""
+    text = BASE.replace(METRIC_SPOT, CAPPED).replace("{tumbling: 1m}", "{hopping: 5m, every: 1m}")
+    with pytest.raises(ConfigError) as info:
+        load_topology_text(text, path="t.yaml", env={})
+    assert str(info.value) == (
+        "t.yaml:20: metric 'm': contribution.max_windows 60: window {hopping: 5m, every: 1m} has windows "
+        "straddling the 1d period boundary of budget 'daily', so one period's events would move which windows "
+        "count in the next; use a tumbling window whose size divides the period, or remove max_windows"
+    )
+
+
+def test_max_windows_refused_on_event_level_source() -> None:
+    """An event-level source has no unit to count windows of: max_windows is refused."""
+    text = BASE.replace(METRIC_SPOT, CAPPED).replace("privacy_unit: user_id", "privacy_unit: event")
+    with pytest.raises(ConfigError, match=r"^t\.yaml:20: .*max_windows 60: source 'clicks' is event-level.*remove"):
+        load_topology_text(text, path="t.yaml", env={})

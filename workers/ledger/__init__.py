@@ -15,8 +15,8 @@ One interface, two backends (Redis for production, in-process for `replay` and t
 contract test suite.
 
 A period's terms are fixed when it opens: its block copies cap, reserve, warn threshold,
-accounting and selection-δ cap at its first charge or refusal, and every check in that period
-uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
+accounting, selection-δ cap and period length at its first charge, refusal or grant, and every
+check in that period uses them. `open_ledger` registers the topology's scopes and the newest registration wins for
 future periods; while the current period's block exists, a registration that changes the
 accounting or period length, or shrinks the cap, is refused with a one-line ConfigError. Every
 charge carries the worker's config digest: a worker whose topology disagrees with the scope's
@@ -65,6 +65,7 @@ __all__ = [
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from dpstream.topology.model import Topology
 from dpstream.workers.ledger.base import DEFAULT_RETENTION_S, Ledger
@@ -108,23 +109,17 @@ async def open_ledger(
     of a period as still to come.
     """
     configs = scope_configs(topology) if topology is not None else {}
+    options: dict[str, Any] = {"clock": clock, "retention_s": retention_s, "schedule_start": schedule_start}
     if where == MEMORY:
         from dpstream.workers.ledger.memory import MemoryLedger
 
-        ledger: Ledger = MemoryLedger(configs, clock=clock, retention_s=retention_s, schedule_start=schedule_start)
+        ledger: Ledger = MemoryLedger(configs, **options)
     else:
         from dpstream.workers.ledger.connection import LedgerAddress
         from dpstream.workers.ledger.redis_backend import RedisLedger, connect
 
         address = LedgerAddress.parse(where)
-        redis_ledger = RedisLedger(
-            connect(address, max_connections),
-            address,
-            configs,
-            clock=clock,
-            retention_s=retention_s,
-            schedule_start=schedule_start,
-        )
+        redis_ledger = RedisLedger(connect(address, max_connections), address, configs, **options)
         try:
             await redis_ledger.check_durability(allow_volatile)  # the primary's and every replica's
             await redis_ledger.load_scripts()

@@ -4,11 +4,10 @@ Backends (`memory`, `redis`) only store and run the atomic steps (the `.lua` scr
 in-process ledger's dict writes, its charges decided by `decision.decide`); pricing, periods,
 status, history and reconciliation live here once.
 
-A period's terms (cap, reserve, warn threshold, accounting, selection-δ cap, period length) are
-copied into its block when it opens and hold for the whole period: pricing, status and every
-reserve check read the block's terms once it exists, the registered config's only before. Every
-charge carries the caller's own accounting, cap and period length, and a block whose terms are not
-the caller's refuses it, whatever registered last.
+A period's terms are its block's (`dpstream.workers.ledger`): pricing, status and every reserve
+check read them once the block exists, the registered config's only before. Every charge carries the
+caller's own accounting, cap and period length, and a block whose terms are not the caller's refuses
+it, whatever registered last.
 
 The per-release calls (`quote`, `charge`, `commit`, `stored_payload`) memoise what is a pure
 function of values that repeat from release to release (period names, unit conversions of a
@@ -18,19 +17,19 @@ cost, scope-name checks that passed); what they answer is unchanged.
 from __future__ import annotations
 
 __all__ = [
-    "parked_from_json",
     "Ledger",
     "ChargeTerms",
     "RawCharge",
     "DEFAULT_RETENTION_S",
 ]
 
+import json
 import re
 import time
 from abc import ABC, abstractmethod
 from calendar import timegm
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache, partial
 from typing import TypeVar
 
@@ -45,6 +44,7 @@ from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import Charge, ChargeTerms, RawCharge
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, version_schedule_start_key
+from dpstream.workers.ledger.reporting import iso
 from dpstream.workers.ledger.state import Op, ScopeState
 from dpstream.workers.ledger.steps import (
     REGISTER_REFUSED,
@@ -113,6 +113,9 @@ HORIZON_MARGIN_S = 3600
 tenth of the retention): a worker whose clock lags the charging one's by up to this still refuses
 it instead of charging afresh."""
 
+_SUMMARY_FIELDS = ("cap", "reserve", "spent", "granted", "refused", "grant", "delta_spent", "delta_cap")
+"""The block fields a `PeriodSummary` reports, in its field order (after the period's id and start)."""
+
 _PERIOD_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -132,10 +135,6 @@ def _terms(stored: Mapping[str, str], period: Mapping[str, str]) -> tuple[int, i
         int(period.get("reserve", stored["reserve"])),
         int(period.get("warn", stored["warn"])),
     )
-
-
-def _iso(ts: int) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @lru_cache(maxsize=1024)
@@ -198,7 +197,7 @@ class Ledger(ABC):
         for name, cfg in self._configs.items():
             fields = cfg.stored_fields()
             for _ in range(5):
-                stored = (await self._config_fields(name)).get("period_s")
+                stored = await self._read(name, lambda s: s.config.get("period_s"))
                 period_s = int(stored) if stored else cfg.period_s
                 pstart = _period_start(period_s, self._clock())
                 pid = _period_id(period_s, pstart)
@@ -229,7 +228,7 @@ class Ledger(ABC):
         It is also recorded with each of `scopes` (default: this ledger's topology's), see
         `record_schedule_start`."""
         _check_start(proposed)
-        start = await self._version_schedule_start(version_schedule_start_key(topology_version), proposed)
+        start = int(await self._set_nx(version_schedule_start_key(topology_version), str(proposed)) or proposed)
         await self.record_schedule_start(start, scopes)
         return start
 
@@ -250,21 +249,22 @@ class Ledger(ABC):
     async def recorded_version_schedule_start(self, topology_version: str) -> int | None:
         """The start recorded for this topology version, or None; read only (a scrape never records
         one: that would fix S at the first scrape instead of the first worker's start)."""
-        return await self._read_version_schedule_start(version_schedule_start_key(topology_version))
+        raw = await self._get(version_schedule_start_key(topology_version))
+        return None if raw is None else int(raw)
 
     async def resolve_ledger_id(self) -> str | None:
         """This ledger namespace's id (`ledger.identity`): created once (set-if-absent, so the first
         opener's proposal wins and every later open, here or elsewhere, reads it), then kept. None
         for the in-process ledger, which binds nothing: its records are charged to no ledger."""
         if not self._ledger_id_known:
-            got = await self._create_ledger_id(LEDGER_ID_KEY, new_ledger_id())
+            got = await self._set_nx(LEDGER_ID_KEY, new_ledger_id())
             self._ledger_id = None if got is None else check_ledger_id(got, f"{self.backend} ledger")
             self._ledger_id_known = True
         return self._ledger_id
 
     async def recorded_ledger_id(self) -> str | None:
         """The id stored for this namespace, or None; read only (`verify` never creates one)."""
-        got = await self._read_ledger_id(LEDGER_ID_KEY)
+        got = await self._get(LEDGER_ID_KEY)
         return None if got is None else check_ledger_id(got, f"{self.backend} ledger")
 
     @property
@@ -423,7 +423,7 @@ class Ledger(ABC):
         before = self._now_ms() - int(older_than_s * 1000)
         out: list[PendingRelease] = []
         for scope in await self.scopes():
-            out.extend(await self._pending(scope, before))
+            out.extend(await self._read(scope, partial(_pending_of, scope, before), before_ms=before))
         return sorted(out, key=lambda p: (p.charged_at_ms, p.release_id))
 
     async def scopes(self) -> list[str]:
@@ -436,19 +436,17 @@ class Ledger(ABC):
         inside this period (its first: nothing was spent before S); S is `schedule_start`, else the
         one recorded with the scope (`record_schedule_start`: the same for every reader), else the
         one this ledger prices with (a ledger whose workers recorded none with the scope yet)."""
-        stored = await self._stored(scope)
-        period_s = int(stored["period_s"])
         now = self._clock()
-        pstart = _period_start(period_s, now)
+        stored, period_s, pstart, pid = await self._current(scope, now)
         start = schedule_start
         if start is None:
             start = _schedule_start_of(stored)
         if start is None:
             start = self._schedule_start
         since = start if start is not None and pstart < start < now else pstart
-        pid = _period_id(period_s, pstart)
-        period = await self._period_fields(scope, pid)
-        breaker = _breaker_for(await self._breaker_fields(scope), pid)
+        period, breaker = await self._read(
+            scope, lambda s: (dict(s.periods.get(pid, {})), _breaker_for(s.breaker, pid)), (pid,)
+        )
         cap, reserve, warn = _terms(stored, period)
         accounting = period.get("accounting") or stored["accounting"]
         spent, grant = int(period.get("spent", 0)), int(period.get("grant", 0))
@@ -490,29 +488,24 @@ class Ledger(ABC):
     async def history(self, scope: str, limit: int = 30) -> list[PeriodSummary]:
         """The scope's period blocks, newest first."""
         await self._stored(scope)
-        out = []
-        for pid, start in await self._period_ids(scope, limit):
-            f = await self._period_fields(scope, pid)
-            out.append(
-                PeriodSummary(
-                    period_id=pid,
-                    start=start,
-                    cap_units=int(f.get("cap", 0)),
-                    reserve_units=int(f.get("reserve", 0)),
-                    spent_units=int(f.get("spent", 0)),
-                    charged=int(f.get("granted", 0)),
-                    refused=int(f.get("refused", 0)),
-                    grant_units=int(f.get("grant", 0)),
-                    delta_spent_units=int(f.get("delta_spent", 0)),
-                    delta_cap_units=int(f.get("delta_cap", 0)),
-                )
-            )
-        return out
+        newest = partial(sorted, key=_by_start, reverse=True)
+        index = await self._read(scope, lambda s: newest(s.period_index.items()), periods=limit)
+        blocks = await self._blocks(scope, [pid for pid, _ in index[:limit]])
+        return [
+            PeriodSummary(pid, start, *(int(blocks[pid].get(name, 0)) for name in _SUMMARY_FIELDS))
+            for pid, start in index[:limit]
+        ]
 
     async def audit(self, scope: str, since_ms: int = 0, limit: int | None = None) -> list[AuditEntry]:
         """The scope's audit trail from `since_ms` (epoch ms), oldest first."""
         check_scope_name(scope)
-        rows = await self._audit(scope, int(since_ms), limit)
+        since = int(since_ms)
+        rows = await self._read(
+            scope,
+            lambda s: [(i, dict(f)) for i, f in s.audit if int(i.split("-")[0]) >= since][:limit],
+            since_ms=since,
+            limit=limit,
+        )
         return [AuditEntry(id=i, kind=AuditKind(f["kind"]), fields=f) for i, f in rows]
 
     async def reconcile(self, scope: str) -> ReconcileReport:
@@ -524,10 +517,11 @@ class Ledger(ABC):
                 sums = audited.setdefault(entry.fields["period"], [0, 0])
                 sums[0] += int(entry.fields["cost"])
                 sums[1] += 1
-        pids = {pid for pid, _ in await self._period_ids(scope, None)} | set(audited)
+        pids = sorted(await self._read(scope, lambda s: set(s.period_index), periods=-1) | set(audited))
+        blocks = await self._blocks(scope, pids)
         rows = []
-        for pid in sorted(pids):
-            f = await self._period_fields(scope, pid)
+        for pid in pids:
+            f = blocks[pid]
             a = audited.get(pid, [0, 0])
             rows.append(PeriodReconcile(pid, int(f.get("spent", 0)), a[0], int(f.get("granted", 0)), a[1]))
         return ReconcileReport(scope, tuple(rows))
@@ -545,10 +539,7 @@ class Ledger(ABC):
         the period's total grant in units. Refused (ConfigError, nothing written) when more is asked
         than is left to grant: the reserve not yet granted, and no more than the cap has left."""
         _need_reason(reason, actor)
-        stored = await self._stored(scope)
-        period_s = int(stored["period_s"])
-        pstart = _period_start(period_s, self._clock())
-        pid = _period_id(period_s, pstart)
+        _, _, pstart, pid = await self._current(scope, self._clock())
         units = grant_to_units(amount)
         outcome, figures = await self._step(scope, (pid,), lambda s: decide_grant(s, pid, pstart, units, reason, actor))
         if outcome == "granted":
@@ -595,7 +586,10 @@ class Ledger(ABC):
     async def parked(self, scope: str) -> list[ParkedRelease]:
         """The scope's parked windows (held, or waiting for the worker's retry), oldest first."""
         _check_scope(scope)
-        return sorted(await self._parked(scope), key=lambda p: (p.parked_at_ms, p.release_id))
+        rows = await self._read(
+            scope, lambda s: [_parked_from_json(scope, r, json.loads(e)) for r, e in s.parked.items()]
+        )
+        return sorted(rows, key=lambda p: (p.parked_at_ms, p.release_id))
 
     async def retry_parked(self, scope: str, release_id: str | None, reason: str, actor: str) -> int:
         """Operator: let the worker retry one parked window (or all with None); audited with actor and
@@ -622,7 +616,7 @@ class Ledger(ABC):
 
     async def _stored(self, scope: str) -> dict[str, str]:
         check_scope_name(scope)
-        stored = await self._config_fields(scope)
+        stored = await self._read(scope, lambda s: dict(s.config))
         if not stored:
             known = ", ".join(await self._scopes()) or "none"
             raise ConfigError(
@@ -631,11 +625,20 @@ class Ledger(ABC):
             )
         return stored
 
-    async def _operator_breaker(self, scope: str, action: str, reason: str, actor: str) -> bool:
-        _need_reason(reason, actor)
+    async def _current(self, scope: str, now: float) -> tuple[dict[str, str], int, int, str]:
+        """A registered scope's config and period length, and the start and id of its period at `now`."""
         stored = await self._stored(scope)
         period_s = int(stored["period_s"])
-        pid = _period_id_uncached(period_s, self._clock())
+        pstart = _period_start(period_s, now)
+        return stored, period_s, pstart, _period_id(period_s, pstart)
+
+    async def _blocks(self, scope: str, pids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The period blocks `pids` as stored (empty: not opened), in one read."""
+        return await self._read(scope, lambda s: {pid: dict(s.periods.get(pid, {})) for pid in pids}, pids)
+
+    async def _operator_breaker(self, scope: str, action: str, reason: str, actor: str) -> bool:
+        _need_reason(reason, actor)
+        pid = (await self._current(scope, self._clock()))[3]
         now_ms = self._now_ms()
         return await self._step(scope, (), lambda s: decide_breaker(s, action, reason, actor, pid, now_ms))
 
@@ -645,20 +648,13 @@ class Ledger(ABC):
         """List a registered scope in the namespace's scope index (Redis: its own key, another slot)."""
 
     @abstractmethod
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
-        """Set `key` to `proposed` if absent; the stored value either way."""
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
+        """Set the namespace-wide `key` (a deployment's start, the ledger id) to `proposed` if absent;
+        the stored value either way (None: this backend keeps no such key)."""
 
-    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
-        """Set `key` to `proposed` if absent; the stored value either way (None: this backend has no id)."""
-        return None
-
-    async def _read_ledger_id(self, key: str) -> str | None:
-        """The value of `key`, or None."""
-        return None
-
-    async def _read_version_schedule_start(self, key: str) -> int | None:
-        """The value of `key`, or None; a backend that does not answer it reads as None (the in-process
-        ledger: its readers share the ledger object and read `schedule_start` instead)."""
+    async def _get(self, key: str) -> str | None:
+        """The value of a namespace-wide `key`, or None; a backend that does not answer it reads as None
+        (the in-process ledger: its readers share the ledger object and read `schedule_start` instead)."""
         return None
 
     async def _quote_snapshot(self, scope: str, pid: str, metrics: Sequence[str], window_end: int) -> Snapshot | None:
@@ -696,26 +692,7 @@ class Ledger(ABC):
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
 
     @abstractmethod
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]: ...
-
-    @abstractmethod
     async def _stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
-
-    @abstractmethod
-    async def _config_fields(self, scope: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _breaker_fields(self, scope: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]: ...
-
-    @abstractmethod
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        """(period id, start), newest first."""
-
-    @abstractmethod
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]: ...
 
     @abstractmethod
     async def _step(
@@ -729,11 +706,26 @@ class Ledger(ABC):
         """Read the scope (its config, breaker, period index, the blocks `pids`, and with `parked` its
         parked windows), `decide`, and apply the writes decided, atomically; the answer decided."""
 
-    @abstractmethod
-    async def _scopes(self) -> list[str]: ...
+    async def _read(
+        self,
+        scope: str,
+        read: Callable[[ScopeState], _A],
+        pids: Sequence[str] = (),
+        *,
+        periods: int = 0,
+        since_ms: int | None = None,
+        before_ms: int | None = None,
+        limit: int | None = None,
+    ) -> _A:
+        """`read` of the scope's state as one read that writes nothing: its config, breaker, parked
+        windows and blocks `pids`; the `periods` newest entries of its period index (-1: all); with
+        `since_ms` its audit entries from then (at most `limit`), with `before_ms` its releases pending
+        since then at the latest, and their records. A backend holding the whole `ScopeState` (in
+        process) answers it as a step deciding no write, everything in reach."""
+        return await self._step(scope, pids, lambda s: (read(s), ()), parked=True)
 
     @abstractmethod
-    async def _parked(self, scope: str) -> list[ParkedRelease]: ...
+    async def _scopes(self) -> list[str]: ...
 
 
 def _check_extra_periods(req: ReleaseRequest, period_s: int, pstart: int) -> None:
@@ -765,7 +757,7 @@ def _refused_change(cfg: ScopeConfig, raw: RawRegister, pid: str, period_end: in
     return ConfigError(
         f"budget scope {cfg.name!r}: {change} while period {pid} is open: the change takes effect only from "
         f"the next period; keep accounting {raw.block_accounting}, cap >= {cap:.6g} and period "
-        f"{raw.stored_period_s} s until {_iso(period_end)}, or use a new scope name"
+        f"{raw.stored_period_s} s until {iso(period_end)}, or use a new scope name"
     )
 
 
@@ -798,8 +790,25 @@ def _breaker_for(fields: Mapping[str, str], pid: str) -> BreakerInfo | None:
     return None
 
 
-def parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
-    """A `ParkedRelease` from a parked window's JSON entry (`steps.decide_park`) (shared by both backends)."""
+def _by_start(row: tuple[str, int]) -> tuple[int, str]:
+    """A period index entry's sort key: by start, as the Redis sorted set (ties by period id)."""
+    return row[1], row[0]
+
+
+def _pending_of(scope: str, before_ms: int, s: ScopeState) -> list[PendingRelease]:
+    """The scope's releases charged at `before_ms` or earlier and not yet published (a release whose
+    record is gone, past retention, is left out)."""
+    out = []
+    for rid, at in s.pending.items():
+        r = s.releases.get(rid)
+        if at <= before_ms and r:
+            cost, ws, we = int(r["cost"]), int(r["window_start"]), int(r["window_end"])
+            out.append(PendingRelease(rid, scope, str(r["period"]), str(r["metric"]), ws, we, cost, at, r["payload"]))
+    return out
+
+
+def _parked_from_json(scope: str, release_id: str, doc: Mapping[str, object]) -> ParkedRelease:
+    """A `ParkedRelease` from a parked window's JSON entry (`steps.decide_park`)."""
 
     def num(name: str) -> int:
         value = doc.get(name, 0)

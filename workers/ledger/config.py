@@ -18,13 +18,12 @@ from functools import cached_property
 from dpstream.topology.allocation import (
     MetricDemand,
     hour_weights,
-    paid_windows,
     period_weighted_windows,
     release_rates,
     release_share,
 )
 from dpstream.topology.errors import ConfigError
-from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window
+from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window, charged_windows
 from dpstream.topology.selection import scope_cap, selection_delta_total
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.keys import check_scope_name
@@ -50,8 +49,8 @@ class MetricShare:
 
     @property
     def paid_per_period(self) -> int:
-        """The windows a period pays for on plan (`topology.allocation.paid_windows`)."""
-        return paid_windows(self.per_period, self.max_windows)
+        """The windows a period pays for on plan (`topology.model.charged_windows`)."""
+        return charged_windows(self.per_period, self.max_windows)
 
 
 @dataclass(frozen=True)

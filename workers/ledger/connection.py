@@ -185,13 +185,17 @@ class LedgerAddress:
             )
         return self
 
-    def node_kwargs(self) -> dict[str, Any]:
-        """redis-py connection keywords for any data node (primary or replica): credentials and TLS."""
+    def node_kwargs(self, sentinel: bool = False) -> dict[str, Any]:
+        """redis-py connection keywords for any data node (primary or replica), or with `sentinel` for
+        a sentinel itself: timeouts, credentials and TLS files."""
         out: dict[str, Any] = dict(_TIMEOUTS)
-        if self.username:
-            out["username"] = self.username
-        if self.password:
-            out["password"] = self.password
+        username, password = (
+            (self.sentinel_username, self.sentinel_password) if sentinel else (self.username, self.password)
+        )
+        if username:
+            out["username"] = username
+        if password:
+            out["password"] = password
         if self.tls:
             out.update(dict(self.tls_files))
         return out
@@ -242,14 +246,9 @@ def connect(url: str | LedgerAddress, max_connections: int = 128) -> aioredis.Re
             address.direct_url, max_connections=max_connections, timeout=10, **address.node_kwargs()
         )
         return aioredis.Redis(connection_pool=pool)
-    sentinel_kwargs: dict[str, Any] = dict(_TIMEOUTS, ssl=address.tls)
-    if address.tls:
-        sentinel_kwargs.update(dict(address.tls_files))
-    if address.sentinel_username:
-        sentinel_kwargs["username"] = address.sentinel_username
-    if address.sentinel_password:
-        sentinel_kwargs["password"] = address.sentinel_password
-    manager = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs)
+    manager = Sentinel(
+        list(address.sentinels), sentinel_kwargs=dict(address.node_kwargs(sentinel=True), ssl=address.tls)
+    )
     client: aioredis.Redis[bytes] = manager.master_for(
         address.service,
         redis_class=aioredis.Redis,

@@ -1,7 +1,7 @@
 """The in-process ledger backend (offline `replay`, unit tests): the scripts' writes on dicts.
 
 A charge reads a `decision.View` of the scope's dicts, `decide`s and applies the `Decision`;
-the other steps are the small `.lua` scripts ported to Python.
+the other steps (`steps`) and every read (`Ledger._read`) run on the scope's `ScopeState` itself.
 
 Same contract as the Redis backend, checked by one contract test suite. Each step runs without
 awaiting, under a lock, so it is atomic for every task and thread of the process. Nothing is
@@ -12,25 +12,17 @@ from __future__ import annotations
 
 __all__ = ["MemoryLedger"]
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dpstream.topology.errors import InternalError
-from dpstream.workers.ledger.base import (
-    Ledger,
-    RawCharge,
-    parked_from_json,
-)
+from dpstream.workers.ledger.base import Ledger, RawCharge
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
+from dpstream.workers.ledger.keys import LEDGER_ID_KEY
 from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
-from dpstream.workers.ledger.types import ParkedRelease, PendingRelease
 
 _A = TypeVar("_A")
-
-_ALWAYS = ("kind", "period", "spent", "ratio", "actor")
-"""Audit fields every entry carries; other empty fields are left out (as the scripts' XADD does)."""
 
 
 def _payload(release: dict[str, Any]) -> bytes:
@@ -53,7 +45,7 @@ class MemoryLedger(Ledger):
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self._store: dict[str, ScopeState] = {}
-        self._deploy: dict[str, int] = {}
+        self._deploy: dict[str, str] = {}
         self._last_id = (0, -1)
 
     def _scope(self, scope: str) -> ScopeState:
@@ -68,13 +60,11 @@ class MemoryLedger(Ledger):
         self._last_id = last = (now_ms, 0) if now_ms > ms else (ms, seq + 1)
         return f"{last[0]}-{last[1]}"
 
-    def _xadd(self, s: ScopeState, now_ms: int, fields: dict[str, str]) -> None:
-        entry = {k: v for k, v in fields.items() if v != "" or k in _ALWAYS}
-        s.audit.append((self._next_audit_id(now_ms), entry))
-
     # ---- the scripts -------------------------------------------------------------------------
 
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
+        if key == LEDGER_ID_KEY:
+            return None  # the in-process ledger binds no id: its records are charged to no ledger
         with self._lock:
             return self._deploy.setdefault(key, proposed)
 
@@ -120,10 +110,6 @@ class MemoryLedger(Ledger):
 
     # ---- reads -----------------------------------------------------------------------------------
 
-    async def _parked(self, scope: str) -> list[ParkedRelease]:
-        with self._lock:
-            return [parked_from_json(scope, rid, json.loads(e)) for rid, e in self._scope(scope).parked.items()]
-
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
@@ -137,51 +123,6 @@ class MemoryLedger(Ledger):
             s = self._store.get(scope) or self._scope(scope)
             rel = s.releases.get(release_id)
             return None if rel is None else bytes(_payload(rel))
-
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
-        with self._lock:
-            s = self._scope(scope)
-            out = []
-            for rid, at in sorted(s.pending.items(), key=lambda kv: (kv[1], kv[0])):
-                if at > before_ms:
-                    continue
-                r = s.releases[rid]
-                out.append(
-                    PendingRelease(
-                        rid,
-                        scope,
-                        str(r["period"]),
-                        str(r["metric"]),
-                        int(r["window_start"]),
-                        int(r["window_end"]),
-                        int(r["cost"]),
-                        at,
-                        _payload(r),
-                    )
-                )
-            return out
-
-    async def _config_fields(self, scope: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._store[scope].config) if scope in self._store else {}
-
-    async def _breaker_fields(self, scope: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._scope(scope).breaker)
-
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]:
-        with self._lock:
-            return dict(self._scope(scope).periods.get(pid, {}))
-
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        with self._lock:
-            rows = sorted(self._scope(scope).period_index.items(), key=lambda kv: (-kv[1], kv[0]))
-            return rows if limit is None else rows[:limit]
-
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
-        with self._lock:
-            rows = [(i, dict(f)) for i, f in self._scope(scope).audit if int(i.split("-")[0]) >= since_ms]
-            return rows if limit is None else rows[:limit]
 
     async def _scopes(self) -> list[str]:
         with self._lock:

@@ -27,7 +27,6 @@ __all__ = ["RedisLedger", "connect"]
 
 import asyncio
 import itertools
-import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +38,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dpstream.topology.errors import ConfigError, InternalError
-from dpstream.workers.ledger.base import Ledger, RawCharge, parked_from_json
+from dpstream.workers.ledger.base import Ledger, RawCharge
 from dpstream.workers.ledger.connection import LedgerAddress, SentinelPool, connect
 from dpstream.workers.ledger.decision import Charge, Decision, View, decide, neighbours, writes
 from dpstream.workers.ledger.durability import check_durability, replica_problem
@@ -47,7 +46,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
 from dpstream.workers.ledger.state import Key, Op, ScopeState, apply_ops
-from dpstream.workers.ledger.types import ChargeResult, Outcome, ParkedRelease, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
@@ -152,17 +151,21 @@ class RedisLedger(Ledger):
         except (RedisError, OSError) as exc:
             raise LedgerUnavailable(f"ledger Redis {self._url} unavailable: {exc}") from exc
 
-    async def server_settings(self) -> dict[str, str]:
-        """`CONFIG GET appendonly / appendfsync` of the server (for the durability check)."""
+    async def server_settings(self, node: tuple[str, int] | None = None) -> dict[str, str]:
+        """`CONFIG GET appendonly / appendfsync` of the server, or of another `node` (a replica, a Cluster
+        node), for the durability check; a setting the server itself refuses to show reads as unset."""
+        client = self._client if node is None else self._address.node_client(*node)
         out: dict[str, str] = {}
-        for name in ("appendonly", "appendfsync"):
-            try:
-                got = await self._guard(self._client.config_get(name))
-            except LedgerUnavailable as exc:
-                if "unavailable" in str(exc):
-                    raise
-                got = {}
-            out.update(_hash(got))
+        try:
+            for name in ("appendonly", "appendfsync"):
+                try:
+                    out.update(_hash(await self._guard(client.config_get(name))))
+                except LedgerUnavailable as exc:
+                    if node is not None or "unavailable" in str(exc):
+                        raise
+        finally:
+            if node is not None:
+                await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
         return out
 
     async def replicas(self) -> list[tuple[str, int]]:
@@ -184,7 +187,7 @@ class RedisLedger(Ledger):
         check_durability(self._url, await self.server_settings(), allow_volatile)
         replicas = await self.replicas()
         for host, port in replicas:
-            got = await self._node_settings(host, port)
+            got = await self.server_settings((host, port))
             check_durability(f"{self._url} (replica {host}:{port})", got, allow_volatile)
         if self._address.min_replicas is None:
             self.min_replicas = 1 if self._address.sentinel or replicas else 0
@@ -203,19 +206,9 @@ class RedisLedger(Ledger):
         await self._guard(self._client.ping())  # the client learns the cluster's nodes
         cluster = cast("RedisCluster[bytes]", self._client)
         for node in cluster.get_nodes():
-            got = await self._node_settings(str(node.host), int(node.port))
+            got = await self.server_settings((str(node.host), int(node.port)))
             check_durability(f"{self._url} (node {node.host}:{node.port})", got, allow_volatile)
         self.min_replicas = 0
-
-    async def _node_settings(self, host: str, port: int) -> dict[str, str]:
-        """`CONFIG GET appendonly / appendfsync` of one other node (a replica, a Cluster node)."""
-        client = self._address.node_client(host, port)
-        try:
-            got = dict(await self._guard(client.config_get("appendonly")))
-            got.update(await self._guard(client.config_get("appendfsync")))
-        finally:
-            await client.aclose()  # type: ignore[attr-defined]  # types-redis 4.6 predates aclose
-        return _hash(got)
 
     async def _replicated(self, scope: str) -> None:
         """Return once everything written so far to `scope`'s primary is on `min_replicas` replicas,
@@ -274,29 +267,17 @@ class RedisLedger(Ledger):
     async def _index_scope(self, scope: str) -> None:
         await self._guard(self._client.sadd(self._scopes_index, scope))
 
-    async def _version_schedule_start(self, key: str, proposed: int) -> int:
+    async def _set_nx(self, key: str, proposed: str) -> str | None:
         key = in_namespace(key, self._namespace)
-        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first start wins)
-        pipe.set(key, proposed, nx=True)
-        pipe.get(key)
-        out = await self._guard(pipe.execute())
-        return int(out[1])
-
-    async def _create_ledger_id(self, key: str, proposed: str) -> str | None:
-        key = in_namespace(key, self._namespace)
-        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first id wins, forever)
+        pipe = self._client.pipeline(transaction=True)  # MULTI: SET NX, GET (the first value wins, forever)
         pipe.set(key, proposed, nx=True)
         pipe.get(key)
         out = await self._guard(pipe.execute())
         return _s(out[1])
 
-    async def _read_ledger_id(self, key: str) -> str | None:
+    async def _get(self, key: str) -> str | None:
         raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
         return None if raw is None else _s(raw)
-
-    async def _read_version_schedule_start(self, key: str) -> int | None:
-        raw = await self._guard(self._client.get(in_namespace(key, self._namespace)))
-        return int(raw) if raw is not None else None
 
     async def _charge(self, charge: Charge) -> RawCharge:
         """Queue the charge for its scope's flusher, which decides the queued charges on its cached
@@ -512,52 +493,42 @@ class RedisLedger(Ledger):
         raw = await self._guard(self._client.hget(self._keys(scope).release(release_id), "payload"))
         return bytes(raw) if raw is not None else None
 
-    async def _pending(self, scope: str, before_ms: int) -> list[PendingRelease]:
+    async def _read(
+        self,
+        scope: str,
+        read: Callable[[ScopeState], _A],
+        pids: Sequence[str] = (),
+        *,
+        periods: int = 0,
+        since_ms: int | None = None,
+        before_ms: int | None = None,
+        limit: int | None = None,
+    ) -> _A:
         k = self._keys(scope)
-        rows = await self._guard(self._client.zrangebyscore(k.pending, "-inf", before_ms, withscores=True))
-        out = []
-        for rid_b, score in rows:
-            rid = _s(rid_b)
-            r = await self._guard(self._client.hgetall(k.release(rid)))
-            if not r:
-                continue  # expired past retention
-            f = {_s(a): b for a, b in r.items()}
-            out.append(
-                PendingRelease(
-                    rid,
-                    scope,
-                    _s(f["period"]),
-                    _s(f["metric"]),
-                    int(f["window_start"]),
-                    int(f["window_end"]),
-                    int(f["cost"]),
-                    int(score),
-                    bytes(f["payload"]),
-                )
-            )
-        return out
-
-    async def _config_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).config)))
-
-    async def _breaker_fields(self, scope: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).breaker)))
-
-    async def _period_fields(self, scope: str, pid: str) -> dict[str, str]:
-        return _hash(await self._guard(self._client.hgetall(self._keys(scope).period(pid))))
-
-    async def _period_ids(self, scope: str, limit: int | None) -> list[tuple[str, int]]:
-        end = -1 if limit is None else limit - 1
-        rows = await self._guard(self._client.zrevrange(self._keys(scope).periods, 0, end, withscores=True))
-        return [(_s(pid), int(score)) for pid, score in rows]
-
-    async def _audit(self, scope: str, since_ms: int, limit: int | None) -> list[tuple[str, dict[str, str]]]:
-        rows = await self._guard(self._client.xrange(self._keys(scope).audit, f"{since_ms}-0", "+", count=limit))
-        return [(_s(i), _hash(f)) for i, f in rows]
-
-    async def _parked(self, scope: str) -> list[ParkedRelease]:
-        raw = await self._guard(self._client.hgetall(self._keys(scope).parked))
-        return [parked_from_json(scope, _s(rid), json.loads(doc)) for rid, doc in raw.items()]
+        pipe = self._client.pipeline(transaction=True)
+        for key in (k.config, k.breaker, k.parked, *map(k.period, pids)):
+            pipe.hgetall(key)
+        if periods:
+            pipe.zrevrange(k.periods, 0, periods - 1 if periods > 0 else -1, withscores=True)
+        if since_ms is not None:
+            pipe.xrange(k.audit, f"{since_ms}-0", "+", count=limit)
+        if before_ms is not None:
+            pipe.zrangebyscore(k.pending, "-inf", before_ms, withscores=True)
+        out = iter(await self._guard(pipe.execute()))
+        state = ScopeState(config=_hash(next(out)), breaker=_hash(next(out)), parked=_hash(next(out)))
+        state.periods = {pid: _hash(next(out)) for pid in pids}
+        if periods:
+            state.period_index = {_s(pid): int(start) for pid, start in next(out)}
+        if since_ms is not None:
+            state.audit = [(_s(i), _hash(f)) for i, f in next(out)]
+        if before_ms is not None:
+            state.pending = {_s(rid): int(at) for rid, at in next(out)}
+            pipe = self._client.pipeline(transaction=False)
+            for rid in state.pending:
+                pipe.hgetall(k.release(rid))
+            for rid, r in zip(state.pending, await self._guard(pipe.execute()), strict=True):
+                state.releases[rid] = {_s(a): bytes(b) if a == b"payload" else _s(b) for a, b in r.items()}
+        return read(state)
 
     async def _scopes(self) -> list[str]:
         return sorted(_s(s) for s in await self._guard(self._client.smembers(self._scopes_index)))

@@ -51,13 +51,10 @@ class RawRegister:
 def decide_register(
     s: ScopeState, fields: Mapping[str, str], actor: str, now_ms: int, pid: str, period_s: int
 ) -> tuple[RawRegister, tuple[Op, ...]]:
-    """Store a scope's config (`pid`: the current period under `period_s`, the stored length if any).
-
-    The newest registration wins for future periods; an open block keeps the terms it opened
-    with, so while the current period's block exists a change of accounting or period length, or
-    a smaller cap, is refused (a larger cap, reserve or warn applies from the next period); so is a
-    change of period length while any block starts inside the new length's current period (hourly
-    to daily at 10:00 would open a daily block over ten hourly ones)."""
+    """Store a scope's config (`pid`: the current period under `period_s`, the stored length if any),
+    or refuse a change of the open period's terms (`Ledger.register`): a change of period length is
+    refused too while any block starts inside the new length's current period (hourly to daily at
+    10:00 would open a daily block over ten hourly ones)."""
     cfg = s.config
     old = cfg.get("digest")
     if old == fields["digest"]:
@@ -198,26 +195,11 @@ def decide_retry(s: ScopeState, release_id: str, actor: str, reason: str, now_ms
         if e is None or e["state"] != "parked":
             continue
         e.update(state="retry", retry_actor=actor, retry_reason=reason, retry_at=now_ms)
-        ops.append(("HSET", ("parked",), (rid, json.dumps(e))))
-        ops.append(
-            _audit(
-                "retry",
-                "period",
-                e["period"],
-                "release_id",
-                rid,
-                "metric",
-                e["metric"],
-                "attempts",
-                str(e["attempts"]),
-                "actor",
-                actor,
-                "state",
-                "retry",
-                "reason",
-                reason,
-            )  # fmt: skip
-        )
+        audit = _audit(
+            "retry", "period", e["period"], "release_id", rid, "metric", e["metric"], "attempts", str(e["attempts"]),
+            "actor", actor, "state", "retry", "reason", reason,
+        )  # fmt: skip
+        ops += [("HSET", ("parked",), (rid, json.dumps(e))), audit]
     return len(ops) // 2, tuple(ops)
 
 

@@ -98,11 +98,14 @@ def chargeable_float(units: int) -> float:
 
     A release calibrated with this cost is charged (rounded up) no more than `units`.
     """
-    if units <= 0:
-        return 0.0
-    value = units / UNITS_PER_CURRENCY
+    return _float_at_most(units, UNITS_PER_CURRENCY) if units > 0 else 0.0
+
+
+def _float_at_most(units: int, scale: int) -> float:
+    """The largest float whose exact value is at most `units` / `scale`, compared in integers."""
+    value = units / scale
     n, d = value.as_integer_ratio()
-    while n * UNITS_PER_CURRENCY > units * d:  # value = n/d is above units/1e12, in integers
+    while n * scale > units * d:  # value = n/d is above units/scale
         value = math.nextafter(value, 0.0)
         n, d = value.as_integer_ratio()
     return value
@@ -151,8 +154,4 @@ def ledger_delta(delta: float) -> float:
         raise ConfigError(
             f"selection delta per release {delta!r} is below the ledger's unit (1e-18): choose a larger delta"
         )
-    exact = Fraction(units, DELTA_UNITS_PER_DELTA)
-    value = units / DELTA_UNITS_PER_DELTA
-    while Fraction(value) > exact:
-        value = math.nextafter(value, 0.0)
-    return value
+    return _float_at_most(units, DELTA_UNITS_PER_DELTA)

@@ -18,8 +18,10 @@ in. Per (unit, window):
   the retained (order, value) pairs, so a smaller-ordered one arriving later replaces the largest.
 
 The window's aggregate follows that state (a replaced or evicted contribution is taken out
-again). Replaying a partition from the first event of an open window feeds it the same records,
-so it rebuilds the same partial.
+again). With `contribution.max_windows`, each window's close then takes out, whole, the units whose
+count of windows this period has reached the cap (`window_caps`): as if their events had never come.
+Replaying a partition from the first event of an open window feeds it the same records, so it
+rebuilds the same partial.
 
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
@@ -38,10 +40,12 @@ import math
 from bisect import insort
 from typing import Any
 
+from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Aggregate, Metric, Source
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
+from dpstream.workers.pipeline.window_caps import CountDelta, WindowCaps
 
 PartialValues = dict[str, Any]
 """key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""
@@ -97,9 +101,11 @@ class MetricAccumulator:
         first_start: int,
         *,
         until: int | None = None,
+        period_s: int | None = None,
     ) -> None:
         """`first_start`: the first window of the schedule not yet emitted here (on the grid);
-        `until`: no window ending after it is ever emitted (replay's `--to`)."""
+        `until`: no window ending after it is ever emitted (replay's `--to`); `period_s`: the metric's
+        budget period, needed by a metric with `contribution.max_windows` (its counts are per period)."""
         self.metric = metric
         self.size = metric.window.size_s
         self.every = metric.window.every_s
@@ -146,6 +152,15 @@ class MetricAccumulator:
         self.skips = [0] * len(SKIP_REASONS)
         """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
         outside its declared keys, no value field. A list, so the hot path bumps one int slot."""
+        cap = metric.contribution.max_windows
+        if cap is not None and period_s is None:
+            raise InternalError(f"metric {metric.name!r}: max_windows counts per period, and no period was given")
+        self.caps = WindowCaps(metric.name, cap, period_s) if cap is not None and period_s is not None else None
+        """The per-unit window counts of `contribution.max_windows` (None without it)."""
+        self.capped_windows = 0
+        """(unit, window) pairs max_windows dropped: the unit had counted in max_windows windows this period."""
+        self.deltas: list[CountDelta] = []
+        """Count deltas of windows closed here and not yet taken by the driver (`take_deltas`)."""
         self.add_fn = self._make_add()
         """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
@@ -338,32 +353,66 @@ class MetricAccumulator:
         del priority[(unit, evicted)]
         if len(st.rejected) < _REJECTED_KEPT:
             st.rejected.add((unit, evicted))
-        gone = st.kept.pop((unit, evicted))
+        self.capped += self._take_out(st, (unit, evicted), evicted)  # count_units: every event on that key
+        return True
+
+    def _take_out(self, st: _WindowState, uk: Any, key: str) -> int:
+        """Remove what `uk` ((unit, key), or the unit of an ungrouped metric) holds in a window, as if it
+        had never come: the aggregate moves back, and a key no unit holds any more leaves it. Returns
+        how many contributions (count_units: events seen) it held."""
+        gone = st.kept.pop(uk)
         agg, kind = st.agg, self._kind
         if kind == _COUNT:
-            self.capped += gone
-            left = agg[evicted] = agg[evicted] - gone
+            n = gone
+            left = agg[key] = agg[key] - gone
         elif kind == _UNITS:
-            self.capped += gone  # every event of the unit on that key
-            left = agg[evicted] = agg[evicted] - 1
-        elif kind == _SUM:
-            if type(gone) is tuple:  # max_per_key 1: the pair itself
-                gone = [gone]
-            self.capped += len(gone)
-            agg[evicted] -= sum(v for _, v in gone)
-            left = st.support[evicted] = st.support[evicted] - 1
-            if not left:
-                del st.support[evicted]
+            n = gone
+            left = agg[key] = agg[key] - 1
         else:
-            if type(gone) is tuple:
-                gone = [gone]
-            self.capped += len(gone)
-            pair = agg[evicted]
-            pair[0] -= sum(v for _, v in gone)
-            left = pair[1] = pair[1] - len(gone)
+            pairs = [gone] if type(gone) is tuple else gone  # max_per_key 1: the pair itself
+            n = len(pairs)
+            if kind == _SUM:
+                agg[key] -= sum(v for _, v in pairs)
+                if self._group is None:  # the one key is held while any unit is
+                    left = len(st.kept)
+                else:
+                    left = st.support[key] = st.support[key] - 1
+                    if not left:
+                        del st.support[key]
+            else:
+                pair = agg[key]
+                pair[0] -= sum(v for _, v in pairs)
+                left = pair[1] = pair[1] - n
         if not left:  # no unit holds the key any more: as if it had never come
-            del agg[evicted]
-        return True
+            del agg[key]
+        return n
+
+    def _apply_caps(self, start: int, st: _WindowState | None) -> None:
+        """`contribution.max_windows` at the close of window `start`: drop the units present whose
+        count has reached the cap (`WindowCaps.close`) and keep the delta of those included."""
+        caps = self.caps
+        assert caps is not None
+        grouped = self._group is not None
+        present = () if st is None else (st.unit_keys if grouped else st.kept)
+        dropped, delta = caps.close(start, present)
+        if delta is not None:
+            self.deltas.append(delta)
+        if not dropped:
+            return
+        assert st is not None  # someone was present
+        self.capped_windows += len(dropped)
+        for unit in dropped:
+            if grouped:
+                for key in st.unit_keys.pop(unit):
+                    self._take_out(st, (unit, key), key)
+            else:
+                self._take_out(st, unit, "")
+
+    def take_deltas(self) -> list[CountDelta]:
+        """The count deltas of the windows closed since the last call (the driver persists them before it
+        commits progress past those windows)."""
+        out, self.deltas = self.deltas, []
+        return out
 
     # -- closing -------------------------------------------------------------------------
     def close_time(self, start: int) -> int:
@@ -390,6 +439,8 @@ class MetricAccumulator:
             if limit is not None and len(out) >= limit:
                 break
             st = windows.pop(s, None)
+            if self.caps is not None:
+                self._apply_caps(s, st)
             if st is None:
                 out.append((s, {}))
             else:

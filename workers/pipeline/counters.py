@@ -35,6 +35,10 @@ class EventCounts:
     invalid: Counter[str] = field(default_factory=Counter)
     skips: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(metric, skip reason) → events that metric skipped; sums to `skipped`."""
+    capped_windows: Counter[str] = field(default_factory=Counter)
+    """metric → (unit, window) pairs `contribution.max_windows` dropped: the unit had already counted in
+    max_windows windows of the period, so its contributions to that window were left out (a count only,
+    curator-side: never which unit)."""
 
     def skips_by_metric(self) -> dict[str, dict[str, int]]:
         """metric → {skip reason: events} for the metrics that skipped any (reasons in `SKIP_REASONS`
@@ -56,4 +60,5 @@ class EventCounts:
             "skipped": self.skipped,
         }
         out.update({f"invalid:{r}": n for r, n in sorted(self.invalid.items())})
+        out.update({f"capped_windows:{m}": n for m, n in sorted(self.capped_windows.items())})
         return out

@@ -24,10 +24,10 @@ __all__ = ["RecordLike", "BatchOutput", "PartitionPipeline", "MAX_WINDOWS_PER_CL
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from dpstream.topology.errors import EventError
+from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
@@ -37,6 +37,7 @@ from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import DeadLetter, EventParser
 from dpstream.workers.pipeline.partials import WindowPartial
 from dpstream.workers.pipeline.unit_ids import unit_hasher
+from dpstream.workers.pipeline.window_caps import CountDelta
 
 MAX_WINDOWS_PER_CLOSE = 5_000
 """Windows one metric emits per close call (a long catch-up is emitted over several calls)."""
@@ -57,10 +58,12 @@ class RecordLike(Protocol):
 
 @dataclass(frozen=True)
 class BatchOutput:
-    """What one batch (or close, or flush) produced: partials to publish, dead letters to park."""
+    """What one batch (or close, or flush) produced: partials to publish, dead letters to park, and the
+    `contribution.max_windows` count deltas of the windows closed (persisted before progress passes them)."""
 
     partials: list[WindowPartial]
     dead_letters: list[DeadLetter]
+    counted: list[CountDelta] = field(default_factory=list)
 
 
 class PartitionPipeline:
@@ -80,6 +83,7 @@ class PartitionPipeline:
         until: int | None = None,
         check_keys: bool = False,
         event_range: tuple[float, float] | None = None,
+        counted: Iterable[CountDelta] | None = None,
     ) -> None:
         """`schedule_start`: the schedule start S; `partitions`: how many partitions the source
         has (every partial says so, the merger checks it); `resume`: metric → next window start to
@@ -87,7 +91,9 @@ class PartitionPipeline:
         `until`: replay's end of schedule; `check_keys`: dead-letter records whose Kafka key is
         not their unit (`key_mismatch`) and, for a `keyed_by_unit` source, records not in the
         partition their key hashes to under the source's partitioner over `partitions`
-        (`wrong_partition`); `event_range`: replay's [from, to) for event times."""
+        (`wrong_partition`); `event_range`: replay's [from, to) for event times; `counted`: the
+        `contribution.max_windows` count deltas this partition persisted (any order, duplicates and
+        other metrics' included), required when a capped metric resumes past its period's first window."""
         self.source = topology.sources[source]
         self.topic = topic or self.source.topic
         self.partition = partition
@@ -102,9 +108,11 @@ class PartitionPipeline:
                 # max of an int and -inf is that int
                 int(max(Schedule.of(m, schedule_start).first_window(), resume.get(m.name, -math.inf))),
                 until=until,
+                period_s=topology.budgets[m.budget].period_s,
             )
             for m in metrics
         ]
+        self._restore_caps(list(counted) if counted is not None else None)
         self._parser = EventParser(
             self.source,
             value_fields=[m.value for m in metrics if m.value],
@@ -126,6 +134,26 @@ class PartitionPipeline:
         self._marks: list[tuple[float, int]] = []
         """(wall-clock time T, end offset read at T) not yet reached by consumption."""
         self.counts = EventCounts()
+
+    def _restore_caps(self, counted: list[CountDelta] | None) -> None:
+        """Rebuild each capped metric's counts from the persisted deltas; without them, refuse to resume
+        a capped metric past the first window of its period in the schedule (its counts would restart
+        at zero and let a unit count in more than max_windows windows)."""
+        for acc in self._accs:
+            caps = acc.caps
+            if caps is None:
+                continue
+            period = acc.first_start // caps.period_s * caps.period_s
+            first_of_period = Schedule.of(acc.metric, self.schedule_start).starts(since=period)
+            if counted is None:
+                if acc.first_start != next(first_of_period):
+                    raise ConfigError(
+                        f"metric '{acc.metric.name}': contribution.max_windows: partition {self.partition} resumes "
+                        f"at window {acc.first_start} inside its period without the persisted window counts; "
+                        "give the pipeline its count deltas (counted=...) or restart from the period's start"
+                    )
+                continue
+            caps.restore(counted, acc.first_start)
 
     # -- hot path ----------------------------------------------------------------------
     def process_batch(self, records: Iterable[RecordLike]) -> BatchOutput:
@@ -194,7 +222,7 @@ class PartitionPipeline:
         self.last_offset = offset
         self.counts.accepted += accepted
         self.counts.late += late
-        return BatchOutput(self._close_reached(), dead)
+        return self._output(self._close_reached(), dead)
 
     def _key_problem(self, rec: RecordLike, unit: str) -> str | None:
         """With `check_keys`: `key_mismatch` when the Kafka key is not the event's unit, `wrong_partition`
@@ -223,7 +251,7 @@ class PartitionPipeline:
         due = self.next_close_time()
         if due is not None and read_at >= due and (not self._marks or read_at > self._marks[-1][0]):
             self._marks.append((read_at, end_offset))
-        return BatchOutput(self._close_reached(), [])
+        return self._output(self._close_reached(), [])
 
     def next_offset(self) -> int:
         """The offset of the next record this pipeline expects (where consumption resumes for it)."""
@@ -265,8 +293,12 @@ class PartitionPipeline:
         while True:
             got = self.close_through(through)
             if not got:
-                return BatchOutput(out, [])
+                return self._output(out, [])
             out.extend(got)
+
+    def _output(self, partials: list[WindowPartial], dead: list[DeadLetter]) -> BatchOutput:
+        """A batch's output with the count deltas of every window closed since the last one."""
+        return BatchOutput(partials, dead, [d for acc in self._accs if acc.caps is not None for d in acc.take_deltas()])
 
     # -- commit ------------------------------------------------------------------------
     def safe_offset(self) -> int | None:
@@ -288,6 +320,9 @@ class PartitionPipeline:
         (metric, reason), every reason of every metric of the source, zeros included)."""
         c = self.counts
         c.capped = sum(a.capped for a in self._accs)
+        for a in self._accs:
+            if a.caps is not None:
+                c.capped_windows[a.metric.name] = a.capped_windows
         c.clamped = sum(a.clamped for a in self._accs)
         c.skipped = sum(a.skipped for a in self._accs)
         for a in self._accs:

@@ -170,6 +170,7 @@ async def replay_lines(
         e.skipped += c.skipped
         e.invalid.update(c.invalid)
         e.skips.update(c.skips)
+        e.capped_windows.update(c.capped_windows)
     return summary
 
 

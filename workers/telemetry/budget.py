@@ -13,13 +13,18 @@ Per `scope` (the topology's budget scopes that are registered in the ledger):
     dpstream_budget_planned_ratio{scope}               what the plan has spent by now, / cap (from S in
                                                        the deployment's first period: `planned_spent`)
     dpstream_budget_spent_total{scope,currency}        counter: spend summed over every period block
-    dpstream_budget_planned_spend_rate{scope,currency} pool / period seconds: currency per second on plan
-                                                       (pool / (period end − S) in the first period)
+    dpstream_budget_planned_spend_rate{scope,currency} currency per second the plan spends now: each
+                                                       metric's part of the pool / period seconds (/ (period
+                                                       end − S) in the first period), plus for a metric under
+                                                       contribution.max_windows m its per-release cost / window
+                                                       every_s until its m-th window of the period ends (its
+                                                       whole share is spent in its first m), 0 after
     dpstream_budget_epsilon_spent{scope}               ε-equivalent of this period's spend
     dpstream_budget_period_end_timestamp_seconds{scope}
     dpstream_budget_period_seconds{scope}
     dpstream_budget_reserve_ratio{scope}               reserve / cap of this period
-    dpstream_budget_projected_ratio{scope}             spend at the current rate, at period end, / cap
+    dpstream_budget_projected_ratio{scope}             spend at the period's average rate, at period end, / cap
+                                                       (the ledger's; the alert rules project along the plan)
     dpstream_budget_state{scope,state}                 1 for the current of normal|warning|open
     dpstream_breaker_open{scope}
     dpstream_releases_parked{scope}                    windows parked now (repeated internal release
@@ -159,23 +164,66 @@ def planned_spend_rate(
     period_start: int | None = None,
     period_end: int | None = None,
     schedule_start: int | None = None,
+    *,
+    now: float | None = None,
 ) -> float:
-    """Currency per second the plan spends: the pool over the period's length (the burn-rate
-    denominator: rate(dpstream_budget_spent_total) / this = 1 on plan).
+    """Currency per second the plan spends at `now` (the burn-rate denominator: rate(dpstream_budget_spent_total)
+    over a window / this averaged over the same window = 1 on plan).
 
-    In a deployment's first period (S after the period start) the ledger spends the whole pool in
-    the time from S to the period end, so the rate is pool / (period end − S): a burn rate of 1
-    still means "on plan", and a deployment that starts late in a period does not read as burning
-    fast (from 18:00 on a daily scope the plan itself spends 4× the daily rate). When no window of
-    the period starts at or after S the plan spends nothing in it: 0 (the burn-rate rules then
-    have no series, as for a scope with nothing planned). From the next period on it is the pool
-    over the period's length again."""
+    A metric without `contribution.max_windows` spends its part of the pool evenly over the period. A
+    metric under max_windows m spends its whole share in its first m windows (`planned_spent`): its
+    per-release cost per `every` seconds (cost / window every_s) from one `every` before its first
+    window of the period ends until its m-th ends, then 0. Its rate integrates to exactly
+    `planned_spent` at each of its window ends, and the sum over the period to the pool. On a 1-day
+    scope of an hourly metric and a minute metric under m = 60 of equal weight the rate is the minute
+    metric's half of the pool over the first hour plus the hourly one's half over the day, then the
+    latter alone. Without `now` (or without the period) it is the period's average, pool over its length.
+
+    In a deployment's first period (S after the period start) the ledger spends the whole pool on the
+    windows from S (`ScopePlan.planned_from`), so the spread-out part is spread over the time from S to
+    the period end (pool / (period end − S) with no capped metric): a burn rate of 1 still means "on
+    plan", and a deployment that starts late in a period does not read as burning fast (from 18:00 on
+    a daily scope the plan itself spends 4× the daily rate). When no window of the period starts at or
+    after S the plan spends nothing in it: 0 (the burn-rate rules then have no series, as for a scope
+    with nothing planned). From the next period on it is the whole period's rate again."""
     period_s = float(scope_plan.period_s)
-    if period_start is None or period_end is None or schedule_start is None or schedule_start <= period_start:
-        return float(scope_plan.pool) / period_s if period_s > 0 else 0.0
-    if not any(n for n, _ in scope_plan.planned_from(period_start, period_end, schedule_start).values()):
+    pool = float(scope_plan.pool)
+    if period_start is None or period_end is None:
+        return pool / period_s if period_s > 0 else 0.0
+    planned = scope_plan.planned_from(period_start, period_end, schedule_start)
+    span = period_s
+    if schedule_start is not None and schedule_start > period_start:
+        if not any(n for n, _ in planned.values()):
+            return 0.0
+        span = float(period_end - int(schedule_start))
+    if span <= 0:
         return 0.0
-    return float(scope_plan.pool) / (period_end - int(schedule_start))
+    capped = [m for m in scope_plan.metrics if m.max_windows is not None]
+    if now is None or not capped:
+        return pool / span
+    even = math.fsum(planned[m.name][0] * planned[m.name][1] for m in scope_plan.metrics if m.max_windows is None)
+    front = math.fsum(
+        planned[m.name][1] / m.window_every_s
+        for m in capped
+        if _front_loading(m, planned[m.name][0], period_start, period_end, now, schedule_start)
+    )
+    return even / span + front
+
+
+def _front_loading(
+    metric: Any, paid: int, period_start: int, period_end: int, now: float, schedule_start: int | None
+) -> bool:
+    """True while a metric under max_windows spends on plan at `now`: from one `every` before its first
+    window of the period (from S) ends until its `paid`-th window ends."""
+    if paid <= 0 or metric.window_every_s <= 0:
+        return False
+    schedule = Schedule(metric.window_size_s, metric.window_every_s, schedule_start)
+    lo = period_start if schedule_start is None or schedule_start <= period_start else int(schedule_start)
+    first = schedule.first_start_at_or_after(lo)
+    if first >= period_end:
+        return False
+    begins = first + metric.window_size_s - metric.window_every_s
+    return begins <= now and schedule.ended(period_start, period_end, now) < paid
 
 
 def as_published(status: Any, unpublished_units: int) -> Any:
@@ -423,7 +471,9 @@ class BudgetReader:
                 planned_ratio(plan, status.period_start, status.period_end, now, start) if plan is not None else None
             ),
             planned_spend_rate=(
-                planned_spend_rate(plan, status.period_start, status.period_end, start) if plan is not None else None
+                planned_spend_rate(plan, status.period_start, status.period_end, start, now=now)
+                if plan is not None
+                else None
             ),
             parked=len(await ledger.parked(scope)),
         )
@@ -523,8 +573,9 @@ def budget_families(figures: Sequence[ScopeFigures]) -> Iterator[Metric]:
     )
     rate = gauge(
         "dpstream_budget_planned_spend_rate",
-        "Currency per second the plan spends: pool / period seconds "
-        "(in the deployment's first period: pool / seconds from its start to the period end).",
+        "Currency per second the plan spends now: each metric's part of the pool / period seconds (in the "
+        "deployment's first period: / seconds from its start to the period end); a metric under "
+        "contribution.max_windows m adds its per-release cost / window step until its m-th window ends, then 0.",
         ["scope", "currency"],
     )
     eps = gauge(

@@ -101,6 +101,8 @@ def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
         into.invalid[reason] += n
     for pair, n in _copy(counts.skips).items():
         into.skips[pair] += n
+    for metric, n in _copy(counts.capped_windows).items():
+        into.capped_windows[metric] += n
     return into
 
 
