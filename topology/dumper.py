@@ -18,6 +18,7 @@ from dpstream.topology.model import (
     Accounting,
     Budget,
     Contribution,
+    HourlyShape,
     KafkaSettings,
     Metric,
     PostProcess,
@@ -48,7 +49,7 @@ def topology_document(topology: Topology) -> dict[str, Any]:
         doc["redis"] = {"url": topology.redis.url}
     doc["sources"] = {name: _source(s) for name, s in topology.sources.items()}
     doc["budgets"] = {name: _budget(b) for name, b in topology.budgets.items()}
-    doc["metrics"] = {name: _metric(m) for name, m in topology.metrics.items()}
+    doc["metrics"] = {name: _metric(m, topology.budgets.get(m.budget)) for name, m in topology.metrics.items()}
     sinks: dict[str, Any] = {"releases": topology.sinks.releases, "dead_letter": topology.sinks.dead_letter}
     if topology.sinks.partials:
         sinks["partials"] = topology.sinks.partials
@@ -99,10 +100,17 @@ def _budget(budget: Budget) -> dict[str, Any]:
         out["on_warning"] = {"stretch": budget.on_warning.stretch}
     elif budget.on_warning.thin != WarningPolicy().thin:
         out["on_warning"] = {"thin": budget.on_warning.thin}
+    if budget.schedule is not None:
+        out["schedule"] = _schedule(budget.schedule)
     return out
 
 
-def _metric(metric: Metric) -> dict[str, Any]:
+def _schedule(shape: HourlyShape) -> Any:
+    """A named shape by its name, any other as its 24 weights."""
+    return shape.name if shape.name is not None else list(shape.hours)
+
+
+def _metric(metric: Metric, budget: Budget | None = None) -> dict[str, Any]:
     window = metric.window
     out: dict[str, Any] = {
         "source": metric.source,
@@ -138,4 +146,6 @@ def _metric(metric: Metric) -> dict[str, Any]:
         out["may_use_reserve"] = True
     if metric.postprocess != PostProcess():
         out["postprocess"] = {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero}
+    if metric.schedule != (budget.schedule if budget is not None else None):
+        out["schedule"] = "flat" if metric.schedule is None else _schedule(metric.schedule)
     return out

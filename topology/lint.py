@@ -7,10 +7,12 @@ __all__ = ["DEFAULT_DELTA_CEILING", "lint_topology"]
 from collections.abc import Callable
 from fractions import Fraction
 
+from dpstream.topology.allocation import hour_weights
 from dpstream.topology.composition import unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigWarning
 from dpstream.topology.model import EVENT_LEVEL_LABEL, Accounting, Budget, Mechanism, Topology, WindowKind
+from dpstream.topology.schedule import Schedule
 from dpstream.topology.validation import SourceMap
 
 DEFAULT_DELTA_CEILING = 1e-5
@@ -37,6 +39,7 @@ def lint_topology(topology: Topology, source_map: SourceMap | None = None) -> li
         _lint_budget(topology, budget, where, warn)
     _lint_composition(topology, warn)
     _lint_windows(topology, warn)
+    _lint_schedules(topology, warn)
     return [warning for _, warning in sorted(found, key=lambda item: item[0])]
 
 
@@ -145,6 +148,29 @@ def _lint_windows(topology: Topology, warn: _Warn) -> None:
                 f"metric '{metric.name}': window {{hopping: {format_duration(window.size_s)}, every: "
                 f"{format_duration(window.every_s)}}}: {straddling} window(s) per period straddle the "
                 f"{format_duration(scope.period_s)} period boundary and are charged to both periods",
+            )
+
+
+def _lint_schedules(topology: Topology, warn: _Warn) -> None:
+    """A shaped metric under `max_windows` m with m or more windows per period at its top weight: the
+    period pays only its m costliest windows, all at the top weight, which then cost what they cost
+    flat; the shape only makes the other windows cheaper (`topology.allocation`)."""
+    for metric in topology.metrics.values():
+        weights = hour_weights(metric.schedule)
+        cap = metric.contribution.max_windows
+        scope = topology.budgets.get(metric.budget)
+        if weights is None or cap is None or scope is None:
+            continue
+        counts = Schedule.of(metric).starts_by_hour(0, scope.period_s)
+        top = max(weights)
+        up = sum(n for n, h in zip(counts, weights, strict=True) if h == top)
+        if up >= cap:
+            warn(
+                ("metric", metric.name, "schedule"),
+                f"metric '{metric.name}': schedule up-weights {up} windows per period, but contribution."
+                f"max_windows {cap} pays only the {cap} costliest, all up-weighted: they cost what they cost "
+                f"flat and the shape only makes the others cheaper; up-weight fewer than {cap} windows, or use "
+                "schedule: flat",
             )
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "read_topology",
 ]
 
+import dataclasses
 import datetime as dt
 import itertools
 import os
@@ -25,18 +26,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dpstream.topology.durations import format_duration
 from dpstream.topology.errors import ConfigError, ConfigWarning
 from dpstream.topology.lint import lint_topology
 from dpstream.topology.model import (
     DEFAULT_PUBLISH_DELAY_S,
     EVENT_LEVEL_UNIT,
+    HOURS_PER_DAY,
     KAFKA_SASL_MECHANISMS,
+    NAMED_SHAPES,
     Accounting,
     Aggregate,
     Arrival,
     Bounds,
     Budget,
     Contribution,
+    HourlyShape,
     KafkaProtocol,
     KafkaSettings,
     Mechanism,
@@ -81,7 +86,17 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "arrival",
         "partitioner",
     ),
-    "budget": ("epsilon", "delta", "accounting", "period", "reserve", "warn_at", "on_warning", "expected_units"),
+    "budget": (
+        "epsilon",
+        "delta",
+        "accounting",
+        "period",
+        "reserve",
+        "warn_at",
+        "on_warning",
+        "expected_units",
+        "schedule",
+    ),
     "metric": (
         "source",
         "budget",
@@ -101,6 +116,7 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "quantiles",
         "bins",
         "candidates",
+        "schedule",
     ),
     "window": ("tumbling", "hopping", "every"),
     "on_warning": ("stretch", "thin"),
@@ -301,6 +317,8 @@ class _Loader:
         self.broken: set[tuple[str, str]] = set()
         self.expected_units: dict[str, int] = {}
         self.notes: list[tuple[int, ConfigWarning]] = []
+        self.own_schedules: dict[str, HourlyShape] = {}
+        """Each metric's own `schedule:` as written (flat included: it overrides its budget's)."""
 
     def run(self, text: str) -> tuple[Topology, SourceMap]:
         try:
@@ -331,6 +349,7 @@ class _Loader:
         sinks = self._sinks(top.nodes.get("sinks"), sources)
         kafka = self._kafka(top.nodes.get("kafka"))
         redis = self._redis(top.nodes.get("redis"))
+        metrics = self._resolve_schedules(metrics, budgets)
         source_map = SourceMap(self.path, dict(self.lines), dict(self.expected_units), tuple(self.notes))
         for metric in metrics.values():
             self.problems.extend(check_metric_links(metric, sources, budgets, self.broken, source_map))
@@ -341,6 +360,35 @@ class _Loader:
             version, sources, budgets, metrics, sinks, kafka, redis, self.path, start, publish_delay_s=publish_delay
         )
         return topology, source_map
+
+    def _resolve_schedules(self, metrics: dict[str, Metric], budgets: dict[str, Budget]) -> dict[str, Metric]:
+        """Each metric's effective schedule (its own, else its budget's; flat → None), checked against its
+        window: a shaped metric's window step must divide a day, so every period weighs its windows alike."""
+        out: dict[str, Metric] = {}
+        for name, metric in metrics.items():
+            budget = budgets.get(metric.budget)
+            own = self.own_schedules.get(name)
+            schedule = _shaped(own) if own is not None else budget.schedule if budget is not None else None
+            if schedule is not None and _DAY_S % metric.window.every_s:
+                key = ("metric", name, "schedule") if own is not None else ("metric", name, "window")
+                whose = "its schedule" if own is not None else f"budget '{metric.budget}''s schedule"
+                self.problems.append(
+                    Problem(
+                        self.lines.get(key, self.lines.get(("metric", name), 0)),
+                        f"metric '{name}': {whose} weighs windows by the UTC hour they start in, so the window "
+                        "step must divide a day; use a window such as {tumbling: 1h} or 15m, or schedule: flat",
+                    )
+                )
+            if schedule is not None and own is not None and budget is not None and budget.period_s % _DAY_S:
+                self.problems.append(
+                    Problem(
+                        self.lines.get(("metric", name, "schedule"), 0),
+                        f"metric '{name}': schedule: shapes a period by hour of day, but budget '{metric.budget}' "
+                        f"renews every {format_duration(budget.period_s)}; give the budget period: 1d or drop schedule",
+                    )
+                )
+            out[name] = metric if schedule is None else dataclasses.replace(metric, schedule=schedule)
+        return out
 
     # --- sections -------------------------------------------------------------------------
 
@@ -411,6 +459,9 @@ class _Loader:
         warn_at = f.get("warn_at", read_number, default=0.8)
         policy = f.get("on_warning", _read_policy, default=WarningPolicy())
         units = f.get("expected_units", read_int, 1)
+        schedule = f.get("schedule", _read_schedule)
+        if schedule is not None and period is not None and period % _DAY_S:
+            f.bad("schedule", "shapes a period by hour of day, so the period must be whole days; use period: 1d")
         if epsilon is not None and epsilon <= 0:
             f.bad("epsilon", "must be > 0 (it is the privacy loss allowed per period); e.g. epsilon: 1.0")
         elif epsilon is not None and epsilon > MAX_EPSILON:
@@ -445,7 +496,7 @@ class _Loader:
         if units is not None:
             self.expected_units[name] = units
         stored_delta = float(delta) if delta is not None else 0.0
-        return Budget(name, epsilon, stored_delta, accounting, period, reserve, warn_at, policy)
+        return Budget(name, epsilon, stored_delta, accounting, period, reserve, warn_at, policy, _shaped(schedule))
 
     def _metric(self, name: str, node: Node, line: int) -> Metric | None:
         subject = f"metric '{name}'"
@@ -468,6 +519,9 @@ class _Loader:
         quantiles = f.get("quantiles", _read_quantiles)
         bins = f.get("bins", read_int, 1)
         listed = f.get("candidates", _read_candidates)
+        schedule = f.get("schedule", _read_schedule)
+        if schedule is not None:
+            self.own_schedules[name] = schedule
         if weight is not None and weight <= 0:
             f.bad("weight", "must be > 0 (the metric's share of its budget is weight / sum of weights); e.g. weight: 1")
         if denominator is not None and denominator <= 0:
@@ -684,6 +738,83 @@ def _read_window(node: Node, subject: str, key: str) -> Window:
             node.line, f"{subject}: window {shown}: every must divide the hopping size, e.g. {{hopping: 5m, every: 1m}}"
         )
     return Window(size, every)
+
+
+_DAY_S = 86_400
+_SCHEDULE_EXAMPLE = '{hours: {"08-20": 2}} (unlisted hours weigh 1), a list of 24 weights, or business_hours'
+_HOUR_RANGE = re.compile(r"^\s*(\d{1,2})\s*(?:-\s*(\d{1,2})\s*)?$")
+
+
+def _shaped(schedule: HourlyShape | None) -> HourlyShape | None:
+    """The shape as the model holds it: None when flat (every hour alike: today's allocation)."""
+    if schedule is None or len(set(schedule.hours)) == 1:
+        return None
+    return schedule
+
+
+def _read_schedule(node: Node, subject: str, key: str) -> HourlyShape:
+    """`schedule:` as a named shape, a list of 24 weights, or {hours: {"HH-HH": weight, "HH": weight}}."""
+    if isinstance(node, Scalar) and isinstance(node.value, str):
+        name = node.value.strip()
+        if name not in NAMED_SHAPES:
+            raise FieldProblem(
+                node.line, f"{subject}: schedule {show(node)}: unknown shape; {suggest(name, tuple(NAMED_SHAPES))}"
+            )
+        return HourlyShape(NAMED_SHAPES[name], name)
+    if isinstance(node, Seq):
+        if len(node.items) != HOURS_PER_DAY:
+            raise FieldProblem(
+                node.line,
+                f"{subject}: schedule: a list needs 24 weights (hour 0 UTC first), got {len(node.items)}; "
+                f"or write {_SCHEDULE_EXAMPLE}",
+            )
+        return HourlyShape(
+            tuple(_schedule_weight(item, subject, f"schedule[{i}]") for i, item in enumerate(node.items))
+        )
+    mapping = read_map(node, subject, key, ("hours",), _SCHEDULE_EXAMPLE)
+    hours = mapping.get("hours")
+    if not isinstance(hours, Map) or not hours.entries:
+        raise FieldProblem(
+            node.line,
+            f"{subject}: schedule {show(node)}: needs hours: a mapping of UTC hours to weights, "
+            f"e.g. schedule: {_SCHEDULE_EXAMPLE}",
+        )
+    weights: list[float | None] = [None] * HOURS_PER_DAY
+    for text, line, value in hours.entries:
+        lo, hi = _hour_range(text, line, subject)
+        weight = _schedule_weight(value, subject, f"schedule.hours.{text}")
+        for hour in range(lo, hi):
+            if weights[hour] is not None:
+                raise FieldProblem(
+                    line,
+                    f"{subject}: schedule.hours '{text}': hour {hour:02d} is listed twice; give each hour one weight",
+                )
+            weights[hour] = weight
+    return HourlyShape(tuple(1.0 if w is None else w for w in weights))
+
+
+def _hour_range(text: str, line: int, subject: str) -> tuple[int, int]:
+    """'08-20' → hours 8..19 (UTC, end excluded); '13' → hour 13 alone."""
+    match = _HOUR_RANGE.match(text)
+    if match is not None:
+        lo = int(match.group(1))
+        hi = lo + 1 if match.group(2) is None else int(match.group(2))
+        if 0 <= lo < hi <= HOURS_PER_DAY:
+            return lo, hi
+    raise FieldProblem(
+        line,
+        f"{subject}: schedule.hours '{text}': not an hour range; write 'HH-HH' with 00 <= start < end <= 24 "
+        "(UTC, end excluded; split a range past midnight in two, e.g. '22-24' and '00-06') or one hour 'HH'",
+    )
+
+
+def _schedule_weight(node: Node, subject: str, field: str) -> float:
+    weight = read_number(node, subject, field)
+    if weight <= 0:
+        raise FieldProblem(
+            node.line, f"{subject}: {field} {show(node)}: a weight must be > 0 (a window's relative share); e.g. 2"
+        )
+    return weight
 
 
 def _read_policy(node: Node, subject: str, key: str) -> WarningPolicy:

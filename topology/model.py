@@ -24,6 +24,9 @@ __all__ = [
     "DEFAULT_PUBLISH_DELAY_S",
     "Window",
     "WarningPolicy",
+    "HOURS_PER_DAY",
+    "NAMED_SHAPES",
+    "HourlyShape",
     "Budget",
     "Contribution",
     "Bounds",
@@ -225,6 +228,48 @@ class WarningPolicy:
     """Release only every n-th window while in warning."""
 
 
+HOURS_PER_DAY = 24
+
+
+@dataclass(frozen=True)
+class HourlyShape:
+    """A budget schedule (`schedule:`): public weights by UTC hour of day that shape how a period's pool
+    is spread over a metric's windows. Never derived from traffic.
+
+    Window → weight: a window weighs the weight of the UTC hour of day its start falls in,
+    hours[(start mod 86 400) // 3 600]. Periods are UTC-aligned multiples of the period from epoch 0;
+    a shaped metric's budget period is a whole number of days and its window step divides a day, so
+    every period holds the same windows at the same weights (the loader checks both). The weights are
+    read exactly, as the decimal written (`Fraction(repr(w))`, `topology.allocation.hour_weights`).
+    The model never holds a flat shape: a flat `schedule:` is stored as None (today's allocation)."""
+
+    hours: tuple[float, ...]
+    """24 positive finite weights, hour 0 (00:00–01:00 UTC) first."""
+    name: str | None = None
+    """The named shape it was written as (`NAMED_SHAPES`), None for hours or a list."""
+
+    def weight_at(self, start: int) -> float:
+        """The weight of a window starting at `start` (epoch seconds): its UTC hour of day's."""
+        return self.hours[(start % 86_400) // 3_600]
+
+
+def _hour_ranges(ranges: dict[tuple[int, int], float]) -> tuple[float, ...]:
+    weights = [1.0] * HOURS_PER_DAY
+    for (lo, hi), weight in ranges.items():
+        for hour in range(lo, hi):
+            weights[hour] = weight
+    return tuple(weights)
+
+
+NAMED_SHAPES: dict[str, tuple[float, ...]] = {
+    "flat": (1.0,) * HOURS_PER_DAY,
+    "business_hours": _hour_ranges({(8, 18): 2.0}),
+    "evening_peak": _hour_ranges({(18, 23): 2.0}),
+}
+"""Named schedules: `flat` (every hour 1), `business_hours` (08–18 UTC weigh 2, the rest 1),
+`evening_peak` (18–23 UTC weigh 2, the rest 1)."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """A budget scope: (ε, δ) per period, shared by the metrics that draw on it."""
@@ -237,6 +282,8 @@ class Budget:
     reserve: float = 0.2
     warn_at: float = 0.8
     on_warning: WarningPolicy = field(default_factory=WarningPolicy)
+    schedule: HourlyShape | None = None
+    """The default `schedule:` of the scope's metrics (a metric's own wins); None: flat."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +385,9 @@ class Metric:
     """A quantile metric's levels α in (0, 1), ascending (None for every other aggregate)."""
     candidates: tuple[float, ...] | None = None
     """A quantile metric's public candidate grid, ascending, inside `bounds` (from `bins` or listed)."""
+    schedule: HourlyShape | None = None
+    """How the period's pool is spread over the metric's windows by UTC hour (its own `schedule:`,
+    else its budget's); None: flat, every window alike."""
 
     @property
     def quantile_labels(self) -> tuple[str, ...]:
@@ -441,7 +491,7 @@ class Topology:
         doc: dict[str, object] = {
             "version": self.version,
             "sources": {k: _source_doc(v) for k, v in sorted(self.sources.items())},
-            "budgets": {k: asdict(v) for k, v in sorted(self.budgets.items())},
+            "budgets": {k: _budget_doc(v) for k, v in sorted(self.budgets.items())},
             "metrics": {k: _metric_doc(v) for k, v in sorted(self.metrics.items())},
             "sinks": asdict(self.sinks),
         }
@@ -464,8 +514,16 @@ def quantile_label(alpha: float) -> str:
     return "p" + f"{alpha * 100:.10f}".rstrip("0").rstrip(".")
 
 
-_QUANTILE_FIELDS = ("quantiles", "candidates")
-"""Metric fields added with quantiles: hashed only when set, so older versions stay as they were."""
+_QUANTILE_FIELDS = ("quantiles", "candidates", "schedule")
+"""Metric fields added later (quantiles, schedule): hashed only when set, so older versions stay as they were."""
+
+
+def _budget_doc(budget: Budget) -> dict[str, object]:
+    """A budget as hashed: `schedule` only when set (a flat scope keeps its version)."""
+    doc = asdict(budget)
+    if budget.schedule is None:
+        del doc["schedule"]
+    return doc
 
 
 def _metric_doc(metric: Metric) -> dict[str, object]:

@@ -73,6 +73,10 @@ unrounded; `null` marks a value that does not apply.
               "k": int | null,               # top-k only
               "quantiles": [float],          # quantile only: the levels (one component each, 'p50', ...)
               "candidates": int,             # quantile only: the public grid's size
+              "schedule": {...} | absent,    # shaped metrics only (`schedule:`): {name: str | null, segments:
+                                             # [{hours: "08-18" (UTC, end excluded), weight, releases_per_period,
+                                             # per_release_cost, per_release_epsilon, components}]}; then
+                                             # per_release_cost is the mean over the period's paid windows
               "typical": {...} | absent,     # only with `plan --typical` / `--sample`: `TypicalComparison`
                                              # {value, origin, ci95_half_width, ci_over_typical, exceeds, warning}
               "components": [                # noisy parts of one release ('value'; 'sum'+'count' of a noisy
@@ -129,10 +133,19 @@ __all__ = [
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from dpstream.topology import accounting as acc
-from dpstream.topology.allocation import MetricDemand, planned_release_costs
+from dpstream.topology.allocation import (
+    MetricDemand,
+    hour_weights,
+    period_weighted_windows,
+    planned_release_costs,
+    release_rates,
+    release_share,
+    weighted_windows,
+)
 from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error
 from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
@@ -143,6 +156,7 @@ from dpstream.topology.model import (
     Mechanism,
     Metric,
     Topology,
+    Window,
     WindowKind,
     charged_windows,
 )
@@ -176,6 +190,27 @@ class NoiseComponentPlan:
     rank_error95: float | None = None
     """A quantile part's error statement: with probability ≥ 95 % the released candidate's rank
     error is at most this (in ranks) above the grid's smallest (`calibration.quantile_rank_error`)."""
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """A run of UTC hours of day with one schedule weight: what a release starting in them costs on plan."""
+
+    first_hour: int
+    end_hour: int
+    """Hours [first_hour, end_hour) UTC."""
+    weight: float
+    """The schedule's weight of these hours, as written."""
+    releases_per_period: int
+    """The metric's windows starting in these hours in one period."""
+    per_release_cost: float
+    per_release_epsilon: float
+    components: tuple[NoiseComponentPlan, ...]
+
+    @property
+    def hours(self) -> str:
+        """'08-18': the hours, end excluded."""
+        return f"{self.first_hour:02d}-{self.end_hour:02d}"
 
 
 @dataclass(frozen=True)
@@ -219,6 +254,12 @@ class MetricPlan:
     """With max_windows: what one release would cost without the cap (None otherwise)."""
     uncapped_components: tuple[NoiseComponentPlan, ...] | None = None
     """With max_windows: the noisy parts of one release without the cap, to show σ beside σ capped."""
+    hour_weights: tuple[int, ...] | None = None
+    """The metric's budget schedule as the rule's integer weights (`allocation.hour_weights`); None: flat.
+    Shaped, `per_release_cost` is the mean over the period's paid windows and `segments` the costs by hour."""
+    schedule_name: str | None = None
+    segments: tuple[SegmentPlan, ...] = ()
+    """Shaped metrics only: the cost and noise of a release per run of hours of one weight."""
 
     @property
     def charged(self) -> int:
@@ -305,6 +346,8 @@ class ScopePlan:
         rule over those alone (`allocation.planned_release_costs`). No window from S: (0, static cost)."""
         if schedule_start is None or schedule_start <= period_start:
             return {m.name: (m.charged, m.per_release_cost) for m in self.metrics}
+        if any(m.hour_weights is not None for m in self.metrics):
+            return self._shaped_from(period_start, period_end, schedule_start)
         starts = {
             m.name: Schedule(m.window_size_s, m.window_every_s, schedule_start).starts_in(period_start, period_end)
             for m in self.metrics
@@ -317,6 +360,34 @@ class ScopePlan:
             return {m.name: (0, m.per_release_cost) for m in self.metrics}
         costs = planned_release_costs(self.pool, demands)
         return {name: (demands[name].left, costs[name]) for name in demands}
+
+    def _shaped_from(self, period_start: int, period_end: int, schedule_start: int) -> dict[str, tuple[int, float]]:
+        """`planned_from` in a first period when a metric is shaped: the rule on weighted counts; a shaped
+        metric's cost is the mean over its paid windows from S (they add up to its part of the pool)."""
+        demands: dict[str, MetricDemand] = {}
+        paid: dict[str, int] = {}
+        for m in self.metrics:
+            grid = Schedule(m.window_size_s, m.window_every_s, schedule_start)
+            paid[m.name] = charged_windows(grid.starts_in(period_start, period_end), m.max_windows)
+            whole = period_weighted_windows(
+                Window(m.window_size_s, m.window_every_s), self.period_s, m.hour_weights, m.max_windows
+            )
+            left = (
+                paid[m.name]
+                if m.hour_weights is None
+                else weighted_windows(grid.starts_by_hour(period_start, period_end), m.hour_weights, m.max_windows)
+            )
+            demands[m.name] = MetricDemand(Fraction(m.weight), whole, left)
+        if not any(d.left for d in demands.values()):
+            return {m.name: (0, m.per_release_cost) for m in self.metrics}
+        rates = release_rates(demands)
+        lefts = {name: d.left for name, d in demands.items()}
+        out: dict[str, tuple[int, float]] = {}
+        for name, d in demands.items():
+            share = release_share(name, rates, lefts)
+            mean = share * d.left / paid[name] if paid[name] else share
+            out[name] = (paid[name], self.pool * float(mean))
+        return out
 
 
 @dataclass(frozen=True)
@@ -394,6 +465,7 @@ def _metric_plan(
     demands: dict[str, MetricDemand],
     conversion: float,
     uncapped_cost: float | None = None,
+    segments: tuple[tuple[int, int, float, int, float], ...] = (),
 ) -> MetricPlan:
     """`uncapped_cost`: with `contribution.max_windows`, the release's cost without the cap."""
     grid = len(metric.candidates) if metric.candidates is not None else None
@@ -429,12 +501,45 @@ def _metric_plan(
         quantiles=metric.quantiles,
         candidates=grid,
         max_windows=metric.contribution.max_windows,
-        charged_per_period=demands[metric.name].per_period,
+        charged_per_period=metric.charged_per_period(budget.period_s),
         uncapped_per_release_cost=uncapped_cost,
         uncapped_components=None
         if uncapped_cost is None
         else tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, uncapped_cost)),
+        hour_weights=hour_weights(metric.schedule),
+        schedule_name=metric.schedule.name if metric.schedule is not None else None,
+        segments=tuple(
+            SegmentPlan(
+                lo,
+                hi,
+                weight,
+                count,
+                c,
+                _to_epsilon(budget, conversion, c),
+                tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, c)),
+            )
+            for lo, hi, weight, count, c in segments
+        ),
     )
+
+
+def _segments(
+    metric: Metric, period_s: int, pool: float, share: Fraction
+) -> tuple[tuple[int, int, float, int, float], ...]:
+    """(first hour, end hour, weight, windows per period, cost of one release) per run of hours of one
+    weight of a shaped metric; `share` is the pool's part per unit of integer weight."""
+    weights = hour_weights(metric.schedule)
+    if weights is None or metric.schedule is None:
+        return ()
+    counts = Schedule.of(metric).starts_by_hour(0, period_s)
+    runs: list[tuple[int, int, float, int, float]] = []
+    lo = 0
+    for hour in range(1, len(weights) + 1):
+        if hour == len(weights) or weights[hour] != weights[lo]:
+            cost = pool * float(share * weights[lo])
+            runs.append((lo, hour, metric.schedule.hours[lo], sum(counts[lo:hour]), cost))
+            lo = hour
+    return tuple(runs)
 
 
 def _horizon(budget: Budget, cap: float, planned: float, selection: float, conversion: float) -> HorizonGuarantee:
@@ -459,12 +564,23 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
     selection = selection_delta_total(budget, metrics)
     conversion = conversion_delta(budget, metrics) if budget.accounting is Accounting.ZCDP else 0.0
     pool = cap * (1.0 - budget.reserve)
-    # each metric's windows per period as the pricing rule counts them: those one unit can reach
-    demands = {
-        m.name: MetricDemand(m.weight, m.charged_per_period(budget.period_s), m.charged_per_period(budget.period_s))
+    weights = {m.name: hour_weights(m.schedule) for m in metrics}
+    paid = {
+        m.name: period_weighted_windows(m.window, budget.period_s, weights[m.name], m.contribution.max_windows)
         for m in metrics
     }
+    demands = {m.name: MetricDemand(weight=m.weight, per_period=paid[m.name], left=paid[m.name]) for m in metrics}
     costs = planned_release_costs(pool, demands)
+    segments: dict[str, tuple[tuple[int, int, float, int, float], ...]] = {}
+    if any(w is not None for w in weights.values()):
+        rates = release_rates(demands)
+        for m in metrics:
+            if weights[m.name] is None:
+                continue
+            unit = release_share(m.name, rates, paid)
+            count = m.charged_per_period(budget.period_s)
+            costs[m.name] = pool * float(unit * paid[m.name] / count)  # the mean over the paid windows
+            segments[m.name] = _segments(m, budget.period_s, pool, unit)
     uncapped: dict[str, float] = {}
     if any(m.contribution.max_windows is not None for m in metrics):  # the same plan without the caps, beside it
         n = {m.name: m.window.releases_per_period(budget.period_s) for m in metrics}
@@ -478,6 +594,7 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
             demands,
             conversion,
             uncapped[m.name] if m.contribution.max_windows is not None else None,
+            segments.get(m.name, ()),
         )
         for m in metrics
     )
@@ -642,6 +759,21 @@ def _metric_json(m: MetricPlan, typical: Mapping[str, TypicalComparison]) -> dic
     if m.quantiles is not None:
         doc["quantiles"] = list(m.quantiles)
         doc["candidates"] = m.candidates
+    if m.segments:
+        doc["schedule"] = {
+            "name": m.schedule_name,
+            "segments": [
+                {
+                    "hours": seg.hours,
+                    "weight": seg.weight,
+                    "releases_per_period": seg.releases_per_period,
+                    "per_release_cost": seg.per_release_cost,
+                    "per_release_epsilon": seg.per_release_epsilon,
+                    "components": [_component_json(c) for c in seg.components],
+                }
+                for seg in m.segments
+            ],
+        }
     t = typical.get(m.name)
     if t is not None:
         doc["typical"] = _typical_json(t, typical_warning(m, t))

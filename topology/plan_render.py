@@ -142,10 +142,30 @@ def _scope_lines(s: ScopePlan, typical: Mapping[str, TypicalComparison]) -> list
     else:
         lines.append("  (no metric draws on this scope)")
     for m in s.metrics:
+        lines += _segment_lines(m, cur)
+    for m in s.metrics:
         t = typical.get(m.name)
         warning = typical_warning(m, t) if t is not None else None
         if warning:
             lines.append("  " + warning)
+    return lines
+
+
+def _segment_lines(m: MetricPlan, cur: str) -> list[str]:
+    """A shaped metric's σ per run of hours (its row shows the mean over the period's paid windows)."""
+    if not m.segments:
+        return []
+    name = f" {m.schedule_name}" if m.schedule_name else ""
+    lines = [f"  {m.name} schedule{name} (UTC hours; its row: the mean over the paid windows):"]
+    for seg in m.segments:
+        noise = ", ".join(
+            f"{c.component} σ {_num(c.stddev)}" if c.stddev is not None else f"{c.component} scale {_num(c.scale)}"
+            for c in seg.components
+        )
+        lines.append(
+            f"    {seg.hours} weight {seg.weight:g}: {seg.releases_per_period} rel/period, "
+            f"{cur}/release {_num(seg.per_release_cost)}, {noise}"
+        )
     return lines
 
 

@@ -5,6 +5,10 @@ starts at S releases only the windows starting at or after S; with no S (`start`
 window counts. Every count of "which windows of a period" (pricing, plan gauges, report, verify,
 the pipeline's first window) is one method here, so they cannot drift apart. Pure: no I/O.
 
+A budget schedule (`schedule:`, `model.HourlyShape`) weighs a window by the UTC hour of day its
+start falls in; `starts_by_hour` and `left_by_hour` count windows per such hour, for a grid whose
+step divides a day (so every day holds the same starts at the same hours).
+
 Degenerate grids keep the behaviour their callers always had: `starts_in` and `ended` count nothing
 when every_s ≤ 0 (and `ended` when size_s ≤ 0); the other methods divide by every_s.
 """
@@ -17,8 +21,12 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
-from dpstream.topology.model import Metric, Window
+from dpstream.topology.model import HOURS_PER_DAY, Metric, Window
+
+_DAY_S = 86_400
+_HOUR_S = 3_600
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +123,43 @@ class Schedule:
             first = max(first, self.first_window())
         last = (horizon - size) // every * every
         return max(0, (last - first) // every + 1) if last >= first else 0
+
+    def starts_by_hour(self, lo: int, hi: int) -> tuple[int, ...]:
+        """How many windows start in [max(lo, S), hi) in each UTC hour of day (index 0: 00:00–01:00).
+        The step must divide a day (ValueError otherwise). Σ of the counts is `starts_in(lo, hi)`."""
+        every = self.every_s
+        if every <= 0 or _DAY_S % every:
+            raise ValueError(f"a window step of {every}s does not divide a day: no hour-of-day pattern")
+        if self.start is not None and self.start > lo:
+            lo = self.start
+        if hi <= lo:
+            return (0,) * HOURS_PER_DAY
+        below_hi, below_lo = _starts_before(every, hi), _starts_before(every, lo)
+        return tuple(a - b for a, b in zip(below_hi, below_lo, strict=True))
+
+    def left_by_hour(self, period_start: int, period_s: int, current_end: int) -> tuple[int, ...]:
+        """`left` per UTC hour of day of the window start: the windows of the period, not before S, that
+        end at or after `current_end`, by the hour they start in (the step must divide a day)."""
+        first = max(current_end - self.size_s, period_start)
+        return self.starts_by_hour(first, period_start + period_s)
+
+
+@lru_cache(maxsize=1024)
+def _per_day(every: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(starts per UTC hour of one day, starts of the day before each hour) of a grid of step `every` | day."""
+    per_hour = tuple(_starts_between(every, h * _HOUR_S, (h + 1) * _HOUR_S) for h in range(HOURS_PER_DAY))
+    return per_hour, tuple(itertools.accumulate(per_hour, initial=0))[:HOURS_PER_DAY]
+
+
+def _starts_between(every: int, lo: int, hi: int) -> int:
+    """Multiples of `every` in [lo, hi)."""
+    return max(0, -(-hi // every) - -(-lo // every))
+
+
+def _starts_before(every: int, t: int) -> tuple[int, ...]:
+    """Per UTC hour of day, the grid starts before `t` (from epoch 0: only differences are used)."""
+    days, into = divmod(t, _DAY_S)
+    per_hour, _ = _per_day(every)
+    hour, into_hour = divmod(into, _HOUR_S)
+    partial = _starts_between(every, hour * _HOUR_S, hour * _HOUR_S + into_hour)
+    return tuple(days * n + (n if h < hour else partial if h == hour else 0) for h, n in enumerate(per_hour))

@@ -86,6 +86,8 @@ _SHAPES: dict[tuple[type, str], dict[str, Any]] = {
     (Metric, "window"): {"$ref": "#/$defs/window"},
     (Metric, "bounds"): {"$ref": "#/$defs/bounds"},
     (Budget, "on_warning"): {"$ref": "#/$defs/on_warning"},
+    (Budget, "schedule"): {"$ref": "#/$defs/schedule"},
+    (Metric, "schedule"): {"$ref": "#/$defs/schedule"},
     (Metric, "keys"): {
         "type": "array",
         "items": {"type": "string", "minLength": 1},
@@ -290,6 +292,40 @@ def _yaml_shapes() -> dict[str, Any]:
             "items": number,
             "minItems": 2,
             "maxItems": 2,
+        },
+        "schedule": {
+            "description": _one_line(inspect.getdoc(model.HourlyShape) or "").split(". Never")[0]
+            + ". Write a named shape ("
+            + ", ".join(model.NAMED_SHAPES)
+            + '), a list of 24 weights (hour 0 UTC first) or {hours: {"08-20": 2, "22": 0.5}} (end excluded; '
+            "unlisted hours weigh 1).",
+            "anyOf": [
+                {"type": "string", "enum": list(model.NAMED_SHAPES)},
+                {
+                    "type": "array",
+                    "items": {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"$ref": "#/$defs/env"}]},
+                    "minItems": model.HOURS_PER_DAY,
+                    "maxItems": model.HOURS_PER_DAY,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "hours": {
+                            "type": "object",
+                            "minProperties": 1,
+                            "patternProperties": {
+                                r"^\s*\d{1,2}\s*(-\s*\d{1,2}\s*)?$": {
+                                    "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"$ref": "#/$defs/env"}]
+                                }
+                            },
+                            "additionalProperties": False,
+                        }
+                    },
+                    "required": ["hours"],
+                    "additionalProperties": False,
+                },
+                {"$ref": "#/$defs/env"},
+            ],
         },
         "on_warning": {
             "description": _one_line(inspect.getdoc(model.WarningPolicy) or ""),

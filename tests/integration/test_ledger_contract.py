@@ -590,3 +590,38 @@ def test_a_block_opened_by_a_grant_keeps_its_own_length(where: str) -> None:
         await daily.close()
 
     run(body())
+
+
+def test_a_shaped_scope_prices_by_its_schedule_on_both_backends(where: str) -> None:
+    """business_hours (08-18 UTC weigh 2): on plan peak windows cost twice the others, the period spends
+    exactly the pool, and both backends answer the same costs."""
+    from dpstream.topology.model import NAMED_SHAPES, HourlyShape
+    from dpstream.workers.ledger.config import scope_configs
+
+    shape = HourlyShape(NAMED_SHAPES["business_hours"], "business_hours")
+    topo = one_scope_topology(
+        metrics=(("a", 3.0, 3600, 3600, False), ("b", 1.0, 7200, 7200, False)), schedules={"a": shape}
+    )
+    cfg = scope_configs(topo)["s"]
+    pool = cfg.cap_units - cfg.reserve_units
+
+    async def body() -> dict[tuple[str, int], int]:
+        ledger = await open_ledger(where, topo, clock=ManualClock(P0))
+        windows = sorted(
+            [(s + 3600, "a", s) for s in range(P0, P0 + DAY, 3600)]
+            + [(s + 7200, "b", s) for s in range(P0, P0 + DAY, 7200)]
+        )
+        costs = {}
+        for end, m, start in windows:
+            q = await ledger.quote(m, start, end)
+            costs[(m, start)] = q.cost_units
+            r = await ledger.charge(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
+            assert r.outcome is Outcome.CHARGED
+        hist = await ledger.history("s")
+        assert hist[0].spent_units == pool
+        await ledger.close()
+        return costs
+
+    costs = run(body())
+    assert costs[("a", P0)] == pool * 3 // (4 * 34)
+    assert abs(costs[("a", P0 + 9 * 3600)] - 2 * costs[("a", P0 + 7 * 3600)]) <= 100

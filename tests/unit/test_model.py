@@ -82,9 +82,16 @@ def _metric_before_new_fields(metric: Metric) -> dict:
     """A metric as hashed before the quantile fields and `contribution.max_windows` (left out of the
     hash while unset) existed."""
     doc = dataclasses.asdict(metric)
-    for key in ("quantiles", "candidates"):
+    for key in ("quantiles", "candidates", "schedule"):
         assert doc.pop(key) is None
     assert doc["contribution"].pop("max_windows") is None
+    return doc
+
+
+def _budget_before_new_fields(budget: Budget) -> dict:
+    """A budget as hashed before `schedule` (left out of the hash while unset) existed."""
+    doc = dataclasses.asdict(budget)
+    assert doc.pop("schedule") is None
     return doc
 
 
@@ -93,7 +100,7 @@ def _version_without_start(topology: Topology) -> str:
     doc = {
         "version": topology.version,
         "sources": {k: _source_before_new_fields(v) for k, v in sorted(topology.sources.items())},
-        "budgets": {k: dataclasses.asdict(v) for k, v in sorted(topology.budgets.items())},
+        "budgets": {k: _budget_before_new_fields(v) for k, v in sorted(topology.budgets.items())},
         "metrics": {k: _metric_before_new_fields(v) for k, v in sorted(topology.metrics.items())},
         "sinks": dataclasses.asdict(topology.sinks),
     }

@@ -1,6 +1,7 @@
 """The adaptive allowance (see dpstream.workers.ledger) applied to a ledger snapshot, in exact units.
 
-The allowance is `topology.allocation`'s rule, L × c_m / Σ_j c_j·n_j, on the scope's exact rates
+The allowance is `topology.allocation`'s rule, L × c_m·h / Σ_j c_j·n_j (h, n weighted by a metric's
+budget schedule; 1 and plain counts without one), on the scope's exact rates
 (`ScopeConfig.pricing_rates`) and the pool left in units, floored to a unit: on plan the grants
 equal the static plan to the unit and the last release of a period takes exactly what is left.
 """
@@ -15,7 +16,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
-from dpstream.topology.allocation import release_share_terms, thinned_out, warning_cost_factor
+from dpstream.topology.allocation import (
+    release_share_terms,
+    thinned_out,
+    warning_cost_factor,
+    weighted_windows,
+    window_weight,
+)
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
@@ -70,10 +77,11 @@ def _releases_left(
     period_start: int,
     window_end: int,
     schedule_start: int | None = None,
+    window_start: int = 0,
 ) -> dict[str, int]:
     """n_j per metric: the windows of its public schedule still to come (`Schedule.left`) less those
-    already charged; the priced metric counts at least its own release (if charged already, reserve
-    answers DUPLICATE)."""
+    already charged (W_j, weighted, for a shaped metric: `_weigh_left`); the priced metric counts at
+    least its own release, of its weight (if charged already, reserve answers DUPLICATE)."""
     charged = snap.charged_after
     period_s = cfg.period_s
     left = {
@@ -82,9 +90,39 @@ def _releases_left(
     }
     for name, (m, _) in cfg.capped.items():  # under max_windows only the first m charges are paid
         left[name] = min(left[name], m - len(snap.tops.get(name, ())))
-    if left[metric] < 1:
-        left[metric] = 1
+    if cfg.shaped:
+        _weigh_left(cfg, snap, left, period_start, window_end, schedule_start)
+    own = window_weight(cfg.shaped.get(metric), window_start)
+    if left[metric] < own:
+        left[metric] = own
     return left
+
+
+def _weigh_left(
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    left: dict[str, int],
+    period_start: int,
+    window_end: int,
+    schedule_start: int | None,
+) -> None:
+    """W_j for the shaped metrics, in place of n_j: the weighted count of their windows still to come
+    (`topology.allocation.weighted_windows`). The charged ones are taken to be the earliest of those
+    (windows close in order); under `max_windows` only the heaviest still paid count."""
+    period_end = period_start + cfg.period_s
+    for name, hours in cfg.shaped.items():
+        if left[name] <= 0:
+            left[name] = 0
+            continue
+        window = cfg.plans[name].window
+        lo = max(window_end - window.size_s, period_start)
+        if schedule_start is not None and schedule_start > lo:
+            lo = schedule_start
+        every = window.every_s
+        lo = -(-lo // every) * every + snap.charged_after.get(name, 0) * every
+        counts = Schedule(window.size_s, every).starts_by_hour(lo, period_end)
+        paid = None if name not in cfg.capped else cfg.capped[name][0] - len(snap.tops.get(name, ()))
+        left[name] = weighted_windows(counts, hours, paid)
 
 
 def _adaptive_units(
@@ -95,12 +133,14 @@ def _adaptive_units(
     window_end: int,
     pool_left: int,
     schedule_start: int | None = None,
+    window_start: int = 0,
 ) -> int:
     """The allowance in units from `pool_left` units: floor(pool_left × `release_share`), 0 when nothing is left."""
     if pool_left <= 0:
         return 0
-    left = _releases_left(cfg, snap, metric, period_start, window_end, schedule_start)
-    rate, total = release_share_terms(metric, cfg.pricing_rates, left)
+    left = _releases_left(cfg, snap, metric, period_start, window_end, schedule_start, window_start)
+    weight = window_weight(cfg.shaped.get(metric), window_start)
+    rate, total = release_share_terms(metric, cfg.pricing_rates, left, weight)
     return pool_left * rate // total if total > 0 else 0
 
 
@@ -174,9 +214,11 @@ def price(
     pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
     if pool_left < 0:
         pool_left = 0
-    units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start)
+    units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start, window_start)
     if plan.may_use_reserve:
-        static = _units_of(cap - reserve, cfg.planned_shares[metric])
+        static = _units_of(
+            cap - reserve, cfg.planned_shares[metric] * window_weight(cfg.shaped.get(metric), window_start)
+        )
         units = min(cap - spent, max(units, static))
     elif units > pool_left:
         units = pool_left

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from dpstream.topology.allocation import MetricDemand, release_rates, release_share
+from dpstream.topology.allocation import (
+    MetricDemand,
+    hour_weights,
+    period_weighted_windows,
+    release_rates,
+    release_share,
+)
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window, charged_windows
 from dpstream.topology.selection import scope_cap, selection_delta_total
@@ -37,6 +43,9 @@ class MetricShare:
     max_windows: int | None = None
     """`contribution.max_windows`: a unit counts in at most this many of the metric's windows per
     period, so the period pays only the metric's largest `max_windows` charges (`decision`)."""
+    hours: tuple[int, ...] | None = None
+    """The metric's budget schedule as the rule's integer weights by UTC hour of day
+    (`topology.allocation.hour_weights`); None: flat."""
 
     @property
     def paid_per_period(self) -> int:
@@ -85,6 +94,7 @@ class ScopeConfig:
                 m.window.releases_per_period(budget.period_s),
                 m.may_use_reserve,
                 m.contribution.max_windows,
+                hour_weights(m.schedule),
             )
             for m in metrics
         )
@@ -124,8 +134,22 @@ class ScopeConfig:
     def pricing_rates(self) -> dict[str, int]:
         """Each metric's rate k_j (`topology.allocation.release_rates`), the pricing rule's input, once
         per scope; a name that repeats is priced as its first plan (`plans`)."""
-        paid = {p.name: p.paid_per_period for p in self.plans.values()}
+        paid = self.paid_weighted
         return release_rates({name: MetricDemand(p.weight, paid[name], paid[name]) for name, p in self.plans.items()})
+
+    @cached_property
+    def paid_weighted(self) -> dict[str, int]:
+        """Per metric, the windows a whole period pays for, weighted by its schedule
+        (`topology.allocation.period_weighted_windows`; flat: `MetricShare.paid_per_period`)."""
+        return {
+            name: period_weighted_windows(p.window, self.period_s, p.hours, p.max_windows)
+            for name, p in self.plans.items()
+        }
+
+    @cached_property
+    def shaped(self) -> dict[str, tuple[int, ...]]:
+        """Metric → its integer hour weights, for the metrics with a (non-flat) schedule."""
+        return {name: p.hours for name, p in self.plans.items() if p.hours is not None}
 
     @cached_property
     def capped(self) -> dict[str, tuple[int, str]]:
@@ -144,9 +168,10 @@ class ScopeConfig:
 
     @cached_property
     def planned_shares(self) -> dict[str, Fraction]:
-        """Each metric's share of the pool on plan (every release to come): w_m / Σw / N_m, exact."""
+        """Each metric's share of the pool on plan (every release to come): w_m / Σw / N_m, exact
+        (shaped: per unit of window weight, w_m / Σw / W_m; a window of weight h gets h times it)."""
         rates = self.pricing_rates
-        left = {p.name: p.paid_per_period for p in self.plans.values()}
+        left = self.paid_weighted
         return {name: release_share(name, rates, left) for name in rates}
 
     @cached_property
@@ -173,6 +198,7 @@ class ScopeConfig:
                 [
                     [p.name, str(p.weight), p.window.size_s, p.window.every_s, p.may_use_reserve]
                     + ([] if p.max_windows is None else [p.max_windows])  # (digests without it unchanged)
+                    + ([] if p.hours is None else [{"schedule": list(p.hours)}])  # flat: digest unchanged
                     for p in self.metrics
                 ],
                 separators=(",", ":"),

@@ -14,6 +14,7 @@ from dpstream.topology.model import (
     Aggregate,
     Budget,
     Contribution,
+    HourlyShape,
     Mechanism,
     Metric,
     Sinks,
@@ -51,9 +52,11 @@ def one_scope_topology(
     metrics: Sequence[tuple[str, float, int, int, bool]] = (("m", 1.0, 86_400, 86_400, False),),
     max_windows: Mapping[str, int] | None = None,
     topology_version: int = 1,
+    schedules: Mapping[str, HourlyShape] | None = None,
 ) -> Topology:
     """One budget scope; metrics as (name, weight, window size s, every s, may_use_reserve), with
-    `contribution.max_windows` for the metrics `max_windows` names."""
+    `contribution.max_windows` for the metrics `max_windows` names and a budget schedule for those
+    `schedules` names."""
     caps = max_windows or {}
     mech = Mechanism.LAPLACE if accounting is Accounting.PURE else Mechanism.GAUSSIAN
     return Topology(
@@ -73,6 +76,7 @@ def one_scope_topology(
                 mech,
                 contribution=Contribution(max_windows=caps.get(name)),
                 may_use_reserve=may_use,
+                schedule=(schedules or {}).get(name),
             )
             for name, weight, size, every, may_use in metrics
         },

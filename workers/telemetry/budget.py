@@ -69,6 +69,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dpstream.topology.accounting import epsilon_equivalent
+from dpstream.topology.allocation import weighted_windows
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
@@ -126,7 +127,9 @@ def planned_spent(
     and only they count here. S at or before the period start changes nothing."""
     planned = scope_plan.planned_from(period_start, period_end, schedule_start)
     return math.fsum(
-        planned[m.name][1]
+        _shaped_spent(m, planned[m.name], period_start, period_end, now, schedule_start)
+        if getattr(m, "hour_weights", None) is not None
+        else planned[m.name][1]
         * min(
             planned[m.name][0],
             Schedule(m.window_size_s, m.window_every_s, schedule_start).ended(period_start, period_end, now),
@@ -134,6 +137,18 @@ def planned_spent(
         for m in scope_plan.metrics
         if planned[m.name][0] > 0
     )
+
+
+def _shaped_spent(
+    m: Any, planned: tuple[int, float], period_start: int, period_end: int, now: float, schedule_start: int | None
+) -> float:
+    """A shaped metric's planned spend by `now`: its part of the pool (releases × mean cost) times the
+    weighted share of its windows that have ended (`topology.allocation.weighted_windows`)."""
+    grid = Schedule(m.window_size_s, m.window_every_s, schedule_start)
+    whole = weighted_windows(grid.starts_by_hour(period_start, period_end), m.hour_weights, m.max_windows)
+    until = min(period_end, math.floor(now) - m.window_size_s + 1)  # s + size ≤ now
+    ended = weighted_windows(grid.starts_by_hour(period_start, until), m.hour_weights, m.max_windows)
+    return planned[0] * planned[1] * ended / whole if whole > 0 else 0.0
 
 
 def planned_ratio(
