@@ -324,3 +324,23 @@ def test_planned_spent_follows_the_shape_and_reaches_the_pool():
     assert at[1] == pytest.approx(scope.pool * 8 / 34)  # 8 off-peak hours of weight 1
     assert at[2] == pytest.approx(scope.pool * 28 / 34)  # then 10 peak hours of weight 2
     assert at[3] == pytest.approx(scope.pool)
+
+
+def test_planned_spend_rate_follows_the_shape_and_integrates_to_planned_spent():
+    """Rate at each instant = cost on plan of the window ending next over `every`: twice as high in the
+    peak hours; summed over each window it is `planned_spent` at that window's end (with the flat
+    15-minute metric beside it spread evenly), and over the day the pool."""
+    from dpstream.workers.telemetry.budget import planned_spend_rate, planned_spent
+
+    scope = build_plan(_shaped_topology()).scope("s")
+    end = P0 + DAY
+    rates = [planned_spend_rate(scope, P0, end, now=P0 + h * 3600 + 1800) for h in range(24)]
+    flat = scope.pool / 4 / DAY  # b: weight 1 of 4, even
+    peak, off = rates[9] - flat, rates[7] - flat
+    assert peak == pytest.approx(2 * off, rel=1e-12) and off == pytest.approx(scope.pool * 0.75 / 34 / 3600)
+    integral = 0.0
+    for h, rate in enumerate(rates):
+        integral += rate * 3600
+        assert integral == pytest.approx(planned_spent(scope, P0, end, P0 + (h + 1) * 3600), rel=1e-9), h
+    assert integral == pytest.approx(scope.pool, rel=1e-12)
+    assert planned_spend_rate(scope, P0, end, now=end + 10) == pytest.approx(flat, rel=1e-12)  # a's windows are over

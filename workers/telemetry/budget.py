@@ -69,7 +69,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dpstream.topology.accounting import epsilon_equivalent
-from dpstream.topology.allocation import weighted_windows
+from dpstream.topology.allocation import weighted_windows, window_weight
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
@@ -177,7 +177,10 @@ def planned_spend_rate(
     `planned_spent` at each of its window ends, and the sum over the period to the pool. On a 1-day
     scope of an hourly metric and a minute metric under m = 60 of equal weight the rate is the minute
     metric's half of the pool over the first hour plus the hourly one's half over the day, then the
-    latter alone. Without `now` (or without the period) it is the period's average, pool over its length.
+    latter alone. A metric with a budget schedule (`schedule:`, no max_windows) spends at the rate of
+    the window whose end is next, its cost on plan over `every` (`_shaped_rate`): twice the off-peak
+    rate in hours of weight 2. Without `now` (or without the period) it is the period's average, pool
+    over its length.
 
     In a deployment's first period (S after the period start) the ledger spends the whole pool on the
     windows from S (`ScopePlan.planned_from`), so the spread-out part is spread over the time from S to
@@ -199,15 +202,41 @@ def planned_spend_rate(
     if span <= 0:
         return 0.0
     capped = [m for m in scope_plan.metrics if m.max_windows is not None]
-    if now is None or not capped:
+    shaped = [m for m in scope_plan.metrics if m.max_windows is None and _shaped(m)]
+    if now is None or not (capped or shaped):
         return pool / span
-    even = math.fsum(planned[m.name][0] * planned[m.name][1] for m in scope_plan.metrics if m.max_windows is None)
+    even = math.fsum(
+        planned[m.name][0] * planned[m.name][1] for m in scope_plan.metrics if m.max_windows is None and not _shaped(m)
+    )
     front = math.fsum(
         planned[m.name][1] / m.window_every_s
         for m in capped
         if _front_loading(m, planned[m.name][0], period_start, period_end, now, schedule_start)
     )
-    return even / span + front
+    peaks = math.fsum(_shaped_rate(m, planned[m.name], period_start, period_end, now, schedule_start) for m in shaped)
+    return even / span + front + peaks
+
+
+def _shaped(metric: Any) -> bool:
+    return getattr(metric, "hour_weights", None) is not None
+
+
+def _shaped_rate(
+    m: Any, planned: tuple[int, float], period_start: int, period_end: int, now: float, schedule_start: int | None
+) -> float:
+    """A shaped metric's planned rate at `now`: the cost on plan of the window whose end is next
+    (its part of the pool × h(w) / the period's weighted windows) over `every` seconds, so the rate
+    integrates to `planned_spent` at each window end; 0 outside its windows of the period (from S)."""
+    every = m.window_every_s
+    t = math.floor(now) - m.window_size_s + every
+    start = t - t % every
+    lo = period_start if schedule_start is None or schedule_start <= period_start else int(schedule_start)
+    if planned[0] <= 0 or every <= 0 or not lo <= start < period_end:
+        return 0.0
+    grid = Schedule(m.window_size_s, every, schedule_start)
+    whole = weighted_windows(grid.starts_by_hour(period_start, period_end), m.hour_weights, None)
+    part = planned[0] * planned[1]
+    return part * window_weight(m.hour_weights, start) / whole / every if whole > 0 else 0.0
 
 
 def _front_loading(
