@@ -45,7 +45,7 @@ metrics:
     aggregate: count
     group_by: page
     keys: [home, cart]
-    contribution: {{max_keys: 2, max_per_key: 3}}
+    contribution: {{max_keys: 2, max_per_key: 3{views_cap}}}
     mechanism: gaussian
   spend:
     source: clicks
@@ -124,9 +124,11 @@ def deploy(
     start: int | None = None,
     source_topic: str | None = None,
     period: str = "1d",
+    views_max_windows: int | None = None,
 ) -> Deployment:
     """Write a small topology (2 s windows) with unique topic names and a public start (default: the
-    current 2 s window), and create its topics.
+    current 2 s window), and create its topics. `views_max_windows`: the `views` metric's
+    `contribution.max_windows` (none by default).
 
     The broker does not auto-create topics, so tests may send events before any worker runs.
     """
@@ -144,6 +146,7 @@ def deploy(
         start=start,
         source_topic=source_topic or f"{prefix}.clicks",
         period=period,
+        views_cap="" if views_max_windows is None else f", max_windows: {views_max_windows}",
     )
     path.write_text(text)
     topology = load_topology(path)

@@ -262,3 +262,43 @@ def test_memory_per_active_unit() -> None:
     per_unit = sum(s.size_diff for s in after.compare_to(before, "filename")) / len(units)
     assert sys.getsizeof(unit_key("x")) == 33 + UNIT_KEY_BYTES
     assert 80 < per_unit < 120, per_unit  # measured ≈ 101 on CPython 3.11
+
+
+def test_the_worker_serves_capped_windows_per_metric_to_the_curator_only() -> None:
+    """`dpstream_windows_capped_total{source,metric}`: one series per capped metric (zeros too), none for
+    a metric without max_windows, and the family is curator-only (absent without --curator-metrics)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    from dpstream.workers.runtime.clock_skew import ClockSkewGate
+    from dpstream.workers.telemetry.classes import ClassFilter
+    from dpstream.workers.telemetry.worker import WorkerCollector
+
+    events = [("u", T0 + 60 * k + 1, "a", 1.0) for k in (0, 2, 3, 5)] + [("v", T0 + 181, "a", 1.0)]
+    _, pipe, _ = _run(events)
+
+    class Ingest:
+        revoked_counts: dict = {}
+        hop_counts: dict = {}
+        clock_skew = ClockSkewGate(0.5, 30.0)
+
+        def pipelines(self) -> list:
+            return [pipe]
+
+    def samples(collector) -> dict:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+        return {
+            s.labels.get("metric"): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "dpstream_windows_capped_total"
+        }
+
+    collector = WorkerCollector(_topology(), ingest=Ingest())
+    got = samples(collector)
+    assert got["views"] == 2 and "plain" not in got and set(got) == {"views", "pages", "users", "avg"}
+    assert got["views"] == pipe.refresh_counts().capped_windows["views"]
+    assert samples(ClassFilter(collector, curator=False)) == {}

@@ -104,8 +104,6 @@ def _run(args: argparse.Namespace) -> int:
     check_unit_hashing(topology)  # a missing HMAC secret is one line now, not a traceback at the first batch
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     role = Role(args.role)
-    if role is not Role.RELEASE:
-        _refuse_window_caps(topology)
     redis_url = args.redis or topology.redis.url
     # Faust would report these inside its own start, as a traceback: check them first, before Kafka too.
     if args.web_port is not None:
@@ -256,18 +254,3 @@ def _datadir(given: str | None, worker_id: str) -> Iterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix=f"dpstream-{worker_id}-", ignore_cleanup_errors=True) as path:
         yield path
-
-
-def _refuse_window_caps(topology: Topology) -> None:
-    """The live ingest does not yet persist `contribution.max_windows` counts across restarts and
-    rebalances (the pipeline core would refuse a mid-period resume without them): refuse it up front,
-    in one line, rather than on the first restart."""
-    from dpstream.topology.errors import ConfigError
-
-    for metric in topology.metrics.values():
-        if metric.contribution.max_windows is not None:
-            raise ConfigError(
-                f"{topology.path or '<topology>'}: metric '{metric.name}': contribution.max_windows: the live "
-                "worker's ingest does not persist its per-unit window counts across restarts yet; use "
-                "`dpstream replay`, or remove max_windows to run it live"
-            )

@@ -21,11 +21,14 @@ class ProcessorOutput:
     """Dead-letter topic values (JSON: reason, source, topic, partition, offset, raw_b64)."""
     partials: list[tuple[str, bytes]] = field(default_factory=list)
     """(metric, WindowPartial bytes) for windows closed on this partition, keyed by metric on the topic."""
+    counted: list[bytes] = field(default_factory=list)
+    """`contribution.max_windows` count deltas of the windows closed (`runtime.window_counts`)."""
 
 
 def to_output(batch: BatchOutput) -> ProcessorOutput:
-    """Serialise a batch's dead letters and partials."""
+    """Serialise a batch's dead letters, partials and count deltas."""
     return ProcessorOutput(
         dead_letters=[d.to_bytes() for d in batch.dead_letters],
         partials=[(p.metric, p.to_bytes()) for p in batch.partials],
+        counted=[d.to_bytes() for d in batch.counted],
     )

@@ -39,14 +39,18 @@ from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 
 from dpstream.topology.model import Topology
+from dpstream.topology.periods import period_start
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.partition import PartitionPipeline
+from dpstream.workers.pipeline.window_caps import CountDelta
 from dpstream.workers.runtime.clock_skew import ClockSkewGate, measure
 from dpstream.workers.runtime.core import ProcessorOutput, to_output
 from dpstream.workers.runtime.ledger_wait import open_ledger_waiting
 from dpstream.workers.runtime.schedule import resolve_schedule_start
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import clock_probe_topic, ingest_topic, partition_count, timestamp_rules
+from dpstream.workers.runtime.window_counts import capped_sources, counts_topic, delta_key, read_deltas
 from dpstream.workers.telemetry.worker import fold_event_counts
 
 _log = logging.getLogger(__name__)
@@ -147,6 +151,11 @@ class IngestService(Service):
         self._admin: AIOKafkaAdminClient | None = None
         self._ends: AIOKafkaConsumer | None = None
         """A group-less client that reads the source topics' end offsets for the repartition check."""
+        self._capped = capped_sources(topology)
+        """Sources with a `max_windows` metric: their pipelines persist count deltas and read them back."""
+        self._counts_topic = counts_topic(topology)
+        self._deltas: AIOKafkaConsumer | None = None
+        """A group-less client that reads count deltas back when a capped source's partition resumes."""
         super().__init__(**kwargs)
 
     async def on_start(self) -> None:
@@ -182,6 +191,11 @@ class IngestService(Service):
                 bootstrap_servers=self.settings.bootstrap, enable_auto_commit=False, **self.settings.kafka_options()
             )
             await self._ends.start()
+        if self._capped:
+            self._deltas = AIOKafkaConsumer(
+                bootstrap_servers=self.settings.bootstrap, enable_auto_commit=False, **self.settings.kafka_options()
+            )
+            await self._deltas.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.bootstrap,
             group_id=f"{self.settings.group_id(self.topology)}-ingest",
@@ -203,7 +217,7 @@ class IngestService(Service):
 
     async def on_stop(self) -> None:
         async with self._lock:
-            for client in (self._consumer, self._producer, self._ends):
+            for client in (self._consumer, self._producer, self._ends, self._deltas):
                 if client is not None:
                     await client.stop()
             if self._admin is not None:
@@ -420,6 +434,7 @@ class IngestService(Service):
         # (IllegalStateError when the partition is no longer assigned: no pipeline is made then)
         self._consumer.seek(tp, offset)
         source = self._by_topic[tp.topic]
+        counted = await self._read_counted(tp, resume) if meta is not None and meta.offset >= 0 else None
         core = self._cores[tp] = PartitionPipeline(
             self.topology,
             source.name,
@@ -430,11 +445,29 @@ class IngestService(Service):
             resume=resume,
             start_offset=offset,
             check_keys=True,
+            counted=counted,
         )
         self._committed[tp] = (offset, meta.metadata if meta is not None else "")
         self._made_seq += 1
         self._made[tp] = self._made_seq
         return core
+
+    async def _read_counted(self, tp: TopicPartition, resume: dict[str, int] | None) -> list[CountDelta] | None:
+        """The `max_windows` count deltas a resuming partition persisted in its capped metrics' current
+        periods (None for a source without a capped metric)."""
+        source = self._by_topic[tp.topic]
+        if source.name not in self._capped or self._deltas is None:
+            return None
+        assert self.schedule_start is not None
+        since = min(
+            period_start(
+                self.topology.budgets[m.budget].period_s,
+                (resume or {}).get(m.name, Schedule.of(m, self.schedule_start).first_window()),
+            )
+            for m in self.topology.metrics.values()
+            if m.source == source.name and m.contribution.max_windows is not None
+        )
+        return await read_deltas(self._deltas, self.topology, tp.topic, tp.partition, since)
 
     def _refuse_changed_count(self, tp: TopicPartition, count: int, committed: int | None) -> None:
         """Raise `_Refused` (and leave the partition paused, unread and uncommitted) when the topic's
@@ -460,6 +493,13 @@ class IngestService(Service):
             )
         raise _Refused(tp)
 
+    async def _send_counted(self, tp: TopicPartition, counted: list[bytes]) -> list[Any]:
+        """Send one partition's count deltas to its partition of the window-counts topic; their ack futures."""
+        assert self._producer is not None
+        parts = await self._producer.partitions_for(self._counts_topic)
+        key, partition = delta_key(tp.topic, tp.partition), tp.partition % len(parts)
+        return [await self._producer.send(self._counts_topic, v, key=key, partition=partition) for v in counted]
+
     async def _flush(self, outputs: list[tuple[TopicPartition, ProcessorOutput]]) -> None:
         """Send dead letters and partials, wait for every ack, then commit each partition's safe offset
         with its progress as metadata."""
@@ -471,6 +511,8 @@ class IngestService(Service):
                 sends.append(await self._producer.send(sinks.dead_letter, value))
             for metric, value in out.partials:
                 sends.append(await self._producer.send(sinks.partials_topic, value, key=metric.encode()))
+            if out.counted:  # acked before the commit below moves the progress past their windows
+                sends += await self._send_counted(_tp, out.counted)
             self.stats.dead_letters += len(out.dead_letters)
             self.stats.partials += len(out.partials)
         if sends:

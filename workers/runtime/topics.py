@@ -26,6 +26,7 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Source, Topology
 from dpstream.workers.runtime.admin import client_options, create_topics, describe_topic_config_async, run_sync
 from dpstream.workers.runtime.kafka_security import KafkaSecurity
+from dpstream.workers.runtime.window_counts import capped_sources, counts_topic, retention_ms
 
 
 def repartition_topic(source: Source) -> str:
@@ -188,15 +189,20 @@ def check_timestamp_types(bootstrap: str, topology: Topology, security: KafkaSec
 def ensure_topics(
     bootstrap: str, topology: Topology, partitions: int = 4, security: KafkaSecurity | None = None
 ) -> list[str]:
-    """Create the topology's missing topics (existing ones are left alone) and its clock-probe topic,
-    then refuse topics whose timestamp type breaks their rule (`check_timestamp_types`); returns the
-    topics created. `security` defaults to the environment's (`KafkaSecurity.from_env`)."""
+    """Create the topology's missing topics (existing ones are left alone), its clock-probe topic and,
+    with a `max_windows` metric, its window-counts topic (`runtime.window_counts`), then refuse topics
+    whose timestamp type breaks their rule (`check_timestamp_types`); returns the topics created.
+    `security` defaults to the environment's (`KafkaSecurity.from_env`)."""
     names = topic_names(topology).all
     created = create_topics(bootstrap, names, partitions, configs=topic_configs(topology), security=security)
     probe = clock_probe_topic(topology)
     created += create_topics(
         bootstrap, [probe], 1, configs={probe: {**APPEND_TIME, **_PROBE_RETENTION}}, security=security
     )
+    if capped_sources(topology):
+        counts = counts_topic(topology)
+        retention = {"retention.ms": str(retention_ms(topology))}
+        created += create_topics(bootstrap, [counts], partitions, configs={counts: retention}, security=security)
     check_timestamp_types(bootstrap, topology, security)
     return created
 

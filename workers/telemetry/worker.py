@@ -28,6 +28,7 @@ Ingest side (roles `all` and `ingest`), per `source`:
     dpstream_events_total{source,outcome}         accepted|invalid|late|capped|clamped (`late` events are
                                                   also `accepted`: valid, but too late for a window)
     dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
+    dpstream_windows_capped_total{source,metric}  (unit, window) contributions dropped by max_windows
     dpstream_events_skipped_total{source,metric,reason}
                                                   accepted events a metric of the source left out, by
                                                   workers.pipeline.counters.SKIP_REASONS (no group field,
@@ -294,9 +295,19 @@ class WorkerCollector(Collector):
             "missing_value_field): the metric is released without them.",
             labels=["source", "metric", "reason"],
         )
+        capped = CounterMetricFamily(
+            "dpstream_windows_capped",
+            "Contributions (unit, window) a metric's contribution.max_windows dropped: the unit had already "
+            "counted in max_windows windows of the period.",
+            labels=["source", "metric"],
+        )
         for source in self.topology.sources:
             c = totals.get(source) or EventCounts()
             skips = _copy(c.skips)
+            dropped = _copy(c.capped_windows)
+            for m in self.topology.metrics.values():
+                if m.source == source and m.contribution.max_windows is not None:
+                    capped.add_metric([source, m.name], float(dropped.get(m.name, 0)))
             for m in self.topology.metrics.values():
                 if m.source == source:
                     for reason in SKIP_REASONS:  # the fixed vocabulary, every one present
@@ -316,6 +327,7 @@ class WorkerCollector(Collector):
         yield events
         yield dead
         yield skipped
+        yield capped
 
     def _clock_families(self) -> Iterator[Metric]:
         """The skew reading of the process's one gate (the ingest's; a release-only process's own) and
