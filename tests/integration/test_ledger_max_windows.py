@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpstream.topology.model import WarningPolicy
 from dpstream.topology.periods import period_id
-from dpstream.workers.ledger import Ledger, Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger import Ledger, Outcome, ReleaseRequest, State, open_ledger
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 from dpstream.workers.ledger.units import cost_to_units, units_to_float
 
@@ -156,6 +157,37 @@ def test_memory_spend_is_the_top_m_rule(costs: list[int], m: int) -> None:
             for i, c in enumerate(costs):
                 await ledger.charge(_req(i, c / 1000))
             assert (await ledger.status("s")).spent_units == _top_sum([cost_to_units(c / 1000) for c in costs], m)
+        finally:
+            await ledger.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize("policy", [WarningPolicy(thin=2), WarningPolicy(stretch=2.0)], ids=["thin", "stretch"])
+def test_the_warning_policy_never_acts_on_a_front_loaded_metric(where: str, policy: WarningPolicy) -> None:
+    """Under m = 3 the metric spends the whole pool in its first 3 windows on plan: the scope's ratio is
+    then 0.8 = warn_at, the warning state of seed 002's rule (R ≥ ρ), for the rest of the period. The
+    policy does not act on the front-loading: every later window is released (never thinned) at the
+    m-th largest (never stretched), pays nothing, and the spend stays at the pool."""
+
+    async def body() -> None:
+        topology = one_scope_topology(metrics=HOURLY, max_windows={"m": 3}, on_warning=policy)
+        ledger = await open_ledger(where, topology, clock=ManualClock(T0))
+        try:
+            cfg = ledger.scope_of("m")
+            pool = cfg.cap_units - cfg.reserve_units
+            quotes = []
+            for i in range(24):
+                quote = await ledger.quote("m", P0 + i * HOUR, P0 + (i + 1) * HOUR)
+                quotes.append(quote)
+                res = await ledger.charge(_req(i, quote.cost)._replace(quoted_version=quote.version))
+                assert res.outcome is Outcome.CHARGED, (i, res)
+            status = await ledger.status("s")
+            assert status.spent_units == pool and status.state is State.WARNING  # 0.8 of the cap exactly
+            later = quotes[3:]
+            assert all(q.state is State.WARNING for q in later[1:])
+            assert not any(q.thinned or q.stretched for q in later)
+            assert {q.cost_units for q in later} == {min(q.cost_units for q in quotes[:3])}
         finally:
             await ledger.close()
 

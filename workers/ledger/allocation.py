@@ -206,7 +206,7 @@ def price(
         kind = "manual" if breaker.manual else "automatic"
         reason = f"breaker open ({kind}): {breaker.reason}"
         return _quote(cfg, plan, period_id, snap, State.OPEN, 0, with_ratio, refused_reason=reason)
-    state = State.WARNING if spent >= warn else State.NORMAL  # state_of, with the breaker closed
+    state = state_of(spent, warn, False)  # the breaker is closed here
     if metric in cfg.capped:
         m, top = cfg.capped[metric][0], snap.tops.get(metric, ())
         if len(top) >= m:  # m paid already: priced at the m-th largest, which raises their sum by 0
