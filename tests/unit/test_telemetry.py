@@ -638,3 +638,21 @@ def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
     assert got[("x_seconds_bucket", "1.0")] == 3
     assert got[("x_seconds_bucket", "+Inf")] == 4
     assert got[("x_seconds_count", None)] == 4 and math.isclose(got[("x_seconds_sum", None)], 8.6)
+
+
+def test_the_report_cards_plan_curve_front_loads_as_the_gauges_do() -> None:
+    """The report card draws the plan by `planned_ratio` at every window end: under max_windows 60 the minute
+    metric's half of the pool is on the curve by 01:00, the hourly half a 24th per hour; the last point
+    is the plan's whole ratio (1 − reserve). Its burn-rate bins subtract the same curve."""
+    from dpstream.workers.report.build import plan_curve
+    from dpstream.workers.report.planned import Span
+
+    scope = build_plan(_front_loaded()).scope("b")
+    curve = plan_curve(scope, Span(P0, DAY, None))
+    at = dict(zip(curve["hours"], curve["ratio"], strict=True))
+    assert len(at) == 1 + 1440 and at[0.0] == 0.0
+    half = scope.pool / 2 / scope.cap
+    assert math.isclose(at[1.0], half + half / 24, rel_tol=1e-12)
+    assert math.isclose(at[0.5], half / 2, rel_tol=1e-12)  # 30 of the 60 paid minute windows, no hour yet
+    assert math.isclose(at[24.0], scope.pool / scope.cap, rel_tol=1e-12)
+    assert all(a <= b for a, b in zip(curve["ratio"], curve["ratio"][1:], strict=False))

@@ -7,17 +7,44 @@ __all__ = ["REPORT_VERSION", "build_report"]
 from typing import Any
 
 from dpstream.topology.model import Accounting, guarantee_label
-from dpstream.topology.plan import build_plan
+from dpstream.topology.plan import ScopePlan, build_plan
+from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger.units import UNITS_PER_CURRENCY
 from dpstream.workers.release.record import iso_utc
 from dpstream.workers.report.accounting import accounting_section, checks_of
 from dpstream.workers.report.advice import advice_section
 from dpstream.workers.report.collect import PeriodData
 from dpstream.workers.report.fairness import fairness_section
-from dpstream.workers.report.planned import planned_of_plan, span_of
+from dpstream.workers.report.planned import Span, planned_of_plan, span_of
 from dpstream.workers.report.utility import utility_of
+from dpstream.workers.telemetry.budget import planned_ratio
 
 REPORT_VERSION = 1
+
+PLAN_CURVE_POINTS = 2_000
+"""At most this many points of the plan curve (a day of 1-minute windows is 1,441; past it, an even grid)."""
+
+
+def plan_curve(scope_plan: ScopePlan, span: Span) -> dict[str, list[float]]:
+    """The plan's spent / cap over the period (`telemetry.budget.planned_ratio`: the one rule the plan
+    gauges and burn-rate alerts use, so it follows `max_windows` front-loading and budget schedules), at
+    the period start and at each window end of the scope's metrics (from S in a first period): a step
+    function, flat between two points."""
+    start, end = span.period_start, span.period_start + span.period_s
+    ends: set[int] = set()
+    for m in scope_plan.metrics:
+        grid = Schedule(m.window_size_s, m.window_every_s, span.start)
+        first = grid.first_start_at_or_after(max(start, span.start or start))
+        ends.update(s + m.window_size_s for s in range(first, end, max(1, m.window_every_s)))
+    points = sorted({start, *ends})
+    if len(points) > PLAN_CURVE_POINTS:
+        last = points[-1]
+        step = (last - start) / (PLAN_CURVE_POINTS - 1)
+        points = [start + round(i * step) for i in range(PLAN_CURVE_POINTS)]
+    return {
+        "hours": [(t - start) / 3600 for t in points],
+        "ratio": [planned_ratio(scope_plan, start, end, t, span.start) for t in points],
+    }
 
 
 def _timeline(data: PeriodData) -> dict[str, Any]:
@@ -97,4 +124,5 @@ def build_report(data: PeriodData) -> dict[str, Any]:
         "fairness": fairness_section(data),
         "advice": advice_section(data.topology, data.scope, accounting, util, span),
         "timeline": _timeline(data),
+        "plan_curve": plan_curve(scope_plan, span),
     }

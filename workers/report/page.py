@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ["PLOTS", "render_page", "write_page"]
 
+import bisect
 import html
 import io
 import math
@@ -161,6 +162,18 @@ def _plan_from(rep: dict[str, Any]) -> float:
     return (s - rep["period"]["start_epoch"]) / 3600 if isinstance(s, (int, float)) else 0.0
 
 
+def _planned_at(rep: dict[str, Any]) -> Any:
+    """x hours into the period → the plan's spent / cap by then: the report's plan curve (a step at each
+    window end), else (an older report) the plan ratio spent evenly from S to the period end."""
+    curve = rep.get("plan_curve")
+    if curve:
+        hours, ratio = curve["hours"], curve["ratio"]
+        return lambda x: ratio[bisect.bisect_right(hours, x + 1e-9) - 1] if x + 1e-9 >= hours[0] else 0.0
+    span_h, lo = rep["period"]["seconds"] / 3600, _plan_from(rep)
+    rate = _plan_ratio(rep) / (span_h - lo) if span_h > lo else 0.0
+    return lambda x: rate * max(0.0, min(x, span_h) - lo)
+
+
 def _spend_plot(rep: dict[str, Any]) -> str:
     view = _view(rep)
     fig, ax = _timed_figure(view, _plan_from(rep) or None)
@@ -170,7 +183,18 @@ def _spend_plot(rep: dict[str, Any]) -> str:
     (line,) = ax.plot([x * k for x in xs], ys, drawstyle="steps-post", color="#1f5fa8", label="spent / cap")
     line.set_gid("spend-line")  # named in the SVG: the page test reads the charges' x positions
     ax.patch.set_gid("spend-plot-area")
-    ax.plot([_plan_from(rep) * k, hours * k], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
+    curve = rep.get("plan_curve")
+    if curve:  # the plan as the gauges count it: front-loaded under max_windows, shaped by a schedule
+        ax.plot(
+            [x * k for x in curve["hours"]],
+            curve["ratio"],
+            drawstyle="steps-post",
+            color="#888",
+            linestyle="--",
+            label="plan",
+        )
+    else:
+        ax.plot([_plan_from(rep) * k, hours * k], [0, _plan_ratio(rep)], color="#888", linestyle="--", label="plan")
     ax.axhline(rep["terms"]["warn_at"], color="#d08000", linewidth=1, label=f"warn ({rep['terms']['warn_at']:g})")
     ax.axhline(1.0, color="#b00000", linewidth=1.2, label="cap")
     start = rep["period"]["start_epoch"]
@@ -206,11 +230,9 @@ def _burn_plot(rep: dict[str, Any]) -> str:
         b = min(bins - 1, max(0, math.floor((x - first) / width - 1e-9)))  # a charge at a bin's end is in it
         spent[b] += y - prev
         prev = y
-    # the plan spends its ratio evenly from S (the period start after the first period) to the end
-    span_h, lo = rep["period"]["seconds"] / 3600, _plan_from(rep)
-    rate = _plan_ratio(rep) / (span_h - lo) if span_h > lo else 0.0
     edges = [first + i * width for i in range(bins + 1)]
-    plan = [rate * max(0.0, min(b1, span_h) - max(b0, lo)) for b0, b1 in zip(edges, edges[1:], strict=False)]
+    planned = _planned_at(rep)
+    plan = [planned(b1) - planned(b0) for b0, b1 in zip(edges, edges[1:], strict=False)]
     burn = [p / q if q else 0.0 for p, q in zip(spent, plan, strict=True)]
     bars = ax.bar(
         [(e + width / 2) * k for e in edges[:-1]],
