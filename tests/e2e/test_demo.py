@@ -15,7 +15,7 @@ from dpstream.workers.localstack.ports import port_open
 
 pytestmark = pytest.mark.e2e
 
-METRICS = ("page_views", "active_users", "basket_value", "session_seconds")
+METRICS = ("page_views", "active_users", "visitors", "basket_value", "session_seconds")
 _NUM = r"-?[\d,]+(?:\.\d+)?"
 
 

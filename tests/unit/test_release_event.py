@@ -68,7 +68,7 @@ def test_every_mechanism_builds_an_event_whose_maps_are_its_cost(
         assert set(kinds) == {Noise.GAUSSIAN if metric.mechanism.value == "gaussian" else Noise.LAPLACE}
     selection = mech.partition_selection
     assert event.delta == (selection["delta"] if selection is not None else 0.0)
-    assert event.max_windows is None and event.lump is None
+    assert event.max_windows == metric.contribution.max_windows and event.lump is None
 
 
 @pytest.mark.parametrize(("name", "metric", "accounting"), _METRICS[:6], ids=[n for n, _, _ in _METRICS[:6]])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dpstream.topology.allocation import MetricDemand, adaptive_release_cost, warning_cost_factor, windows_left
 from dpstream.topology.calibration import calibrate
-from dpstream.topology.model import Metric, Topology
+from dpstream.topology.model import Metric, Topology, charged_windows
 from dpstream.topology.periods import period_id, period_start
 from dpstream.topology.plan import Plan
 from dpstream.topology.schedule import Schedule
@@ -78,7 +78,9 @@ def expect(
     warning: bool = False,
 ) -> Expectation:
     """The grant of `metric`'s releases in the period holding `from_ts`, if the scope had spent `spent` of it
-    by then and its schedule from `from_ts` to the period end goes as planned (every window released once)."""
+    by then and its schedule from `from_ts` to the period end goes as planned (every window released once).
+    A metric under `contribution.max_windows` m is taken to have paid none of its m windows yet: true at the
+    points the demo predicts at (its schedule start, each period start)."""
     budget = topology.budgets[metric.budget]
     scope = plan.scope(budget.name)
     pstart = period_start(budget.period_s, from_ts)
@@ -88,10 +90,12 @@ def expect(
             continue
         w = m.window
         first = Schedule.of(m).first_start_at_or_after(max(from_ts, pstart))
-        demands[m.name] = MetricDemand(
+        demands[m.name] = MetricDemand(  # under max_windows m only m windows a period are paid for
             weight=m.weight,
-            per_period=w.releases_per_period(budget.period_s),
-            left=windows_left(w, pstart, budget.period_s, first + w.size_s),
+            per_period=m.charged_per_period(budget.period_s),
+            left=charged_windows(
+                windows_left(w, pstart, budget.period_s, first + w.size_s), m.contribution.max_windows
+            ),
         )
     pool_left = max(0.0, scope.pool - spent)
     cost = adaptive_release_cost(pool_left, metric.name, demands) if demands[metric.name].left else 0.0

@@ -67,7 +67,9 @@ def typical_values(
         GeneratorConfig(users=population.users, zipf_s=population.zipf_s, seed=seed, start_ts=float(t0)),
     )
     metrics = [m for m in topology.metrics.values() if m.source == source.name]
-    accumulators = {m.name: MetricAccumulator(m, source, t0) for m in metrics}
+    accumulators = {
+        m.name: MetricAccumulator(m, source, t0, period_s=topology.budgets[m.budget].period_s) for m in metrics
+    }
     adds = [a.add_fn for a in accumulators.values()]
     unit_field = source.privacy_unit
     for offset, event in enumerate(generator.events(int(population.rate * seconds), rate=population.rate)):

@@ -36,7 +36,9 @@ class TruthBook:
             m.name: m for m in topology.metrics.values() if m.source == self._source.name
         }
         self._acc = {
-            name: MetricAccumulator(m, self._source, Schedule.of(m, start).first_window())
+            name: MetricAccumulator(
+                m, self._source, Schedule.of(m, start).first_window(), period_s=topology.budgets[m.budget].period_s
+            )
             for name, m in self._metrics.items()
         }
         self._adds = [a.add_fn for a in self._acc.values()]
