@@ -45,7 +45,7 @@ metrics:
     aggregate: count
     group_by: page
     keys: [home, cart]
-    contribution: {{max_keys: 2, max_per_key: 3{views_cap}}}
+    contribution: {{max_keys: 2, max_per_key: 3}}
     mechanism: gaussian
   spend:
     source: clicks
@@ -146,8 +146,10 @@ def deploy(
         start=start,
         source_topic=source_topic or f"{prefix}.clicks",
         period=period,
-        views_cap="" if views_max_windows is None else f", max_windows: {views_max_windows}",
     )
+    if views_max_windows is not None:
+        plain = "contribution: {max_keys: 2, max_per_key: 3}"
+        text = text.replace(plain, plain[:-1] + f", max_windows: {views_max_windows}}}", 1)
     path.write_text(text)
     topology = load_topology(path)
     ensure_topics(bootstrap, topology)

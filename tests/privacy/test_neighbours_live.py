@@ -88,18 +88,22 @@ def _own_ledger(redis_url: str) -> str:
     return urlunparse(urlparse(redis_url)._replace(path="/2"))
 
 
-def _series_problems(plain: Deployment, attacked: Deployment, ports: tuple[int, int], starts: list[int]) -> list[str]:
-    """The data-independent series of D and D′ that differ: the workers' /metrics at one tick (both
-    still running, after every compared P(w)), then each ledger's budget series at one instant after
-    the last compared P(w) (call it before the workers stop, the scrapes need them)."""
+def _worker_problems(ports: tuple[int, int]) -> list[str]:
+    """The data-independent series of D's and D′'s workers that differ: their /metrics at one tick (both
+    still running, after every compared P(w))."""
     a, b = nb.aligned_scrapes(*ports)
-    problems = nb.compare_series(a, b, "worker /metrics: ")
     assert nb.spent_somewhere(a) and ("dpstream_release_noise_stddev", (("metric", "views"),)) in a, sorted(a)
+    return nb.compare_series(a, b, "worker /metrics: ")
+
+
+def _ledger_problems(plain: Deployment, attacked: Deployment, starts: list[int]) -> list[str]:
+    """Each ledger's budget series at one instant after the last compared P(w), read once the workers
+    have stopped (so no charge lands while one of them is read) and compared."""
     topo = plain.topology
     at = max(topo.publish_time(m, s + WINDOW) for m in topo.metrics.values() for s in starts) + 0.5
     la, lb = nb.ledger_series(topo, plain.redis_url, at), nb.ledger_series(attacked.topology, attacked.redis_url, at)
     assert nb.spent_somewhere(la), sorted(la)
-    return problems + nb.compare_series(la, lb, "ledger at the last P(w): ")
+    return nb.compare_series(la, lb, "ledger at the last P(w): ")
 
 
 def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensitivity(
@@ -131,10 +135,11 @@ def test_neighbouring_streams_release_the_same_windows_each_moved_within_sensiti
         a = poll(lambda: _released(plain, starts), timeout_s=180)
         b = poll(lambda: _released(attacked, starts), timeout_s=180)
         assert a and b, plain.log("plain")[-2000:] + attacked.log("attacked")[-2000:]
-        series = _series_problems(plain, attacked, ports, starts)
+        series = _worker_problems(ports)
     finally:
         plain.stop_all()
         attacked.stop_all()
+    series += _ledger_problems(plain, attacked, starts)
     assert t0 in starts
     assert {k for k in a if k[1] in starts} == {k for k in b if k[1] in starts}
     assert min(s for _m, s in a) == start  # the first scheduled window exists in D too (empty there)
@@ -280,10 +285,11 @@ def test_one_heavy_unit_changes_no_public_byte_or_record_time_of_live_releases(
         ok_a = poll(lambda: _released(plain, starts), timeout_s=180)
         ok_b = poll(lambda: _released(attacked, starts), timeout_s=180)
         assert ok_a and ok_b, plain.log("plain")[-2000:] + attacked.log("attacked")[-2000:]
-        series = _series_problems(plain, attacked, ports, starts)
+        series = _worker_problems(ports)
     finally:
         plain.stop_all()
         attacked.stop_all()
+    series += _ledger_problems(plain, attacked, starts)
     a = _timed_releases(plain.bootstrap, plain.topology.sinks.releases)
     b = _timed_releases(attacked.bootstrap, attacked.topology.sinks.releases)
     topo = plain.topology

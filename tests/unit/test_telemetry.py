@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -409,6 +411,46 @@ def test_budget_reader_matches_status_and_sums_history_across_periods() -> None:
     assert len(history) == 2
     assert second.spent_total == sum(b.spent_units for b in history) / 10**12
     assert second.spent_total > first.spent_total
+
+
+def test_a_charge_landing_during_a_read_is_never_counted_before_its_public_time() -> None:
+    """A release charged while the reader reads (here: after the status, before the period blocks) and due
+    at a P(w) still to come is in neither the spend nor `spent_total`. The audit is read last, so every
+    charge the snapshots hold is in it (read first, the total showed the charge early: 3e-4), and each
+    snapshot hides only the charges it holds (hiding it from the status too showed 0 spent)."""
+    topology = _topology()
+    clock = _Clock(P0 + 5 * HOUR)
+
+    def published_at(t: int) -> bytes:
+        return b'{"published_at":"%s"}' % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)).encode()
+
+    class RacingLedger:
+        """The ledger, with one charge landing between the reader's status and history reads."""
+
+        def __init__(self, ledger: Any) -> None:
+            self._ledger, self._raced = ledger, False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._ledger, name)
+
+        async def history(self, scope: str, limit: int = 30) -> Any:
+            if not self._raced:
+                self._raced = True
+                early = _request("r2", "hourly", P0 + 4 * HOUR, P0 + 5 * HOUR, 2e-4)
+                charged = await self._ledger.charge(early._replace(payload=published_at(P0 + 5 * HOUR + 60)))
+                assert charged.outcome is Outcome.CHARGED
+            return await self._ledger.history(scope, limit)
+
+    async def body():
+        ledger = await open_ledger("memory", topology, clock=clock)
+        done = _request("r1", "hourly", P0 + 3 * HOUR, P0 + 4 * HOUR, 1e-4)
+        assert (await ledger.charge(done._replace(payload=published_at(P0 + 4 * HOUR + 5)))).outcome is Outcome.CHARGED
+        figures = (await BudgetReader(topology, clock=clock).read(RacingLedger(ledger)))[0]
+        return figures, await ledger.status("b")
+
+    figures, status = asyncio.run(body())
+    assert math.isclose(status.spent, 3e-4, abs_tol=1e-11)  # both charges are in the ledger
+    assert math.isclose(figures.spent, 1e-4, abs_tol=1e-11) and figures.spent_total == figures.spent
 
 
 def test_budget_collector_renders_every_budget_family_and_ledger_up() -> None:

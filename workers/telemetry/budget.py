@@ -61,7 +61,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -255,6 +255,14 @@ def _front_loading(
     return begins <= now and schedule.ended(period_start, period_end, now) < paid
 
 
+def hidden_in(unpublished: Mapping[str, list[tuple[int, int]]], period_id: str, spent_units: int) -> int:
+    """Units of the unpublished charges (`BudgetReader.unpublished`) that a snapshot of `period_id` whose
+    spend is `spent_units` holds: those whose spend after the charge is at most it (a period's spend only
+    grows, each paying charge raising it). A charge made after the snapshot was read is not in it, and
+    taking it out as well would show less than what was published."""
+    return sum(paid for after, paid in unpublished.get(period_id, ()) if after <= spent_units)
+
+
 def as_published(status: Any, unpublished_units: int) -> Any:
     """`status` (a `ScopeStatus`) without `unpublished_units` of its period's spend: the charges whose
     P(w) has not passed yet. Spend, ratio, ε, state and projection follow; the breaker stays."""
@@ -432,9 +440,10 @@ class BudgetReader:
             self._start = int(start) if start is not None else None
         return self._start
 
-    async def unpublished(self, ledger: Any, scope: str, now: float) -> dict[str, int]:
-        """period_id → units charged to releases whose public time P(w) is after `now`."""
-        out: dict[str, int] = {}
+    async def unpublished(self, ledger: Any, scope: str, now: float) -> dict[str, list[tuple[int, int]]]:
+        """period_id → (the period's spend after the charge, units paid) of each charge whose release's
+        public time P(w) is after `now` and that paid something (`hidden_in` sums those a snapshot holds)."""
+        out: dict[str, list[tuple[int, int]]] = {}
         for entry in await ledger.audit(scope, int((now - self._lookback_s) * 1000)):
             if entry.kind is not AuditKind.CHARGE:
                 continue
@@ -445,9 +454,10 @@ class BudgetReader:
                     self._publish_times.clear()
                 self._publish_times[rid] = publish_time_of(stored) if stored is not None else None
             at = self._publish_times[rid]
-            if at is not None and at > now:
-                period = entry.fields.get("period", "")
-                out[period] = out.get(period, 0) + int(entry.fields.get("cost", 0))
+            paid = int(entry.fields.get("cost", 0))
+            if at is not None and at > now and paid > 0:
+                after = int(entry.fields.get("spent", 0))
+                out.setdefault(entry.fields.get("period", ""), []).append((after, paid))
         return out
 
     async def _read_scope(self, ledger: Any, scope: str) -> ScopeFigures:
@@ -458,17 +468,18 @@ class BudgetReader:
             start = await self.schedule_start(ledger)
             if start is not None:
                 status = await ledger.status(scope, start)
-        hidden = await self.unpublished(ledger, scope, self._clock())
-        status = as_published(status, hidden.get(status.period_id, 0))
         mono = time.monotonic()
         full = mono - self._full_at.get(scope, -math.inf) >= FULL_REFRESH_S
         blocks = await ledger.history(scope, ALL_BLOCKS if full else RECENT_BLOCKS)
         if full:
             self._full_at[scope] = mono
+        # the audit is read last, so every charge the status and the blocks above hold is in it; each
+        # snapshot hides the unpublished charges it holds, and only those (`hidden_in`)
+        hidden = await self.unpublished(ledger, scope, self._clock())
+        status = as_published(status, hidden_in(hidden, status.period_id, status.spent_units))
         if hidden:
             blocks = [
-                replace(b, spent_units=max(0, b.spent_units - hidden[b.period_id])) if b.period_id in hidden else b
-                for b in blocks
+                replace(b, spent_units=b.spent_units - hidden_in(hidden, b.period_id, b.spent_units)) for b in blocks
             ]
         self._totals.update(scope, blocks)
         # the current block (if opened) holds the period's terms; before its first charge the
