@@ -156,6 +156,39 @@ def deploy(
     return Deployment(path, topology, bootstrap, redis_url)
 
 
+def feed_with_kills(
+    dep: Deployment,
+    workers: list[subprocess.Popen],
+    names: list[str],
+    t0: float,
+    feed_s: float,
+    kills: dict[int, int],
+    batch: Callable[[int, float], list[tuple[bytes | None, bytes]]],
+    every_s: float,
+) -> dict[int, int]:
+    """From wall time `t0` for `feed_s` seconds, send `batch(step, now)` every `every_s`; at feed second s
+    in `kills`, SIGKILL worker `kills[s]` and restart it a second later under its name + "r" (`workers`
+    and `names` are updated in place). Returns the kills not made (the feed ended first)."""
+    while time.time() < t0:
+        time.sleep(0.01)
+    pending = dict(kills)
+    step = 0
+    while time.time() < t0 + feed_s:
+        now = time.time()
+        send(dep.bootstrap, dep.source_topic, batch(step, now))
+        step += 1
+        second = int(now - t0)
+        if second in pending:
+            idx = pending.pop(second)
+            workers[idx].send_signal(signal.SIGKILL)
+            workers[idx].wait()
+            time.sleep(1.0)
+            names[idx] += "r"
+            workers[idx] = dep.start_worker(names[idx])
+        time.sleep(every_s)
+    return pending
+
+
 def send(bootstrap: str, topic: str, events: list[tuple[bytes | None, bytes]]) -> None:
     """Produce (key, value) pairs in order and wait for every ack."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)

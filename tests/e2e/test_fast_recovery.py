@@ -12,7 +12,6 @@ to a design bound with a wide margin (five session timeouts), which the 60 s ses
 from __future__ import annotations
 
 import collections
-import signal
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from dpstream.workers.runtime.settings import RuntimeSettings
 from tests.chaos.harness import ReleaseWatcher
-from tests.e2e.harness import Deployment, deploy, event, poll, send
+from tests.e2e.harness import Deployment, deploy, event, feed_with_kills, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -62,23 +61,11 @@ def test_sigkill_of_each_worker_every_window_once_and_lag_printed(deployment: De
     names = ["w0", "w1"]
     time.sleep(12)  # both join the groups and warm up before the feed
     t0 = (int(time.time()) // WINDOW + 1) * WINDOW
-    while time.time() < t0:
-        time.sleep(0.01)
-    pending = dict(KILLS)
-    step = 0
-    while time.time() < t0 + FEED_S:
-        now = time.time()
-        send(deployment.bootstrap, deployment.source_topic, [event(f"u{step}-{i}", now) for i in range(20)])
-        step += 1
-        second = int(now - t0)
-        if second in pending:
-            idx = pending.pop(second)
-            workers[idx].send_signal(signal.SIGKILL)
-            workers[idx].wait()
-            time.sleep(1.0)
-            names[idx] += "r"
-            workers[idx] = deployment.start_worker(names[idx])
-        time.sleep(0.25)
+
+    def batch(step: int, now: float) -> list[tuple[bytes | None, bytes]]:
+        return [event(f"u{step}-{i}", now) for i in range(20)]  # 20 new users each time
+
+    pending = feed_with_kills(deployment, workers, names, t0, FEED_S, KILLS, batch, every_s=0.25)
     fed_end = t0 + FEED_S
     starts = list(range(t0, fed_end, WINDOW))
     want = {(m, s) for m in deployment.topology.metrics for s in starts}

@@ -13,7 +13,6 @@ with their broker append times): counts reset by a restart would count the units
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from dpstream.workers.pipeline.partition import PartitionPipeline
 from dpstream.workers.runtime.window_counts import counts_topic
-from tests.e2e.harness import Deployment, deploy, event, poll, read_all, send
+from tests.e2e.harness import Deployment, deploy, event, feed_with_kills, poll, read_all
 
 pytestmark = pytest.mark.e2e
 
@@ -98,21 +97,11 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
     try:
         workers = [dep.start_worker("w0"), dep.start_worker("w1")]
         names = ["w0", "w1"]
-        while time.time() < start:
-            time.sleep(0.05)
-        pending = dict(KILLS)
-        while time.time() < start + FEED_S:
-            now = time.time()
-            send(dep.bootstrap, dep.source_topic, [event(f"u{i}", now, page="home") for i in range(UNITS)])
-            second = int(now - start)
-            if second in pending:
-                idx = pending.pop(second)
-                workers[idx].send_signal(signal.SIGKILL)
-                workers[idx].wait()
-                time.sleep(1.0)
-                names[idx] += "r"
-                workers[idx] = dep.start_worker(names[idx])
-            time.sleep(0.4)
+
+        def batch(_step: int, now: float) -> list[tuple[bytes | None, bytes]]:
+            return [event(f"u{i}", now, page="home") for i in range(UNITS)]  # the same units every time
+
+        pending = feed_with_kills(dep, workers, names, start, FEED_S, KILLS, batch, every_s=0.4)
         until = start + FEED_S
         want = {(m, s, p) for m in dep.topology.metrics for s in range(start, until, WINDOW) for p in range(PARTITIONS)}
         live = poll(lambda: (lambda got: got if want <= set(got) else None)(_live_partials(dep)), timeout_s=180)

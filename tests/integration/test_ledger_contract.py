@@ -13,7 +13,7 @@ from dpstream.topology.loader import load_topology
 from dpstream.topology.model import Accounting, WarningPolicy
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, State, open_ledger
-from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
+from dpstream.workers.ledger.testing import ManualClock, charge_on_plan, one_scope_topology
 from dpstream.workers.ledger.units import grant_to_units
 
 DAY = 86_400
@@ -607,16 +607,7 @@ def test_a_shaped_scope_prices_by_its_schedule_on_both_backends(where: str) -> N
 
     async def body() -> dict[tuple[str, int], int]:
         ledger = await open_ledger(where, topo, clock=ManualClock(P0))
-        windows = sorted(
-            [(s + 3600, "a", s) for s in range(P0, P0 + DAY, 3600)]
-            + [(s + 7200, "b", s) for s in range(P0, P0 + DAY, 7200)]
-        )
-        costs = {}
-        for end, m, start in windows:
-            q = await ledger.quote(m, start, end)
-            costs[(m, start)] = q.cost_units
-            r = await ledger.charge(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
-            assert r.outcome is Outcome.CHARGED
+        costs = await charge_on_plan(ledger, topo, "s", P0)
         hist = await ledger.history("s")
         assert hist[0].spent_units == pool
         await ledger.close()

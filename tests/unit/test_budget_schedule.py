@@ -166,9 +166,9 @@ from dpstream.topology.allocation import (  # noqa: E402
 from dpstream.topology.model import HourlyShape  # noqa: E402
 from dpstream.topology.plan import build_plan  # noqa: E402
 from dpstream.topology.schedule import Schedule  # noqa: E402
-from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger  # noqa: E402
+from dpstream.workers.ledger import open_ledger  # noqa: E402
 from dpstream.workers.ledger.config import scope_configs  # noqa: E402
-from dpstream.workers.ledger.testing import ManualClock, one_scope_topology  # noqa: E402
+from dpstream.workers.ledger.testing import ManualClock, charge_on_plan, one_scope_topology  # noqa: E402
 
 DAY = 86_400
 P0 = (1_796_000_000 // DAY) * DAY
@@ -252,18 +252,7 @@ def _run_period(topo, charge_from: int = P0) -> tuple[dict[tuple[str, int], int]
     async def body():
         ledger = await open_ledger("memory", topo, clock=ManualClock(P0))
         cfg = scope_configs(topo)["s"]
-        windows = sorted(
-            (s + p.window.size_s, p.name, s)
-            for p in cfg.metrics
-            for s in range(P0, P0 + DAY, p.window.every_s)
-            if s >= charge_from
-        )
-        costs: dict[tuple[str, int], int] = {}
-        for end, m, start in windows:
-            q = await ledger.quote(m, start, end)
-            costs[(m, start)] = q.cost_units
-            r = await ledger.charge(ReleaseRequest(f"{m}{start}", "s", q.period_id, m, start, end, q.cost, b""))
-            assert r.outcome is Outcome.CHARGED
+        costs = await charge_on_plan(ledger, topo, "s", P0, charge_from)
         hist = await ledger.history("s")
         return costs, hist[0].spent_units, cfg.cap_units - cfg.reserve_units
 

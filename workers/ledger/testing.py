@@ -5,9 +5,10 @@ Named like `numpy.testing`: nothing in the runtime imports it.
 
 from __future__ import annotations
 
-__all__ = ["ManualClock", "one_scope_topology"]
+__all__ = ["ManualClock", "charge_on_plan", "one_scope_topology"]
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dpstream.topology.model import (
     Accounting,
@@ -23,6 +24,33 @@ from dpstream.topology.model import (
     WarningPolicy,
     Window,
 )
+
+
+async def charge_on_plan(
+    ledger: Any, topology: Topology, scope: str, period_start: int, since: int | None = None
+) -> dict[tuple[str, int], int]:
+    """Quote and charge, each at its quote, every window of `scope`'s metrics starting in the period from
+    `period_start` (and at or after `since`), in close order: (metric, window start) → units charged.
+    Every charge must go through (AssertionError otherwise)."""
+    from dpstream.workers.ledger.types import Outcome, ReleaseRequest
+
+    end = period_start + topology.budgets[scope].period_s
+    lo = max(period_start, since if since is not None else period_start)
+    windows = sorted(
+        (s + m.window.size_s, m.name, s)
+        for m in topology.metrics.values()
+        if m.budget == scope
+        for s in range(period_start, end, m.window.every_s)
+        if s >= lo
+    )
+    costs: dict[tuple[str, int], int] = {}
+    for window_end, metric, start in windows:
+        q = await ledger.quote(metric, start, window_end)
+        costs[(metric, start)] = q.cost_units
+        req = ReleaseRequest(f"{metric}{start}", scope, q.period_id, metric, start, window_end, q.cost, b"")
+        charged = await ledger.charge(req)
+        assert charged.outcome is Outcome.CHARGED, (metric, start, charged)
+    return costs
 
 
 class ManualClock:
