@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "NoiseComponent",
     "calibrate",
+    "running_total_component",
     "MEAN_SUM_SHARE",
     "QUANTILE_LEVEL",
     "Z95",
@@ -23,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from dpstream.topology import accounting as acc
+from dpstream.topology import running_total
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, Aggregate, Mechanism, Metric
 from dpstream.topology.selection import TOP_K_SELECTION_SHARE
@@ -105,6 +107,18 @@ def _component(sens: Sensitivity, mechanism: Mechanism, accounting: Accounting, 
     raise InternalError(f"no calibration for mechanism {mechanism!r}")
 
 
+def running_total_component(metric: Metric, period_s: int, cost: float) -> NoiseComponent:
+    """A running total's one Gaussian over its period, costing `cost` (ρ): scale σ = L‖c‖₂/√(2ρ) of
+    each noisy y (the released total at step t has std σ·‖c_{<t}‖₂, `running_total.total_stddev`).
+    The noise path nudges σ up by ulps until OpenDP's rounded map fits (`prefix_sum.sigma_for_rho`)."""
+    if cost <= 0:
+        raise InternalError(f"running total {metric.name!r} calibrated with non-positive cost {cost}")
+    l2 = running_total.period_sensitivity(metric, period_s)
+    bound = float(metric.contribution.max_per_period or 0)
+    sens = Sensitivity("value", bound, l2, bound)
+    return NoiseComponent("value", Mechanism.GAUSSIAN, sens, cost, acc.gaussian_sigma_for_rho(l2, cost), None)
+
+
 QUANTILE_LEVEL = 0.95
 """Probability the rank-error bound of a released quantile holds with (`quantile_rank_error`)."""
 
@@ -168,6 +182,8 @@ def calibrate(metric: Metric, accounting: Accounting, cost: float) -> tuple[Nois
     is one part per level ('p50', 'p90', ...) at one common scale (in ranks), each costing its own
     `quantile_cost`; together exactly `cost`.
     """
+    if metric.running_total:
+        raise InternalError(f"metric {metric.name!r}: a running total is calibrated per period, not per release")
     if metric.aggregate is Aggregate.QUANTILE:
         if cost <= 0:
             raise InternalError(f"metric {metric.name!r} calibrated with non-positive cost {cost}")

@@ -131,6 +131,10 @@ def _metric(metric: Metric, budget: Budget | None = None) -> dict[str, Any]:
         }
         if metric.contribution.max_windows is not None:
             out["contribution"]["max_windows"] = metric.contribution.max_windows
+        if metric.contribution.max_per_period is not None:
+            out["contribution"]["max_per_period"] = metric.contribution.max_per_period
+    if metric.running_total:
+        out["release"] = metric.release.value
     optional = {
         "value": metric.value,
         "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds else None,

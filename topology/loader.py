@@ -49,12 +49,14 @@ from dpstream.topology.model import (
     Partitioner,
     PostProcess,
     RedisSettings,
+    ReleaseKind,
     Sinks,
     Source,
     Topology,
     UnitHash,
     WarningPolicy,
     Window,
+    WindowKind,
 )
 from dpstream.topology.readers import (
     FieldProblem,
@@ -117,10 +119,11 @@ ACCEPTED_FIELDS: dict[str, tuple[str, ...]] = {
         "bins",
         "candidates",
         "schedule",
+        "release",
     ),
     "window": ("tumbling", "hopping", "every"),
     "on_warning": ("stretch", "thin"),
-    "contribution": ("max_keys", "max_per_key", "max_windows"),
+    "contribution": ("max_keys", "max_per_key", "max_windows", "max_per_period"),
     "postprocess": ("round", "clamp_zero"),
     "sinks": ("releases", "dead_letter", "partials"),
     "kafka": ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile"),
@@ -520,6 +523,7 @@ class _Loader:
         bins = f.get("bins", read_int, 1)
         listed = f.get("candidates", _read_candidates)
         schedule = f.get("schedule", _read_schedule)
+        release = f.get("release", read_enum, ReleaseKind, default=ReleaseKind.WINDOW)
         if schedule is not None:
             self.own_schedules[name] = schedule
         if weight is not None and weight <= 0:
@@ -529,6 +533,7 @@ class _Loader:
         if not f.ok:
             return None
         _check_metric_combination(f, aggregate, mechanism, contribution, group_by, keys, k)
+        _check_release(f, release, aggregate, mechanism, contribution, window, group_by, keys)
         candidates = _quantile_grid(f, aggregate, bounds, quantiles, bins, listed)
         if not f.ok:
             return None
@@ -551,6 +556,7 @@ class _Loader:
             postprocess,
             quantiles,
             candidates,
+            release=release,
         )
 
     def _sinks(self, node: Node | None, sources: dict[str, Source]) -> Sinks | None:
@@ -981,6 +987,43 @@ def _quantile_grid(
         f.bad("candidates", f"must lie inside bounds [{bounds.lower:g}, {bounds.upper:g}]; drop or move the others")
         return None
     return listed
+
+
+def _check_release(
+    f: _Fields,
+    release: ReleaseKind,
+    aggregate: Aggregate,
+    mechanism: Mechanism,
+    contribution: Contribution,
+    window: Window,
+    group_by: str | None,
+    keys: tuple[str, ...] | None,
+) -> None:
+    """`release: running_total` needs a count or sum, the Gaussian, a tumbling step, declared keys and
+    `contribution.max_per_period`; `max_per_period` means nothing without it."""
+    if release is not ReleaseKind.RUNNING_TOTAL:
+        if contribution.max_per_period is not None:
+            f.bad(
+                "contribution",
+                "max_per_period bounds a unit over a running total's period; add release: running_total or remove it",
+            )
+        return
+    if aggregate not in (Aggregate.COUNT, Aggregate.SUM):
+        f.bad("release", f"a running total adds up counts or sums; use aggregate: count or sum (not {aggregate.value})")
+    if mechanism is not Mechanism.GAUSSIAN:
+        f.bad("mechanism", "a running total is one Gaussian matrix mechanism a period (zCDP); use mechanism: gaussian")
+    if window.kind is not WindowKind.TUMBLING:
+        f.bad("window", "a running total steps through the period; use a tumbling step such as window: {tumbling: 1m}")
+    if group_by is not None and keys is None:
+        f.bad("keys", "a running total releases a fixed set of keys; declare them, e.g. keys: [web, app]")
+    if contribution.max_windows is not None:
+        f.bad("contribution", "a running total bounds a unit by max_per_period, not max_windows; remove max_windows")
+    if contribution.max_per_period is None:
+        f.fail(
+            f.line,
+            f"{f.subject}: missing field 'contribution.max_per_period'; a running total needs a unit's bound over "
+            "the period, e.g. contribution: {max_per_period: 10}",
+        )
 
 
 def _check_metric_combination(

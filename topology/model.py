@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "Accounting",
     "Aggregate",
+    "ReleaseKind",
     "Mechanism",
     "WindowKind",
     "UnitHash",
@@ -79,6 +80,16 @@ class Accounting(Enum):
     """Zero-concentrated DP: costs are ρ, they add up, the cap ρ* comes from (ε, δ) by CKS20."""
     PURE = "pure"
     """Pure ε-DP (δ = 0): ε adds up; Laplace and exponential mechanisms only."""
+
+
+class ReleaseKind(Enum):
+    """What a metric's release of a window is."""
+
+    WINDOW = "window"
+    """The window's own aggregate, each window its own release (the default)."""
+    RUNNING_TOTAL = "running_total"
+    """The total from the period start through this step (count and sum on a tumbling step, declared
+    keys, zCDP): one Gaussian matrix mechanism per period, charged whole with its first step."""
 
 
 class Aggregate(Enum):
@@ -299,6 +310,10 @@ class Contribution:
     At each window's close, in the public close order, the units present whose count is below it are
     included and counted; the others' contributions to that window are dropped. Only for windows that
     never straddle a period boundary (`Window.straddles`)."""
+    max_per_period: int | None = None
+    """A running total's per-unit bound over the whole period and across keys, L (events for a count,
+    clamped value × events for a sum): at each step's close a unit's contribution is cut to what is
+    left of L (`release: running_total` only)."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +403,20 @@ class Metric:
     schedule: HourlyShape | None = None
     """How the period's pool is spread over the metric's windows by UTC hour (its own `schedule:`,
     else its budget's); None: flat, every window alike."""
+    release: ReleaseKind = ReleaseKind.WINDOW
+    """`release: running_total`: each step releases the period's total so far (`ReleaseKind`)."""
+
+    @property
+    def running_total(self) -> bool:
+        """True for `release: running_total`."""
+        return self.release is ReleaseKind.RUNNING_TOTAL
+
+    @property
+    def paid_windows(self) -> int | None:
+        """How many of the metric's charges a period pays at most (None: all): `contribution.max_windows`,
+        or 1 for a running total (its one lump, charged with the period's first step; the top-m rule
+        with m = 1 prices it and charges the later steps nothing)."""
+        return 1 if self.release is ReleaseKind.RUNNING_TOTAL else self.contribution.max_windows
 
     @property
     def quantile_labels(self) -> tuple[str, ...]:
@@ -396,7 +425,7 @@ class Metric:
 
     def charged_per_period(self, period_s: int) -> int:
         """`charged_windows` of a whole period's releases under this metric's `contribution.max_windows`."""
-        return charged_windows(self.window.releases_per_period(period_s), self.contribution.max_windows)
+        return charged_windows(self.window.releases_per_period(period_s), self.paid_windows)
 
     @property
     def public_keys(self) -> bool:
@@ -515,6 +544,8 @@ def quantile_label(alpha: float) -> str:
 
 
 _QUANTILE_FIELDS = ("quantiles", "candidates", "schedule")
+_DEFAULT_FIELDS = {"release": ReleaseKind.WINDOW.value}
+"""Metric fields added later with a default: hashed only when not the default."""
 """Metric fields added later (quantiles, schedule): hashed only when set, so older versions stay as they were."""
 
 
@@ -533,10 +564,14 @@ def _metric_doc(metric: Metric) -> dict[str, object]:
     for name in _QUANTILE_FIELDS:
         if doc[name] is None:
             del doc[name]
+    for name, default in _DEFAULT_FIELDS.items():
+        if _enum_value(doc[name]) == default:
+            del doc[name]
     contribution = doc["contribution"]
     assert isinstance(contribution, dict)
-    if contribution["max_windows"] is None:
-        del contribution["max_windows"]
+    for name in ("max_windows", "max_per_period"):
+        if contribution[name] is None:
+            del contribution[name]
     return doc
 
 

@@ -137,6 +137,7 @@ from fractions import Fraction
 from typing import Any
 
 from dpstream.topology import accounting as acc
+from dpstream.topology import running_total
 from dpstream.topology.allocation import (
     MetricDemand,
     hour_weights,
@@ -146,7 +147,7 @@ from dpstream.topology.allocation import (
     release_share,
     weighted_windows,
 )
-from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error
+from dpstream.topology.calibration import NoiseComponent, calibrate, quantile_rank_error, running_total_component
 from dpstream.topology.composition import UnitGuarantee, unit_guarantees
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import (
@@ -260,6 +261,15 @@ class MetricPlan:
     schedule_name: str | None = None
     segments: tuple[SegmentPlan, ...] = ()
     """Shaped metrics only: the cost and noise of a release per run of hours of one weight."""
+    running_total_steps: int | None = None
+    """`release: running_total`: its T steps a period (the components' scale is each y's σ)."""
+
+    @property
+    def running_total_max_stddev(self) -> float | None:
+        """A running total's largest noise std, of the total at its last step: σ·‖c‖₂ over T steps."""
+        if self.running_total_steps is None:
+            return None
+        return running_total.total_stddev(self.running_total_steps, self.components[0].scale)
 
     @property
     def charged(self) -> int:
@@ -496,11 +506,11 @@ def _metric_plan(
         partition_selection=metric.needs_partition_selection,
         selection_delta=selection_delta_per_release(metric, budget, list(topology.metrics.values())),
         k=metric.k,
-        components=tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, cost)),
+        components=tuple(_component_plan(p, grid) for p in _calibrated(metric, budget, cost)),
         create_time_arrival=source.create_time_arrival if source is not None else False,
         quantiles=metric.quantiles,
         candidates=grid,
-        max_windows=metric.contribution.max_windows,
+        max_windows=metric.paid_windows,
         charged_per_period=metric.charged_per_period(budget.period_s),
         uncapped_per_release_cost=uncapped_cost,
         uncapped_components=None
@@ -508,6 +518,7 @@ def _metric_plan(
         else tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, uncapped_cost)),
         hour_weights=hour_weights(metric.schedule),
         schedule_name=metric.schedule.name if metric.schedule is not None else None,
+        running_total_steps=running_total.steps_per_period(metric, budget.period_s) if metric.running_total else None,
         segments=tuple(
             SegmentPlan(
                 lo,
@@ -516,11 +527,18 @@ def _metric_plan(
                 count,
                 c,
                 _to_epsilon(budget, conversion, c),
-                tuple(_component_plan(p, grid) for p in calibrate(metric, budget.accounting, c)),
+                tuple(_component_plan(p, grid) for p in _calibrated(metric, budget, c)),
             )
             for lo, hi, weight, count, c in segments
         ),
     )
+
+
+def _calibrated(metric: Metric, budget: Budget, cost: float) -> tuple[NoiseComponent, ...]:
+    """The noisy parts of one release at `cost`: a running total's are its period's one Gaussian."""
+    if metric.running_total:
+        return (running_total_component(metric, budget.period_s, cost),)
+    return calibrate(metric, budget.accounting, cost)
 
 
 def _segments(
@@ -566,8 +584,7 @@ def scope_plan(topology: Topology, budget: Budget) -> ScopePlan:
     pool = cap * (1.0 - budget.reserve)
     weights = {m.name: hour_weights(m.schedule) for m in metrics}
     paid = {
-        m.name: period_weighted_windows(m.window, budget.period_s, weights[m.name], m.contribution.max_windows)
-        for m in metrics
+        m.name: period_weighted_windows(m.window, budget.period_s, weights[m.name], m.paid_windows) for m in metrics
     }
     demands = {m.name: MetricDemand(weight=m.weight, per_period=paid[m.name], left=paid[m.name]) for m in metrics}
     costs = planned_release_costs(pool, demands)

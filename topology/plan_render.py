@@ -204,7 +204,14 @@ def render_plan(plan: Plan, typical: Mapping[str, TypicalComparison] | None = No
             "statement: with probability ≥ 95 % the released candidate's rank error (|#below − α·n| without ties) is "
             "at most r above the grid's smallest (no value interval: it would depend on the data)."
         )
-    if any(m.max_windows is not None for s in plan.scopes for m in s.metrics):
+    for m in (m for s in plan.scopes for m in s.metrics if m.running_total_steps is not None):
+        std = m.running_total_max_stddev or 0.0
+        lines.append(
+            f"running total {m.name}: one Gaussian a period over its {m.running_total_steps} steps, charged whole "
+            f"(ρ={m.per_release_cost:.4g}) with the period's first step; scale is each step's σ and the released "
+            f"total at step t has std σ·‖c_<t‖₂, up to {std:.4g} (95 % CI ±{1.959963984540054 * std:.4g}) at the last."
+        )
+    if any(m.max_windows is not None and m.running_total_steps is None for s in plan.scopes for m in s.metrics):
         lines.append(
             "rel/period (cap m): contribution.max_windows: one unit counts in at most m windows a period, so each "
             "release is priced at the metric's share over m; σ no cap: the same release's σ without it."

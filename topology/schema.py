@@ -120,6 +120,7 @@ _LIMITS: dict[tuple[type, str], dict[str, Any]] = {
     (Contribution, "max_keys"): {"minimum": 1},
     (Contribution, "max_per_key"): {"minimum": 1},
     (Contribution, "max_windows"): {"minimum": 1},
+    (Contribution, "max_per_period"): {"minimum": 1},
 }
 
 _YAML_ONLY: dict[type, dict[str, dict[str, Any]]] = {

@@ -85,6 +85,8 @@ def _metric_before_new_fields(metric: Metric) -> dict:
     for key in ("quantiles", "candidates", "schedule"):
         assert doc.pop(key) is None
     assert doc["contribution"].pop("max_windows") is None
+    assert doc["contribution"].pop("max_per_period") is None
+    assert doc.pop("release").value == "window"
     return doc
 
 

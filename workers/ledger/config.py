@@ -93,7 +93,7 @@ class ScopeConfig:
                 m.window,
                 m.window.releases_per_period(budget.period_s),
                 m.may_use_reserve,
-                m.contribution.max_windows,
+                m.paid_windows,
                 hour_weights(m.schedule),
             )
             for m in metrics

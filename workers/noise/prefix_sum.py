@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import opendp.prelude as dp
 
+from dpstream.topology import running_total
 from dpstream.topology.errors import InternalError
 
 dp.enable_features("contrib")  # OpenDP's float Gaussian is in its contrib set
@@ -63,14 +64,8 @@ Z95 = 1.959963984540054
 
 
 def coefficients(T: int) -> np.ndarray:
-    """c_0..c_{T-1}, c_k = binom(2k, k)/4^k, by the stable recurrence c_k = c_{k-1}·(2k-1)/(2k)."""
-    if T < 1:
-        raise InternalError(f"a running-total period needs T >= 1 steps, got {T}")
-    c = np.empty(T)
-    c[0] = 1.0
-    for k in range(1, T):
-        c[k] = c[k - 1] * (2 * k - 1) / (2 * k)
-    return c
+    """c_0..c_{T-1} as an array (the one rule: `topology.running_total.coefficients`)."""
+    return np.array(running_total.coefficients(T))
 
 
 def inverse_coefficients(T: int) -> np.ndarray:
@@ -90,15 +85,15 @@ def toeplitz(c: np.ndarray) -> np.ndarray:
 
 
 def coefficient_norm(T: int) -> float:
-    """‖c‖₂ over the T coefficients: the largest column norm of C (column 0)."""
-    return math.sqrt(math.fsum(float(v) ** 2 for v in coefficients(T)))
+    """‖c‖₂ over the T coefficients (`topology.running_total.coefficient_norm`)."""
+    return running_total.coefficient_norm(T)
 
 
 def variance(t: int, sigma: float) -> float:
     """Exact variance of the noise of the released total at step t (1-based): σ² Σ_{k<t} c_k²."""
     if t < 1:
         raise InternalError(f"steps are numbered from 1, got {t}")
-    return sigma**2 * math.fsum(float(v) ** 2 for v in coefficients(t))
+    return sigma**2 * math.fsum(v * v for v in running_total.coefficients(t))
 
 
 def ci_half_width(t: int, sigma: float) -> float:
