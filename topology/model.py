@@ -412,6 +412,12 @@ class Metric:
         return self.release is ReleaseKind.RUNNING_TOTAL
 
     @property
+    def period_bounded(self) -> bool:
+        """True when the pipeline keeps per-unit state over the period for this metric (`max_windows`, or
+        a running total's `max_per_period`), which a restarted worker must read back."""
+        return self.contribution.max_windows is not None or self.contribution.max_per_period is not None
+
+    @property
     def paid_windows(self) -> int | None:
         """How many of the metric's charges a period pays at most (None: all): `contribution.max_windows`,
         or 1 for a running total (its one lump, charged with the period's first step; the top-m rule
