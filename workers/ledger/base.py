@@ -408,6 +408,21 @@ class Ledger(ABC):
             _check_scope(scope)
         return await self._commit(scope, release_id, int(self._clock() * 1000)) == 1
 
+    async def running_steps(self, scope: str, metric: str, period_id: str) -> dict[int, bytes]:
+        """A running total's stored step states in `period_id` under this ledger's topology version:
+        window start → the state its charge stored (`ReleaseRequest.running_state`), in one read."""
+        if scope not in _VALID_SCOPES:
+            _check_scope(scope)
+        cfg = self._configs.get(scope)
+        if cfg is None:
+            raise InternalError(f"scope {scope!r} is not registered with this ledger")
+        _, top_field = cfg.capped.get(metric, _UNCAPPED)
+        if not top_field:
+            raise InternalError(f"metric {metric!r} of scope {scope!r} is not a running total")
+        at = (period_id, top_field)
+        steps = await self._read(scope, lambda s: dict(s.running.get(at, {})), running=at)
+        return {int(start): bytes(state) for start, state in steps.items()}
+
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
         """The final stored payload of a known release_id (None if unknown or past retention).
 
@@ -716,11 +731,13 @@ class Ledger(ABC):
         since_ms: int | None = None,
         before_ms: int | None = None,
         limit: int | None = None,
+        running: tuple[str, str] | None = None,
     ) -> _A:
         """`read` of the scope's state as one read that writes nothing: its config, breaker, parked
         windows and blocks `pids`; the `periods` newest entries of its period index (-1: all); with
         `since_ms` its audit entries from then (at most `limit`), with `before_ms` its releases pending
-        since then at the latest, and their records. A backend holding the whole `ScopeState` (in
+        since then at the latest, and their records; with `running` (period id, top field) that running
+        total's stored steps. A backend holding the whole `ScopeState` (in
         process) answers it as a step deciding no write, everything in reach."""
         return await self._step(scope, pids, lambda s: (read(s), ()), parked=True)
 

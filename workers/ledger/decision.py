@@ -315,6 +315,12 @@ def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, st
         for p in periods:
             if br.get("auto_period") == p.pid:
                 return p, "breaker open (automatic): " + br.get("auto_reason", "") + _later(p, main), False
+    if c.req.needs_lump and not (view.blocks.get(main.pid) or _EMPTY).get(c.top_field):
+        why = (
+            "running total: its period's first step was not charged, so no later step of this period is "
+            "released (a running total is one lump a period, charged with its first step)"
+        )
+        return main, why, False
     delta, may_use_reserve = c.delta, c.req.may_use_reserve
     for p in periods:
         spent, cap, cost = p.spent, p.cap, _paid(view, c, p).units
@@ -486,5 +492,11 @@ def writes(c: Charge, d: Decision, retention_s: int) -> tuple[Op, ...]:
             ("EXPIRE", ("release", rid), (retention_s,)),
             ("ZADD", ("pending",), (c.now_ms, rid)),
         ]
+        if req.running_state:  # kept a retention past the period's last step
+            running = ("running", req.period_id, c.top_field)
+            ops += [
+                ("HSET", running, (str(req.window_start), req.running_state)),
+                ("EXPIRE", running, (retention_s + c.terms.period_s,)),
+            ]
     ops += [("XADD", ("audit",), _flat(entry)) for entry in d.audit]
     return tuple(ops)

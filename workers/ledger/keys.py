@@ -141,6 +141,11 @@ class ScopeKeys:
         """Sorted set: a metric's charged releases in one period, scored by window end (s)."""
         return f"{self.base}:period:{period_id}:ends:{metric}"
 
+    def running(self, period_id: str, top_field: str) -> str:
+        """Hash: a running total's stored step states in one period (window start → state bytes), under
+        its metric's largest-charges field (`ledger.topm.field`: per metric and topology version)."""
+        return f"{self.base}:period:{period_id}:running:{top_field}"
+
     def release(self, release_id: str) -> str:
         """Hash of one release: state, cost, final payload bytes, timestamps."""
         return f"{self.base}:release:{release_id}"

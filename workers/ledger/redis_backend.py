@@ -101,6 +101,8 @@ def _key_name(k: ScopeKeys, key: Key) -> str:
         return k.ends(key[1], key[2])
     if role == "release":
         return k.release(key[1])
+    if role == "running":
+        return k.running(key[1], key[2])
     return str(getattr(k, role))
 
 
@@ -503,6 +505,7 @@ class RedisLedger(Ledger):
         since_ms: int | None = None,
         before_ms: int | None = None,
         limit: int | None = None,
+        running: tuple[str, str] | None = None,
     ) -> _A:
         k = self._keys(scope)
         pipe = self._client.pipeline(transaction=True)
@@ -514,6 +517,8 @@ class RedisLedger(Ledger):
             pipe.xrange(k.audit, f"{since_ms}-0", "+", count=limit)
         if before_ms is not None:
             pipe.zrangebyscore(k.pending, "-inf", before_ms, withscores=True)
+        if running is not None:
+            pipe.hgetall(k.running(*running))
         out = iter(await self._guard(pipe.execute()))
         state = ScopeState(config=_hash(next(out)), breaker=_hash(next(out)), parked=_hash(next(out)))
         state.periods = {pid: _hash(next(out)) for pid in pids}
@@ -521,8 +526,11 @@ class RedisLedger(Ledger):
             state.period_index = {_s(pid): int(start) for pid, start in next(out)}
         if since_ms is not None:
             state.audit = [(_s(i), _hash(f)) for i, f in next(out)]
-        if before_ms is not None:
-            state.pending = {_s(rid): int(at) for rid, at in next(out)}
+        pending = [(_s(rid), int(at)) for rid, at in next(out)] if before_ms is not None else None
+        if running is not None:
+            state.running[running] = {_s(a): bytes(b) for a, b in next(out).items()}
+        if pending is not None:
+            state.pending = dict(pending)
             pipe = self._client.pipeline(transaction=False)
             for rid in state.pending:
                 pipe.hgetall(k.release(rid))

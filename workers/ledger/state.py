@@ -17,7 +17,8 @@ from typing import Any
 
 Key = tuple[str, ...]
 """A scope's key by role: ("config",), ("breaker",), ("period", pid), ("periods",), ("release", rid),
-("ends", pid, metric), ("pending",), ("parked",), ("audit",): `keys.ScopeKeys` names each in Redis."""
+("ends", pid, metric), ("running", pid, top field), ("pending",), ("parked",), ("audit",):
+`keys.ScopeKeys` names each in Redis."""
 
 Op = tuple[str, Key, tuple[Any, ...]]
 """One write: (command, key, arguments): HSET (field, value, ...), HINCRBY (field, by, ...), HDEL
@@ -44,6 +45,8 @@ class ScopeState:
     pending: dict[str, int] = field(default_factory=dict)
     parked: dict[str, str] = field(default_factory=dict)
     """Release id → the JSON of its parked window."""
+    running: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(period id, the metric's top field) → window start → a running total's stored step state."""
 
     def hash(self, key: Key) -> dict[str, Any]:
         """The hash a key names (created empty on first write, as Redis does)."""
@@ -58,6 +61,8 @@ class ScopeState:
             return self.releases.setdefault(key[1], {})
         if role == "parked":
             return self.parked
+        if role == "running":
+            return self.running.setdefault((key[1], key[2]), {})
         raise KeyError(key)
 
 

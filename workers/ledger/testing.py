@@ -18,6 +18,7 @@ from dpstream.topology.model import (
     HourlyShape,
     Mechanism,
     Metric,
+    ReleaseKind,
     Sinks,
     Source,
     Topology,
@@ -81,11 +82,14 @@ def one_scope_topology(
     max_windows: Mapping[str, int] | None = None,
     topology_version: int = 1,
     schedules: Mapping[str, HourlyShape] | None = None,
+    running_totals: Mapping[str, int] | None = None,
 ) -> Topology:
     """One budget scope; metrics as (name, weight, window size s, every s, may_use_reserve), with
-    `contribution.max_windows` for the metrics `max_windows` names and a budget schedule for those
-    `schedules` names."""
+    `contribution.max_windows` for the metrics `max_windows` names, a budget schedule for those
+    `schedules` names and `release: running_total` with `max_per_period` L for those `running_totals`
+    names (give the scope zCDP accounting for them)."""
     caps = max_windows or {}
+    totals = running_totals or {}
     mech = Mechanism.LAPLACE if accounting is Accounting.PURE else Mechanism.GAUSSIAN
     return Topology(
         version=topology_version,
@@ -102,9 +106,10 @@ def one_scope_topology(
                 Window(size, every),
                 Aggregate.COUNT,
                 mech,
-                contribution=Contribution(max_windows=caps.get(name)),
+                contribution=Contribution(max_windows=caps.get(name), max_per_period=totals.get(name)),
                 may_use_reserve=may_use,
                 schedule=(schedules or {}).get(name),
+                release=ReleaseKind.RUNNING_TOTAL if name in totals else ReleaseKind.WINDOW,
             )
             for name, weight, size, every, may_use in metrics
         },

@@ -109,6 +109,12 @@ class ReleaseRequest(NamedTuple):
     quoted_version: int | None = None
     """The period's spend version the cost was quoted at (`Quote.version`): the charge answers
     STALE_QUOTE, writing nothing, if it changed since (None: no check)."""
+    needs_lump: bool = False
+    """A running total's step after its period's first: refused unless the period's lump (the first
+    step's charge, the metric's largest charge under this topology version) is charged."""
+    running_state: bytes = b""
+    """A running total's curator-side state of this step (its increments x and noisy y per key),
+    stored with the charge so a restart continues the same noise (`ledger.running_steps`)."""
 
 
 class ChargeResult(NamedTuple):
