@@ -58,6 +58,12 @@ class Schedule:
             raise ValueError("a schedule without a start S has no first window")
         return self.first_start_at_or_after(self.start)
 
+    def first_in_period(self, period_start: int) -> int:
+        """The first window of the schedule starting in the period from `period_start`: the first grid
+        start at or after both the period's start and S (a running total's step 1)."""
+        lo = period_start if self.start is None or self.start <= period_start else self.start
+        return self.first_start_at_or_after(lo)
+
     def on_grid(self, start: int, end: int) -> bool:
         """True when [start, end) is a window of the grid (size_s long, on a multiple of every_s); S not applied."""
         return end - start == self.size_s and start % self.every_s == 0

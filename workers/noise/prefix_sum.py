@@ -35,6 +35,7 @@ __all__ = [
     "coefficients",
     "draw",
     "inverse_coefficients",
+    "mapped_rho",
     "period_measurement",
     "period_rho",
     "sigma_for_rho",
@@ -110,6 +111,11 @@ def _gaussian(size: int, sigma: float) -> Any:
     return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=sigma, k=K_GRID)
 
 
+def mapped_rho(size: int, sigma: float, d_in: float) -> float:
+    """ρ of OpenDP's float Gaussian on a `size`-vector at σ, at L2 distance d_in (a record's event)."""
+    return float(_gaussian(size, float(sigma)).map(float(d_in)))
+
+
 def draw(values: np.ndarray, sigma: float) -> np.ndarray:
     """OpenDP's float Gaussian at σ applied to each coordinate of `values` (the data-side (C x)_t)."""
     arr = np.ascontiguousarray(values, dtype=np.float64)
@@ -133,31 +139,32 @@ class PeriodMeasurement:
     meas: Any = field(repr=False, compare=False)
 
 
-def period_measurement(T: int, L: float, sigma: float) -> PeriodMeasurement:
-    """The one Gaussian mechanism a period of T steps is charged as, with its mapped ρ."""
+def period_measurement(T: int, L: float, sigma: float, keys: int = 1) -> PeriodMeasurement:
+    """The one Gaussian mechanism a period of T steps over `keys` keys is charged as (on the T·keys
+    vector: a unit's L bound holds across keys, so d_in is L·‖c‖₂ whatever their number), with its mapped ρ."""
     if not (L > 0 and math.isfinite(L)):
         raise InternalError(f"running-total bound L must be finite and > 0, got {L!r}")
     d_in = float(L) * coefficient_norm(T)
-    meas = _gaussian(T, float(sigma))
+    meas = _gaussian(T * keys, float(sigma))
     return PeriodMeasurement(T, float(L), float(sigma), d_in, float(meas.map(d_in)), d_in**2 / (2 * sigma**2), meas)
 
 
-def period_rho(T: int, L: float, sigma: float) -> float:
+def period_rho(T: int, L: float, sigma: float, keys: int = 1) -> float:
     """ρ (zCDP) of the whole period from OpenDP's privacy map."""
-    return period_measurement(T, L, sigma).rho
+    return period_measurement(T, L, sigma, keys).rho
 
 
 _NUDGE_STEPS = 64
 """Most ulps σ is moved up to bring OpenDP's rounded-up map within ρ."""
 
 
-def sigma_for_rho(T: int, L: float, rho: float) -> float:
+def sigma_for_rho(T: int, L: float, rho: float, keys: int = 1) -> float:
     """The smallest float σ at or above L‖c‖₂/√(2ρ) (within a few ulps) whose mapped period ρ is ≤ `rho`."""
     if not (rho > 0 and math.isfinite(rho)):
         raise InternalError(f"running-total ρ must be finite and > 0, got {rho!r}")
     sigma = float(L) * coefficient_norm(T) / math.sqrt(2 * rho)
     for _ in range(_NUDGE_STEPS):
-        if period_rho(T, L, sigma) <= rho:
+        if period_rho(T, L, sigma, keys) <= rho:
             return sigma
         sigma = math.nextafter(sigma, math.inf)
     raise InternalError(f"no σ near {sigma!r} maps the period within ρ = {rho!r}")

@@ -35,6 +35,10 @@ class Noise(StrEnum):
     TOP_K = "top_k"
     """OpenDP's noisy top-k, k selections (exponential mechanism: Gumbel in zCDP, permute-and-flip
     in pure ε): d_in the L∞ distance of the scores."""
+    MATRIX = "gaussian_matrix"
+    """A running total's period: OpenDP's float Gaussian on the vector C x (the square-root
+    factorization of the prefix sums), scale σ, d_in the L2 distance L·‖c‖₂, k the vector's size
+    (steps × keys)."""
     QUANTILE = "quantile"
     """OpenDP's private quantile at level `alpha` over a public candidate grid (one exponential
     mechanism, scale in ranks): d_in the symmetric distance of the values."""
@@ -68,7 +72,8 @@ class PrivacyEvent:
     """The metric's `contribution.max_windows`: a unit counts in at most this many of its windows per
     period, so a period composes only the metric's largest charges of a topology version (`ledger.topm`)."""
     lump: float | None = None
-    """A running total's one-off charge taken with this release (not set yet)."""
+    """A running total's lump: the period's one charge, taken with its first step (every step's record
+    carries it; the period composes it once, `max_windows` 1)."""
 
     @cached_property
     def fields(self) -> FrozenFields:

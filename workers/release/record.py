@@ -199,7 +199,7 @@ def _fixed_values(
         "event_level": source.event_level,
         "cost": cost_fields(budget, cost, conversion_delta),
         "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
-        "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
+        "contribution": _contribution(metric),
         "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
     }
     if metric.quantiles is not None:
@@ -207,6 +207,15 @@ def _fixed_values(
     if source.event_level:
         fixed["privacy_note"] = "event-level DP: protects single events, not people (weaker)"
     return fixed
+
+
+def _contribution(metric: Metric) -> dict[str, int]:
+    """The record's `contribution`: the per-window bounds, and a running total's `max_per_period`."""
+    c = metric.contribution
+    out = {"max_keys": c.max_keys, "max_per_key": c.max_per_key}
+    if c.max_per_period is not None:
+        out["max_per_period"] = c.max_per_period
+    return out
 
 
 _MEMO_MAX_ITEMS = 8

@@ -31,7 +31,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, Quote, ReleaseRequest, fill_ratio
 from dpstream.workers.ledger.units import cost_to_units, ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
-from dpstream.workers.release import faults
+from dpstream.workers.release import faults, running
 from dpstream.workers.release.ids import release_id as make_release_id
 from dpstream.workers.release.ordering import CanonicalOrder, OrderKey, Ticket
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
@@ -85,6 +85,8 @@ class Releaser:
     def prepare(self, metric: Metric, cost: float | None = None) -> None:
         """Build (and cache) the mechanism of `metric` at `cost` (default: the planned cost), so the
         first release does not pay OpenDP's first-use cost; nothing is sampled."""
+        if metric.running_total:
+            return  # its σ is fixed per period by its lump (`running`): nothing to build ahead
         budget = self.topology.budgets[metric.budget]
         price = cost if cost is not None and cost > 0 else self._planned_cost[metric.name]
         mechanism = self._factory(metric, budget.accounting, price, delta=self._selection_delta(metric, budget))
@@ -295,18 +297,26 @@ class Releaser:
         quote = await self._quote(m, budget, start, end)
         if quote.expired:  # past the idempotency horizon: no fresh noise, no charge, not retried
             return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, quote.refused_reason or "expired")
-        if quote.thinned:
-            return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
-        cost = quote.cost
-        if quote.refused_reason is not None or cost <= 0:
-            # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
-            # release atomically and records it (refused count, audit entry with its reason).
-            cost = self._planned_cost[m.name]
-        selection_delta = self._selection_delta(m, budget)
-        mechanism = self._mechanism(m, budget, cost, selection_delta)
-        clamped_before = mechanism.clamped
-        noisy = mechanism.release(true_values)
-        clamped = mechanism.clamped - clamped_before
+        needs_lump, state, clamped = False, b"", 0
+        if m.running_total:
+            step = await self._running_step(m, budget, start, end, quote, true_values)
+            if isinstance(step, ReleaseResult):
+                return step
+            cost, needs_lump, noise_fields, state = step
+            selection_delta = 0.0  # declared keys only
+        else:
+            if quote.thinned:
+                return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
+            cost = quote.cost
+            if quote.refused_reason is not None or cost <= 0:
+                # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
+                # release atomically and records it (refused count, audit entry with its reason).
+                cost = self._planned_cost[m.name]
+            selection_delta = self._selection_delta(m, budget)
+            mechanism = self._mechanism(m, budget, cost, selection_delta)
+            clamped_before = mechanism.clamped
+            noise_fields = mechanism.release(true_values).to_record_fields()
+            clamped = mechanism.clamped - clamped_before
         payload = record_bytes(  # the record's canonical bytes, the fixed fields' text kept per cost
             release_id=rid,
             topology_version=self.version,
@@ -317,7 +327,7 @@ class Releaser:
             window_start=start,
             window_end=end,
             cost=cost,
-            noise_fields=noisy.to_record_fields(),
+            noise_fields=noise_fields,
             ledger=self.ledger.ledger_id,  # the ledger this release is charged to (None: the in-process one)
             conversion_delta=self._conversion_deltas[budget.name],
             built_at=self.topology.publish_time(m, end),  # published_at = P(w): public, never processing time
@@ -338,6 +348,8 @@ class Releaser:
             # touches, in the same atomic call as its main charge (all or nothing)
             extra_periods=_later_periods(budget.period_s, start, end),
             quoted_version=quote.version,
+            needs_lump=needs_lump,
+            running_state=state,
         )
         charge = await self.ledger.charge(request)
         if charge.outcome is Outcome.STALE_QUOTE:
@@ -350,6 +362,27 @@ class Releaser:
         if clamped and charge.outcome is Outcome.CHARGED:  # counted once per charged release, not per attempt
             self.counts.clamped[m.name] += clamped
         return charge
+
+    async def _running_step(
+        self, m: Metric, budget: Budget, start: int, end: int, quote: Quote, true_values: dict[str, Any]
+    ) -> ReleaseResult | tuple[float, bool, dict[str, Any], bytes]:
+        """A running total's step (`running`): (its cost, whether it needs the period's lump, its noise
+        fields, its state), or the result when it goes no further (its period's first step thinned).
+        The first step is charged the quote (the lump); a later one the first step's stored cost,
+        which raises the period's largest charge by nothing (none stored: the ledger refuses it)."""
+        first = running.first_step(m, budget, start, getattr(self.ledger, "schedule_start", None))
+        if start == first:
+            if quote.thinned:
+                return ReleaseResult(
+                    ReleaseOutcome.REFUSED_BUDGET, self.release_id(m.name, start, end), m.name, start, end, "thinned"
+                )
+            cost = quote.cost if quote.refused_reason is None and quote.cost > 0 else self._planned_cost[m.name]
+        else:
+            stored = await self.ledger.stored_payload(budget.name, self.release_id(m.name, first, first + end - start))
+            cost = charged_cost_of(stored) if stored is not None else self._planned_cost[m.name]
+        steps = await self.ledger.running_steps(budget.name, m.name, quote.period_id)
+        step = running.running_step(m, budget, start, first, cost, true_values, steps)
+        return cost, start != first, step.noise_fields, step.state
 
 
 _NO_CLOSE: tuple[list[tuple[str, int]], list[tuple[str, int]]] = ([], [])

@@ -23,8 +23,9 @@ import opendp.prelude as dp
 from dpstream.topology import accounting as acc
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Accounting, Mechanism, Metric
+from dpstream.topology.running_total import coefficient_norm
 from dpstream.workers.ledger.units import cost_to_units
-from dpstream.workers.noise import build_release_mechanism, measurements
+from dpstream.workers.noise import build_release_mechanism, measurements, prefix_sum
 from dpstream.workers.noise.measurements import COST_RTOL
 from dpstream.workers.release.event import EventError, Noise, NoiseEvent, PrivacyEvent
 from dpstream.workers.report.collect import Charge
@@ -114,6 +115,8 @@ def _mapped(part: NoiseEvent, metric: Metric, accounting: Accounting) -> Compone
     """One part of an event with its OpenDP-mapped cost (in the scope's currency)."""
     if part.mechanism is Noise.GAUSSIAN:
         return _integer(Mechanism.GAUSSIAN, part.scale, part.d_in, accounting)
+    if part.mechanism is Noise.MATRIX:  # a running total's period: a Gaussian on C x, as the ledger priced it
+        return Component("gaussian", part.scale, part.d_in, prefix_sum.mapped_rho(part.k, part.scale, part.d_in))
     if part.mechanism is Noise.LAPLACE:
         return _integer(Mechanism.LAPLACE, part.scale, part.d_in, accounting)
     if not part.d_in.is_integer():
@@ -145,6 +148,8 @@ def _declared(part: NoiseEvent) -> tuple[str, float, int, float | None]:
 
 def _undeclared(metric: Metric, accounting: Accounting, event: PrivacyEvent) -> str | None:
     """Why the event's parts are not the ones the metric declares at the event's cost (None: they are)."""
+    if metric.running_total:
+        return _undeclared_running(metric, event)
     try:
         expected = build_release_mechanism(metric, accounting, event.cost, delta=event.delta).event
     except InternalError as exc:
@@ -152,6 +157,18 @@ def _undeclared(metric: Metric, accounting: Accounting, event: PrivacyEvent) -> 
     got, want = [_declared(p) for p in event.parts], [_declared(p) for p in expected.parts]
     if got != want:
         return f"event parts {got} are not the metric's {want} (mechanism, d_in, k, alpha)"
+    return None
+
+
+def _undeclared_running(metric: Metric, event: PrivacyEvent) -> str | None:
+    """A running total's event must be one matrix Gaussian at d_in = L·‖c‖₂ over its steps (k = steps × keys)."""
+    keys = len(metric.keys) if metric.keys is not None else 1
+    if len(event.parts) != 1 or event.parts[0].mechanism is not Noise.MATRIX or event.parts[0].k % keys:
+        return f"a running total's event is one {Noise.MATRIX.value} part over steps × {keys} keys"
+    part = event.parts[0]
+    want = float(metric.contribution.max_per_period or 0) * coefficient_norm(part.k // keys)
+    if not math.isclose(part.d_in, want, rel_tol=1e-12):
+        return f"event d_in {part.d_in!r} is not the metric's L·‖c‖₂ = {want!r}"
     return None
 
 
