@@ -150,3 +150,23 @@ def test_a_refused_first_step_stops_the_period(topo):
     assert [r.outcome for r in later] == [ReleaseOutcome.REFUSED_BUDGET] * 2
     assert all("running total" in r.reason for r in later)
     assert sent == [] and status.spent_units == 0
+
+
+def test_a_releaser_reads_back_the_steps_another_one_released(topo):
+    """Releaser A holds steps 1-3 in memory; B (a takeover) releases step 4; A's step 5 must read the
+    ledger again: its total is C·y over every stored y, B's included."""
+
+    async def go():
+        ledger = await open_ledger("memory", topo, clock=ManualClock(P0 + DAY - 1))
+        a, b, sink = Releaser(topo, ledger), Releaser(topo, ledger), _Sink()
+        for t, rel in ((0, a), (1, a), (2, a), (3, b), (4, a)):
+            s = P0 + t * HOUR
+            res = await rel.release("so_far", (s, s + HOUR), INCREMENTS[t], sink)
+            assert res.outcome is ReleaseOutcome.PUBLISHED
+        return sink.sent, await ledger.running_steps("b", "so_far", period_id(DAY, P0))
+
+    sent, steps = _run(go())
+    ys = np.array([decode_state(steps[P0 + t * HOUR], 2)[1] for t in range(5)])
+    last = json.loads(sent[-1])
+    expected = prefix_sum.coefficients(5)[::-1] @ ys
+    assert [last["values"]["web"], last["values"]["app"]] == pytest.approx(list(expected), rel=0, abs=1e-9)

@@ -26,6 +26,7 @@ from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Budget, Metric, Topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
+from dpstream.topology.running_total import steps_per_period
 from dpstream.topology.selection import conversion_delta, selection_delta_per_release
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, Quote, ReleaseRequest, fill_ratio
@@ -79,6 +80,8 @@ class Releaser:
         self._scope_metrics = {b: topology.metrics_of(b) for b in topology.budgets}
         self._closes: dict[tuple[str, int, int], tuple[list[tuple[str, int]], list[tuple[str, int]]]] = {}
         """(metric, start, end) → `_same_close`'s answer (it depends on the topology and S only)."""
+        self._histories: dict[tuple[str, str], running.PeriodHistory] = {}
+        """(running-total metric, period id) → the steps this releaser holds (`running.PeriodHistory`)."""
         self._conversion_deltas = {b.name: conversion_delta(b, self._metrics) for b in topology.budgets.values()}
         """Per scope: the δ its cap was converted at, so a record's ε-equivalent is at that δ too."""
 
@@ -297,12 +300,12 @@ class Releaser:
         quote = await self._quote(m, budget, start, end)
         if quote.expired:  # past the idempotency horizon: no fresh noise, no charge, not retried
             return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, quote.refused_reason or "expired")
-        needs_lump, state, clamped = False, b"", 0
+        needs_lump, state, clamped, appended = False, b"", 0, None
         if m.running_total:
             step = await self._running_step(m, budget, start, end, quote, true_values)
             if isinstance(step, ReleaseResult):
                 return step
-            cost, needs_lump, noise_fields, state = step
+            cost, needs_lump, noise_fields, state, appended = step
             selection_delta = 0.0  # declared keys only
         else:
             if quote.thinned:
@@ -361,15 +364,20 @@ class Releaser:
             return ReleaseResult(refusal_outcome(reason), rid, m.name, start, end, reason)
         if clamped and charge.outcome is Outcome.CHARGED:  # counted once per charged release, not per attempt
             self.counts.clamped[m.name] += clamped
+        if appended is not None and charge.outcome is Outcome.CHARGED:  # stored by this charge: the next step's past
+            history, x, y = appended
+            history.append(x, y, cost)
         return charge
 
     async def _running_step(
         self, m: Metric, budget: Budget, start: int, end: int, quote: Quote, true_values: dict[str, Any]
-    ) -> ReleaseResult | tuple[float, bool, dict[str, Any], bytes]:
+    ) -> ReleaseResult | tuple[float, bool, dict[str, Any], bytes, tuple[running.PeriodHistory, Any, Any]]:
         """A running total's step (`running`): (its cost, whether it needs the period's lump, its noise
-        fields, its state), or the result when it goes no further (its period's first step thinned).
-        The first step is charged the quote (the lump); a later one the first step's stored cost,
-        which raises the period's largest charge by nothing (none stored: the ledger refuses it)."""
+        fields, its state, what to add to the period's history once charged), or the result when it
+        goes no further (its period's first step thinned). The first step is charged the quote (the
+        lump); a later one the first step's stored cost, which raises the period's largest charge by
+        nothing (none stored: the ledger refuses it). The history is read from the ledger unless this
+        releaser holds every step before this one."""
         first = running.first_step(m, budget, start, getattr(self.ledger, "schedule_start", None))
         if start == first:
             if quote.thinned:
@@ -377,12 +385,22 @@ class Releaser:
                     ReleaseOutcome.REFUSED_BUDGET, self.release_id(m.name, start, end), m.name, start, end, "thinned"
                 )
             cost = quote.cost if quote.refused_reason is None and quote.cost > 0 else self._planned_cost[m.name]
-        else:
-            stored = await self.ledger.stored_payload(budget.name, self.release_id(m.name, first, first + end - start))
-            cost = charged_cost_of(stored) if stored is not None else self._planned_cost[m.name]
-        steps = await self.ledger.running_steps(budget.name, m.name, quote.period_id)
-        step = running.running_step(m, budget, start, first, cost, true_values, steps)
-        return cost, start != first, step.noise_fields, step.state
+        key = (m.name, quote.period_id)
+        history = self._histories.get(key)
+        if history is None or history.first != first or not history.holds_before(start):
+            steps = await self.ledger.running_steps(budget.name, m.name, quote.period_id)
+            T, keys = steps_per_period(m, budget.period_s), len(true_values)
+            history = running.PeriodHistory.of_stored(first, m.window.every_s, T, keys, steps, start)
+            self._histories = {k: h for k, h in self._histories.items() if k[0] != m.name}  # one period a metric
+            self._histories[key] = history
+        if start != first:
+            if history.lump is None:
+                rid = self.release_id(m.name, first, first + end - start)
+                stored = await self.ledger.stored_payload(budget.name, rid)
+                history.lump = charged_cost_of(stored) if stored is not None else None
+            cost = history.lump if history.lump is not None else self._planned_cost[m.name]
+        step, x, y = running.running_step(m, budget, start, cost, true_values, history)
+        return cost, start != first, step.noise_fields, step.state, (history, x, y)
 
 
 _NO_CLOSE: tuple[list[tuple[str, int]], list[tuple[str, int]]] = ([], [])

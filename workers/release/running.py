@@ -16,7 +16,7 @@ read of the period's stored steps (about 40 bytes per key and step).
 
 from __future__ import annotations
 
-__all__ = ["RunningStep", "decode_state", "encode_state", "running_step"]
+__all__ = ["PeriodHistory", "RunningStep", "decode_state", "encode_state", "first_step", "running_step"]
 
 import json
 import math
@@ -90,31 +90,65 @@ def first_step(metric: Metric, budget: Budget, start: int, schedule_start: int |
     return Schedule.of(metric, schedule_start).first_in_period(period_start)
 
 
+class PeriodHistory:
+    """A running total's steps of one period as arrays (steps × keys), contiguous from its first step:
+    the releaser keeps one per (metric, period) so a step reads the ledger only after a restart, a
+    takeover or a step it did not store itself (86,400 steps a day: 1.4 MB a key for x and y)."""
+
+    __slots__ = ("first", "every", "xs", "ys", "steps", "lump")
+
+    def __init__(self, first: int, every: int, T: int, keys: int) -> None:
+        self.first, self.every = first, every
+        self.xs = np.zeros((T, keys))
+        self.ys = np.zeros((T, keys))
+        self.steps = 0
+        """Steps held: every step from `first` below `first + steps·every` (one never stored: zeros)."""
+        self.lump: float | None = None
+        """The period's lump (its first step's charged cost), once known."""
+
+    @classmethod
+    def of_stored(
+        cls, first: int, every: int, T: int, keys: int, stored: Mapping[int, bytes], upto: int
+    ) -> PeriodHistory:
+        """The history of the steps below `upto` from the ledger's stored states (`Ledger.running_steps`)."""
+        history = cls(first, every, T, keys)
+        for s, raw in stored.items():
+            j = (s - first) // every
+            if first <= s < upto and (s - first) % every == 0 and j < T:
+                history.xs[j], history.ys[j] = decode_state(raw, keys)
+        history.steps = (upto - first) // every
+        return history
+
+    def holds_before(self, start: int) -> bool:
+        """True when it holds exactly the steps before `start`."""
+        return self.first + self.steps * self.every == start
+
+    def append(self, x: np.ndarray, y: np.ndarray, cost: float) -> None:
+        """Add the next step (its x and y were stored with its charge, at the period's lump `cost`)."""
+        self.xs[self.steps], self.ys[self.steps] = x, y
+        self.steps += 1
+        self.lump = cost
+
+
 def running_step(
     metric: Metric,
     budget: Budget,
     start: int,
-    first: int,
     lump: float,
     true_values: Mapping[str, Any],
-    stored: Mapping[int, bytes],
-) -> RunningStep:
-    """Draw step `start` of the period whose first step is `first`, from its true increments and the
-    steps stored before it, at the σ of `lump`."""
+    history: PeriodHistory,
+) -> tuple[RunningStep, np.ndarray, np.ndarray]:
+    """Draw step `start` (the one after those `history` holds) from its true increments at the σ of
+    `lump`: the step, and its x and y (for `history.append` once its charge stored them)."""
     keys = list(true_values)
-    every = metric.window.every_s
-    t = (start - first) // every
-    xs = np.zeros((t + 1, len(keys)))
-    ys = np.zeros((t + 1, len(keys)))
-    for s, raw in stored.items():
-        j = (s - first) // every
-        if s >= first and (s - first) % every == 0 and j < t:
-            xs[j], ys[j] = decode_state(raw, len(keys))
-    xs[t] = [float(true_values[k]) for k in keys]
+    t = history.steps
+    x_t = np.array([float(true_values[k]) for k in keys])
     sigma = period_sigma(metric, budget, len(keys), lump)
-    c_rev = prefix_sum.coefficients(t + 1)[::-1]
-    ys[t] = prefix_sum.draw(c_rev @ xs, sigma)  # OpenDP's noise on the data-side (C x)_t
-    totals = c_rev @ ys
+    c_rev = prefix_sum.coefficients(t + 1)[::-1]  # c_t .. c_0
+    past = c_rev[:-1]
+    cx = past @ history.xs[:t] + x_t if t else x_t  # (C x)_t, c_0 = 1
+    y_t = prefix_sum.draw(cx, sigma)  # OpenDP's noise on the data-side (C x)_t
+    totals = past @ history.ys[:t] + y_t if t else y_t  # (C y)_t
     raw_values = {k: float(v) for k, v in zip(keys, totals, strict=True)}
     values, flags = apply_postprocess(raw_values, metric.postprocess)
     std = sigma * coefficient_norm(t + 1)
@@ -124,9 +158,11 @@ def running_step(
         "noise": FrozenFields(scale=sigma, stddev=std),
         "ci": FrozenFields(level=0.95, half_width=prefix_sum.Z95 * std),
         "postprocess": FrozenFields(flags),
-        "running_total": FrozenFields(step=t + 1, steps=steps_per_period(metric, budget.period_s), first_start=first),
+        "running_total": FrozenFields(
+            step=t + 1, steps=steps_per_period(metric, budget.period_s), first_start=history.first
+        ),
         "event": period_event(metric, budget, len(keys), lump, sigma).fields,
     }
     if not all(math.isfinite(v) for v in values.values()):
         raise ValueError(f"running total {metric.name!r}: a non-finite total")
-    return RunningStep(fields, encode_state(xs[t].tolist(), ys[t].tolist()))
+    return RunningStep(fields, encode_state(x_t.tolist(), y_t.tolist())), x_t, y_t
