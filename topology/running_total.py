@@ -15,6 +15,7 @@ __all__ = [
     "coefficients",
     "coefficient_norm",
     "period_sensitivity",
+    "step_norms",
     "steps_per_period",
     "total_stddev",
 ]
@@ -40,6 +41,24 @@ def coefficients(T: int) -> tuple[float, ...]:
 def coefficient_norm(T: int) -> float:
     """‖c‖₂ over the T coefficients: the largest column norm of C (its first column)."""
     return math.sqrt(math.fsum(v * v for v in coefficients(T)))
+
+
+def step_norms(T: int) -> tuple[float, ...]:
+    """‖c_<t‖₂ for every step t = 1..T at once (a step's noise std over σ), cached per T: each is
+    `coefficient_norm(t)`, without the O(t) sum per step."""
+    return _step_norms(T)
+
+
+@lru_cache(maxsize=16)
+def _step_norms(T: int) -> tuple[float, ...]:
+    out, total, comp = [], 0.0, 0.0
+    for v in coefficients(T):  # Neumaier-compensated running sum of c_k²: within an ulp of fsum
+        sq = v * v
+        t = total + sq
+        comp += (total - t) + sq if abs(total) >= sq else (sq - t) + total
+        total = t
+        out.append(math.sqrt(total + comp))
+    return tuple(out)
 
 
 def total_stddev(t: int, sigma: float) -> float:

@@ -106,3 +106,15 @@ def test_refusals() -> None:
         ps.RunningTotal(3, 1.0).restore(np.ones(2), np.ones(3))
     with pytest.raises(InternalError):
         ps.coefficients(0)
+
+
+def test_step_norms_are_the_coefficient_norms_of_every_prefix():
+    """`step_norms(T)[t-1]` is `coefficient_norm(t)` (what a step's std is over σ), at every t of a day
+    of minutes and at sampled t of a day of seconds, to the last ulp or one."""
+    from dpstream.topology.running_total import coefficient_norm, step_norms
+
+    norms = step_norms(1440)
+    assert all(math.isclose(norms[t - 1], coefficient_norm(t), rel_tol=2e-16) for t in range(1, 1441))
+    long = step_norms(86_400)
+    for t in (1, 7, 999, 43_210, 86_400):
+        assert math.isclose(long[t - 1], coefficient_norm(t), rel_tol=2e-16)

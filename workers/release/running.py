@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dpstream.topology.model import Accounting, Budget, Metric
-from dpstream.topology.running_total import coefficient_norm, steps_per_period
+from dpstream.topology.running_total import coefficient_norm, step_norms, steps_per_period
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.noise import prefix_sum
 from dpstream.workers.noise.release import FrozenFields, apply_postprocess
@@ -76,9 +76,23 @@ def period_sigma(metric: Metric, budget: Budget, keys: int, lump: float) -> floa
     return sigma
 
 
+_EVENTS: dict[tuple[str, int, int, float, float], PrivacyEvent] = {}
+"""(metric, T, keys, lump, σ) → the period's event: built once a period, not per step (its d_in sums T terms)."""
+
+
 def period_event(metric: Metric, budget: Budget, keys: int, lump: float, sigma: float) -> PrivacyEvent:
     """The record's `event` of every step of a period: the one matrix Gaussian, charged once (`max_windows` 1)."""
     T = steps_per_period(metric, budget.period_s)
+    key = (metric.name, T, keys, lump, sigma)
+    event = _EVENTS.get(key)
+    if event is None:
+        if len(_EVENTS) >= 256:
+            _EVENTS.clear()
+        event = _EVENTS[key] = _period_event(metric, T, keys, lump, sigma)
+    return event
+
+
+def _period_event(metric: Metric, T: int, keys: int, lump: float, sigma: float) -> PrivacyEvent:
     d_in = float(metric.contribution.max_per_period or 0) * coefficient_norm(T)
     part = NoiseEvent(Noise.MATRIX, sigma, d_in, lump, k=T * keys)
     return PrivacyEvent(Accounting.ZCDP, lump, (part,), max_windows=1, lump=lump)
@@ -95,7 +109,7 @@ class PeriodHistory:
     the releaser keeps one per (metric, period) so a step reads the ledger only after a restart, a
     takeover or a step it did not store itself (86,400 steps a day: 1.4 MB a key for x and y)."""
 
-    __slots__ = ("first", "every", "xs", "ys", "steps", "lump")
+    __slots__ = ("first", "every", "xs", "ys", "steps", "lump", "c_rev", "norms")
 
     def __init__(self, first: int, every: int, T: int, keys: int) -> None:
         self.first, self.every = first, every
@@ -103,6 +117,10 @@ class PeriodHistory:
         self.ys = np.zeros((T, keys))
         self.steps = 0
         """Steps held: every step from `first` below `first + steps·every` (one never stored: zeros)."""
+        self.c_rev = prefix_sum.coefficients(T)[::-1].copy()
+        """c_{T-1} .. c_0: step t convolves with its last t + 1."""
+        self.norms = step_norms(T)
+        """‖c_<t‖₂ per step: its std over σ."""
         self.lump: float | None = None
         """The period's lump (its first step's charged cost), once known."""
 
@@ -144,14 +162,13 @@ def running_step(
     t = history.steps
     x_t = np.array([float(true_values[k]) for k in keys])
     sigma = period_sigma(metric, budget, len(keys), lump)
-    c_rev = prefix_sum.coefficients(t + 1)[::-1]  # c_t .. c_0
-    past = c_rev[:-1]
+    past = history.c_rev[len(history.c_rev) - 1 - t : -1]  # c_t .. c_1
     cx = past @ history.xs[:t] + x_t if t else x_t  # (C x)_t, c_0 = 1
     y_t = prefix_sum.draw(cx, sigma)  # OpenDP's noise on the data-side (C x)_t
     totals = past @ history.ys[:t] + y_t if t else y_t  # (C y)_t
     raw_values = {k: float(v) for k, v in zip(keys, totals, strict=True)}
     values, flags = apply_postprocess(raw_values, metric.postprocess)
-    std = sigma * coefficient_norm(t + 1)
+    std = sigma * history.norms[t]
     fields: dict[str, Any] = {
         "values": values,
         "mechanism": MECHANISM,
