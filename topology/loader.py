@@ -1015,7 +1015,7 @@ def _check_release(
     if window.kind is not WindowKind.TUMBLING:
         f.bad("window", "a running total steps through the period; use a tumbling step such as window: {tumbling: 1m}")
     if group_by is not None and keys is None:
-        f.bad("keys", "a running total releases a fixed set of keys; declare them, e.g. keys: [web, app]")
+        f.bad("group_by", "a running total releases a fixed set of keys; declare them, e.g. keys: [web, app]")
     if contribution.max_windows is not None:
         f.bad("contribution", "a running total bounds a unit by max_per_period, not max_windows; remove max_windows")
     if contribution.max_per_period is None:

@@ -282,3 +282,60 @@ def test_max_windows_refused_on_event_level_source() -> None:
     text = BASE.replace(METRIC_SPOT, CAPPED).replace("privacy_unit: user_id", "privacy_unit: event")
     with pytest.raises(ConfigError, match=r"^t\.yaml:20: .*max_windows 60: source 'clicks' is event-level.*remove"):
         load_topology_text(text, path="t.yaml", env={})
+
+
+RUNNING = (
+    "aggregate: count\n    mechanism: gaussian\n    release: running_total\n    contribution: {max_per_period: 10}"
+)
+
+
+def test_running_total_loads_with_its_bound() -> None:
+    """release: running_total with contribution.max_per_period L loads; it is priced as one lump."""
+    topology = load_topology_text(BASE.replace(METRIC_SPOT, RUNNING), path="t.yaml", env={})
+    metric = topology.metrics["m"]
+    assert metric.running_total and metric.contribution.max_per_period == 10
+    assert metric.paid_windows == 1 and metric.charged_per_period(86_400) == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "pattern"),
+    [
+        ("aggregate: count", "aggregate: count_units", r"^t\.yaml:\d+: metric 'm': release .*count or sum"),
+        ("mechanism: gaussian", "mechanism: laplace", r"metric 'm': mechanism .*one Gaussian matrix mechanism"),
+        ("{tumbling: 1m}", "{hopping: 5m, every: 1m}", r"metric 'm': window .*tumbling step"),
+        ("contribution: {max_per_period: 10}", "contribution: {max_keys: 1}", r"missing field 'contribution\.max_per_"),
+        ("max_per_period: 10", "max_per_period: 10, max_windows: 3", r"not max_windows; remove max_windows"),
+        ("max_per_period: 10", "max_per_period: 0", r"contribution\.max_per_period 0: must be at"),
+        ("release: running_total", "release: running", r"release 'running': unknown release"),
+        (
+            "release: running_total\n",
+            "group_by: page\n    release: running_total\n",
+            r"group_by 'page': a running total .*declare them",
+        ),
+    ],
+)
+def test_running_total_rules(old: str, new: str, pattern: str) -> None:
+    """Each misuse of a running total is one line naming the field and the fix."""
+    text = BASE.replace(METRIC_SPOT, RUNNING.replace(old, new, 1) if old in RUNNING else RUNNING).replace(
+        "{tumbling: 1m}", new if old == "{tumbling: 1m}" else "{tumbling: 1m}"
+    )
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_topology_text(text, path="t.yaml", env={})
+    assert "\n" not in str(info.value) and str(info.value).startswith("t.yaml:")
+
+
+def test_running_total_refused_in_a_pure_scope_and_on_an_event_level_source() -> None:
+    """Pure scopes have no Gaussian; an event-level source has no unit to bound over the period."""
+    pure = BASE.replace(METRIC_SPOT, RUNNING).replace("accounting: zcdp", "accounting: pure")
+    with pytest.raises(ConfigError, match=r"mechanism 'gaussian': budget 'daily' uses pure accounting"):
+        load_topology_text(pure, path="t.yaml", env={})
+    event = BASE.replace(METRIC_SPOT, RUNNING).replace("privacy_unit: user_id", "privacy_unit: event")
+    with pytest.raises(ConfigError, match=r"max_per_period 10: source 'clicks' is event-level"):
+        load_topology_text(event, path="t.yaml", env={})
+
+
+def test_max_per_period_without_a_running_total_is_refused() -> None:
+    """max_per_period bounds only a running total: on a windowed metric it is refused with the fix."""
+    text = BASE.replace(METRIC_SPOT, "aggregate: count\n    mechanism: gaussian\n    contribution: {max_per_period: 5}")
+    with pytest.raises(ConfigError, match=r"max_per_period bounds .*add release: running_total or remove it"):
+        load_topology_text(text, path="t.yaml", env={})
