@@ -232,6 +232,37 @@ def test_planned_spend_rate_front_loads_a_max_windows_metric() -> None:
     assert math.isclose(spent, scope.pool, rel_tol=1e-9)
 
 
+_RUNNING = """
+  so_far:
+    source: s
+    budget: b
+    weight: 1
+    window: {tumbling: 1m}
+    aggregate: count
+    release: running_total
+    contribution: {max_per_period: 10}
+    mechanism: gaussian
+"""
+
+
+def test_a_running_totals_lump_is_planned_with_its_first_step() -> None:
+    """A running total is one lump a period, charged with its first step: the plan spends its half of the
+    pool over that first minute (cost / 60 s), then only the hourly metric's half over the day, so the
+    planned ratio after the first minute already holds the lump and the burn-rate rules read a lump on
+    plan as on plan."""
+    scope = build_plan(load_topology_text(_FRONT_YAML.format(metrics=_HOURLY + _RUNNING))).scope("b")
+    end = P0 + DAY
+    half = scope.pool / 2
+    running = next(m for m in scope.metrics if m.name == "so_far")
+    assert running.max_windows == 1 and running.charged == 1 and math.isclose(running.per_release_cost, half)
+    for t in (P0, P0 + 59):
+        assert math.isclose(planned_spend_rate(scope, P0, end, now=t), half / 60 + half / DAY, rel_tol=1e-12)
+    for t in (P0 + 60, P0 + HOUR, end - 1):
+        assert math.isclose(planned_spend_rate(scope, P0, end, now=t), half / DAY, rel_tol=1e-12)
+    assert math.isclose(planned_spent(scope, P0, end, P0 + 60), half, rel_tol=1e-12)
+    assert math.isclose(planned_spent(scope, P0, end, P0 + HOUR), half + half / 24, rel_tol=1e-12)
+
+
 def test_planned_spend_rate_of_a_capped_metric_integrates_to_planned_spent() -> None:
     """A scope of the capped minute metric alone: cost / 60 s for the first hour, then exactly 0 (the burn-rate
     rules then have no series); at each window end the rate's integral is `planned_spent`."""
