@@ -229,3 +229,70 @@ def test_a_period_composes_only_the_m_costliest_records_of_a_max_windows_metric(
     flagged = RecordCheck("a5", "capped", 0.9, record_cost=0.9, problems=["bad"])
     kept = composed_checks([*checks, flagged], [*charges, charge("a5", "capped", "v1", 2)])
     assert sorted(c.release_id for c in kept) == ["a2", "a4", "b1", "c1", "c2"]
+
+
+_RUNNING = """
+version: 1
+sources:
+  shop: {topic: shop-events, privacy_unit: user_id, timestamp: ts}
+budgets:
+  day: {epsilon: 2, period: 1d, accounting: zcdp, delta: 1.0e-6}
+metrics:
+  revenue_so_far:
+    source: shop
+    budget: day
+    window: {tumbling: 1h}
+    aggregate: sum
+    value: amount
+    bounds: [0, 100]
+    group_by: channel
+    keys: [web, app]
+    release: running_total
+    contribution: {max_per_key: 10, max_per_period: 500}
+    mechanism: gaussian
+  views:
+    source: shop
+    budget: day
+    window: {tumbling: 1h}
+    aggregate: count
+    mechanism: gaussian
+sinks: {releases: rel, dead_letter: dlq}
+"""
+
+
+def test_a_running_totals_steps_map_to_its_one_lump() -> None:
+    """Six hourly steps of a running total beside a plain count: every step's record maps (OpenDP's float
+    Gaussian on C x, at d_in L·‖c‖₂) to the lump, the ledger paid it once, the report composes it once,
+    and the tight figures count it once (max_windows 1)."""
+    from dpstream.topology.loader import load_topology_text
+
+    topo = load_topology_text(_RUNNING)
+    lines = [
+        b'{"user_id": "u%d", "ts": %d, "channel": "%s", "amount": 20.0}'
+        % (i % 40, START + 30 * i, b"web" if i % 3 else b"app")
+        for i in range(700)
+    ]
+
+    async def run() -> PeriodData:
+        ledger = await open_ledger("memory", topo, clock=lambda: float(START + 60))
+
+        async def publish(value: bytes, key: bytes) -> None:
+            return None
+
+        await replay_lines(topo, lines, ledger, publish, start=START, end=START + 6 * 3600)
+        try:
+            return await collect_period(ledger, topo, "day")
+        finally:
+            await ledger.close()
+
+    data = asyncio.run(run())
+    rep = build_report(data)
+    acc = rep["accounting"]
+    assert acc["record_check"]["flagged"] == [] and acc["charged"]["reconciles"]
+    steps = [c for c in data.charges if c.metric == "revenue_so_far"]
+    assert len(steps) == 6 and [c.cost_units for c in steps][1:] == [0] * 5
+    lump = steps[0].record["event"]["lump"]
+    assert all(c.record["event"]["lump"] == lump for c in steps)
+    running_rows = [r for r in acc["charges"] if r["metric"] == "revenue_so_far"]
+    assert all(math.isclose(r["mapped_cost"], lump, rel_tol=1e-6) for r in running_rows)
+    assert "max_windows_note" in acc["charged"]

@@ -42,6 +42,13 @@ class Charge:
         """The charge in the scope's currency (ρ or ε), as the ledger holds it."""
         return self.cost_units / UNITS_PER_CURRENCY
 
+    @property
+    def release_cost(self) -> float:
+        """The release's own cost (its noise's), which a period under `max_windows` or a running total's
+        later steps may pay less of (or nothing): `cost` otherwise."""
+        units = self.cost_units if self.release_cost_units is None else self.release_cost_units
+        return units / UNITS_PER_CURRENCY
+
 
 @dataclass(frozen=True)
 class Event:

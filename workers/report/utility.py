@@ -146,7 +146,7 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
         if u is None:
             continue
         u.releases += 1
-        u.costs.append(ch.cost)
+        u.costs.append(ch.release_cost)  # the noise's cost: a later capped window may pay nothing
         rec = ch.record
         if not rec or rec.get("_undecodable"):
             continue
@@ -159,7 +159,7 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
         u.sigmas.append(fig[0])
         u.halves.append(fig[1])
         u.errors.append(fig[2])
-        u.multipliers.append(noise_multiplier(accounting, ch.cost))
+        u.multipliers.append(noise_multiplier(accounting, ch.release_cost))
         u.values.extend(_values(rec))
     return out
 
