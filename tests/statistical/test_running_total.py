@@ -2,7 +2,7 @@
 
 Many simulated periods of T = 64 steps, drawn by the mechanism's own OpenDP float Gaussian
 (`prefix_sum.draw`, scale σ, grid 2^K_GRID): one call per chunk of periods on the data-side values
-(C x)_t, which OpenDP samples coordinate by coordinate exactly as `RunningTotal.step` does with its
+(C x)_t, which OpenDP samples coordinate by coordinate exactly as `RunningState.step` does with its
 one-coordinate call (~200 µs a call, the wrapper; ~15 µs a coordinate in a batch). The step() path
 itself is checked on 1,000 periods (~130 µs a step). Every bound is an exact tail bound at a false-failure rate
 below 1e-6 (union over the checks), never a retry; OpenDP cannot be seeded and is not.
@@ -113,15 +113,15 @@ def test_whitened_noise_is_iid() -> None:
 
 
 def test_step_path_noise_is_iid() -> None:
-    """Through `RunningTotal.step`: the whitened noise of 1,000 periods has variance σ² and no lag-1 correlation."""
+    """Through `RunningState.step`: the whitened noise of 1,000 periods has variance σ² and no lag-1 correlation."""
     periods = 1000
     x = _increments()
     D = ps.toeplitz(ps.inverse_coefficients(T))
     prefix = np.cumsum(x)
     w = np.empty((periods, T))
     for i in range(periods):
-        rt = ps.RunningTotal(T, SIGMA)
-        pub = np.array([rt.step(float(v)) for v in x])
+        rt = ps.RunningState(T)
+        pub = np.array([rt.step(np.array([v]), SIGMA)[0] for v in x])
         w[i] = D @ (pub - prefix) / SIGMA
     n = w.size
     xb = math.log(10 / ALPHA)  # variance two-sided (2e^-x) + two lag checks as (U − V)/2 (4e^-x each)

@@ -65,45 +65,48 @@ def test_sigma_for_rho_stays_within() -> None:
 def test_step_publishes_c_times_y() -> None:
     """Each step publishes (C y)_t, and y − C x is the noise: published − prefix = C(y − C x)."""
     T = 32
-    rt = ps.RunningTotal(T, 4.0)
+    rt = ps.RunningState(T)
     x = np.arange(T, dtype=float) % 5
-    pub = np.array([rt.step(float(v)) for v in x])
+    pub = np.array([rt.step(np.array([v]), 4.0)[0] for v in x])
     C = ps.toeplitz(ps.coefficients(T))
-    assert np.allclose(pub, C @ rt.ys, rtol=1e-12, atol=1e-9)
-    z = rt.ys - C @ x
+    ys = rt.ys[0]
+    assert np.allclose(pub, C @ ys, rtol=1e-12, atol=1e-9)
+    z = ys - C @ x
     assert np.allclose(pub - np.cumsum(x), C @ z, atol=1e-9)
     assert np.all(z != 0.0)  # noise was drawn at every step
-    assert np.array_equal(rt.xs, x)
+    assert np.array_equal(rt.xs[0], x)
 
 
 def test_restore_recomputes_identical_totals() -> None:
     """A restart from stored x's and y's republishes bit-identical totals and continues the period."""
     T = 50
-    first = ps.RunningTotal(T, 2.0)
-    pub = [first.step(float(i % 3)) for i in range(20)]
-    again = ps.RunningTotal(T, 2.0).restore(first.xs.copy(), first.ys.copy())
-    assert again.published().tolist() == pub
-    assert first.published().tolist() == pub
-    assert again.t == 20
-    nxt = again.step(1.0)
-    assert again.published().tolist()[:20] == pub
-    assert again.published()[-1] == nxt
+    first = ps.RunningState(T)
+    pub = [first.step(np.array([float(i % 3)]), 2.0)[0] for i in range(20)]
+    again = ps.RunningState(T).restore(first.xs[:, :20].copy(), first.ys[:, :20].copy())
+    assert np.allclose(again.published()[0], pub, rtol=1e-12, atol=1e-9)
+    assert again.published().tolist() == first.published().tolist()
+    assert again.steps == 20
+    nxt = again.step(np.ones(1), 2.0)
+    assert again.published()[:, :20].tolist() == first.published().tolist()
+    assert np.allclose(again.published()[:, -1], nxt, rtol=1e-12, atol=1e-9)
 
 
 def test_refusals() -> None:
     """Past the period, non-finite input, bad σ / L and mismatched restores are refused."""
-    rt = ps.RunningTotal(1, 1.0)
-    rt.step(1.0)
+    rt = ps.RunningState(1)
+    rt.step(np.ones(1), 1.0)
     with pytest.raises(InternalError):
-        rt.step(1.0)
+        rt.step(np.ones(1), 1.0)
     with pytest.raises(InternalError):
-        ps.RunningTotal(3, 1.0).step(math.nan)
+        ps.RunningState(3).step(np.array([math.nan]), 1.0)
     with pytest.raises(InternalError):
-        ps.RunningTotal(3, 0.0)
+        ps.RunningState(3).step(np.ones(1), 0.0)
+    with pytest.raises(InternalError):
+        ps.RunningState(3, keys=2).step(np.ones(1), 1.0)
     with pytest.raises(InternalError):
         ps.period_measurement(3, 0.0, 1.0)
     with pytest.raises(InternalError):
-        ps.RunningTotal(3, 1.0).restore(np.ones(2), np.ones(3))
+        ps.RunningState(3).restore(np.ones((1, 2)), np.ones((1, 3)))
     with pytest.raises(InternalError):
         ps.coefficients(0)
 

@@ -5,7 +5,8 @@ scale that makes its L2 sensitivity L·max column norm of S cost ρ, published B
 (a) independent per-step noise summed (S = I, B = A), (b) the binary tree (S = the complete dyadic
 blocks of ⌊log₂T⌋ + 1 levels, B = each prefix's dyadic decomposition), (c) dpstream's square-root
 factorization (S = B = C). Stds are exact (σ·row norms of B), not sampled. Step cost is timed on
-`RunningTotal.step` (two numpy dots over the stored x's and y's, one OpenDP call).
+`RunningState.next` + `append`, the releaser's step (two numpy dots over the stored x's and y's, one
+OpenDP call).
 """
 
 from __future__ import annotations
@@ -72,21 +73,22 @@ def strategy_stds(T: int, L: float, rho: float) -> dict[str, dict[str, float]]:
 
 
 def step_cost(at: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
-    """Median µs of `RunningTotal.step` with t stored steps, and of its two dots alone."""
+    """Median µs of a step (`RunningState.step`, one key) with t stored steps, and of its two dots alone."""
     rows = []
+    one = np.ones(1)
     for t0 in at:
-        rt = ps.RunningTotal(t0 + reps, 5.0).restore(np.ones(t0), np.ones(t0))
+        rt = ps.RunningState(t0 + reps, 1).restore(np.ones((1, t0)), np.ones((1, t0)))
         times = []
         for _ in range(reps):
             start = time.perf_counter_ns()
-            rt.step(1.0)
+            rt.step(one, 5.0)
             times.append(time.perf_counter_ns() - start)
-        c, y = np.ones(t0 + 1), np.ones(t0 + 1)
+        c, xs = np.ones(t0), np.ones((1, t0))
         dots = []
         for _ in range(reps):
             start = time.perf_counter_ns()
-            float(c @ y)
-            float(c @ y)
+            np.einsum("j,kj->k", c, xs) + one
+            np.einsum("j,kj->k", c, xs) + one
             dots.append(time.perf_counter_ns() - start)
         rows.append(
             {

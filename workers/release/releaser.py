@@ -366,7 +366,7 @@ class Releaser:
             self.counts.clamped[m.name] += clamped
         if appended is not None and charge.outcome is Outcome.CHARGED:  # stored by this charge: the next step's past
             history, x, y = appended
-            history.append(x, y, cost)
+            history.append_charged(x, y, cost)
         return charge
 
     async def _running_step(

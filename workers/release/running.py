@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dpstream.topology.model import Accounting, Budget, Metric
-from dpstream.topology.running_total import coefficient_norm, step_norms, steps_per_period
+from dpstream.topology.running_total import coefficient_norm, steps_per_period
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.noise import prefix_sum
 from dpstream.workers.noise.release import FrozenFields, apply_postprocess
@@ -104,23 +104,16 @@ def first_step(metric: Metric, budget: Budget, start: int, schedule_start: int |
     return Schedule.of(metric, schedule_start).first_in_period(period_start)
 
 
-class PeriodHistory:
-    """A running total's steps of one period as arrays (steps × keys), contiguous from its first step:
-    the releaser keeps one per (metric, period) so a step reads the ledger only after a restart, a
-    takeover or a step it did not store itself (86,400 steps a day: 1.4 MB a key for x and y)."""
+class PeriodHistory(prefix_sum.RunningState):
+    """A running total's steps of one period, from its first step at `first`: the releaser keeps one per
+    (metric, period) so a step reads the ledger only after a restart, a takeover or a step it did not
+    store itself (86,400 steps a day: 1.4 MB a key for x and y)."""
 
-    __slots__ = ("first", "every", "xs", "ys", "steps", "lump", "c_rev", "norms")
+    __slots__ = ("first", "every", "lump")
 
     def __init__(self, first: int, every: int, T: int, keys: int) -> None:
+        super().__init__(T, keys)
         self.first, self.every = first, every
-        self.xs = np.zeros((T, keys))
-        self.ys = np.zeros((T, keys))
-        self.steps = 0
-        """Steps held: every step from `first` below `first + steps·every` (one never stored: zeros)."""
-        self.c_rev = prefix_sum.coefficients(T)[::-1].copy()
-        """c_{T-1} .. c_0: step t convolves with its last t + 1."""
-        self.norms = step_norms(T)
-        """‖c_<t‖₂ per step: its std over σ."""
         self.lump: float | None = None
         """The period's lump (its first step's charged cost), once known."""
 
@@ -133,7 +126,7 @@ class PeriodHistory:
         for s, raw in stored.items():
             j = (s - first) // every
             if first <= s < upto and (s - first) % every == 0 and j < T:
-                history.xs[j], history.ys[j] = decode_state(raw, keys)
+                history.xs[:, j], history.ys[:, j] = decode_state(raw, keys)
         history.steps = (upto - first) // every
         return history
 
@@ -141,10 +134,9 @@ class PeriodHistory:
         """True when it holds exactly the steps before `start`."""
         return self.first + self.steps * self.every == start
 
-    def append(self, x: np.ndarray, y: np.ndarray, cost: float) -> None:
-        """Add the next step (its x and y were stored with its charge, at the period's lump `cost`)."""
-        self.xs[self.steps], self.ys[self.steps] = x, y
-        self.steps += 1
+    def append_charged(self, x: np.ndarray, y: np.ndarray, cost: float) -> None:
+        """Add the next step, stored with its charge at the period's lump `cost`."""
+        self.append(x, y)
         self.lump = cost
 
 
@@ -162,13 +154,10 @@ def running_step(
     t = history.steps
     x_t = np.array([float(true_values[k]) for k in keys])
     sigma = period_sigma(metric, budget, len(keys), lump)
-    past = history.c_rev[len(history.c_rev) - 1 - t : -1]  # c_t .. c_1
-    cx = past @ history.xs[:t] + x_t if t else x_t  # (C x)_t, c_0 = 1
-    y_t = prefix_sum.draw(cx, sigma)  # OpenDP's noise on the data-side (C x)_t
-    totals = past @ history.ys[:t] + y_t if t else y_t  # (C y)_t
+    y_t, totals = history.next(x_t, sigma)
     raw_values = {k: float(v) for k, v in zip(keys, totals, strict=True)}
     values, flags = apply_postprocess(raw_values, metric.postprocess)
-    std = sigma * history.norms[t]
+    std = history.stddev(t + 1, sigma)
     fields: dict[str, Any] = {
         "values": values,
         "mechanism": MECHANISM,
