@@ -18,10 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dpstream.topology.calibration import Z95, quantile_rank_error
 from dpstream.topology.model import Aggregate, Metric, Topology
 from dpstream.topology.plan import MetricPlan
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.batch import EventBatch
 from dpstream.workers.synthetic.generator import EventGenerator, GeneratorConfig
 
 
@@ -70,14 +73,23 @@ def typical_values(
     accumulators = {
         m.name: MetricAccumulator(m, source, t0, period_s=topology.budgets[m.budget].period_s) for m in metrics
     }
-    adds = [a.add_fn for a in accumulators.values()]
     unit_field = source.privacy_unit
-    for offset, event in enumerate(generator.events(int(population.rate * seconds), rate=population.rate)):
-        fields = event.fields
-        if fields is None:  # malformed: dead-lettered, in no window
-            continue
-        for add in adds:
-            add(fields[unit_field], event.ts, fields, offset, event.ts)
+    sent: list[tuple[int, float, dict[str, Any]]] = [
+        (offset, event.ts, event.fields)
+        for offset, event in enumerate(generator.events(int(population.rate * seconds), rate=population.rate))
+        if event.fields is not None  # malformed: dead-lettered, in no window
+    ]
+    if sent:
+        times = np.array([ts for _, ts, _ in sent], np.float64)
+        batch = EventBatch.of(
+            [fields[unit_field] for _, _, fields in sent],
+            times,
+            times,
+            np.array([offset for offset, _, _ in sent], np.int64),
+            [fields for _, _, fields in sent],
+        )
+        for acc in accumulators.values():
+            acc.add_batch(batch)
     out: dict[str, Typical] = {}
     for m in metrics:
         acc = accumulators[m.name]

@@ -17,9 +17,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from dpstream.topology.model import Aggregate, Metric, Source, Topology
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.batch import EventBatch
 from dpstream.workers.pipeline.quantile_cells import quantile_scores
 from dpstream.workers.synthetic.generator import SyntheticEvent
 
@@ -41,7 +44,6 @@ class TruthBook:
             )
             for name, m in self._metrics.items()
         }
-        self._adds = [a.add_fn for a in self._acc.values()]
         self._closed: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in self._metrics}
         self._offset = 0
         self._lateness = int(self._source.allowed_lateness_s)
@@ -51,18 +53,22 @@ class TruthBook:
     def observe(self, events: Iterable[SyntheticEvent], arrival: float) -> None:
         """Add events that reached the broker by `arrival` (wall-clock seconds)."""
         unit_field, ts_field = self._source.privacy_unit, self._source.timestamp
-        horizon = arrival - self._lateness
-        adds = self._adds
-        for event in events:
-            fields = event.fields
-            if fields is None:
-                continue
-            self._offset += 1
-            self.events += 1
-            unit = fields[unit_field]
-            ts = float(fields[ts_field]) if ts_field else arrival  # the time as sent (ms), as the worker reads it
-            for add in adds:
-                add(unit, ts, fields, self._offset, horizon)
+        sent = [event.fields for event in events if event.fields is not None]
+        if not sent:
+            return
+        n = len(sent)
+        times = [float(f[ts_field]) if ts_field else arrival for f in sent]  # the time as sent, as the worker reads it
+        batch = EventBatch.of(
+            [f[unit_field] for f in sent],
+            np.array(times, np.float64),
+            np.full(n, arrival - self._lateness),
+            np.arange(self._offset + 1, self._offset + n + 1, dtype=np.int64),
+            sent,
+        )
+        self._offset += n
+        self.events += n
+        for acc in self._acc.values():
+            acc.add_batch(batch)
 
     def close_through(self, t: float) -> None:
         """Close every window with C(w) ≤ t; call only once every event sent up to t was observed."""

@@ -36,12 +36,15 @@ from __future__ import annotations
 __all__ = ["MetricAccumulator", "PartialValues", "key_priority"]
 
 import hashlib
+import itertools
 import math
-from bisect import insort
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Aggregate, Metric, Source
+from dpstream.workers.pipeline.batch import EventBatch, objects
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
@@ -54,6 +57,29 @@ _COUNT, _UNITS, _SUM, _MEAN = 0, 1, 2, 3
 
 _REJECTED_KEPT = 65_536
 """Refused (unit, key) pairs remembered per window (past that, a repeat is hashed again: same answer)."""
+
+_EXACT = float(1 << 52)
+"""Window starts below this are computed in int64 and compared with float times exactly."""
+
+_GRID_FITS = 1 << 43
+"""Grid values below this in magnitude are kept in int64 (sums of up to `_EXACT_ROWS` of them cannot overflow)."""
+
+_EXACT_ROWS = 1 << 19
+
+
+class _Rows(NamedTuple):
+    """The (event, window) pairs one metric takes from a batch, one row each."""
+
+    event: np.ndarray
+    """Index of the row's event in the batch."""
+    start: np.ndarray
+    """The window's start (int64; Python ints in an object array past `_EXACT`)."""
+    key: np.ndarray | None
+    """The row's key code (an index into `names`), None for an ungrouped metric."""
+    names: np.ndarray | None
+    """The batch's keys of the metric's group-by field."""
+    value: np.ndarray | None
+    """The row's clamped value in grid units (int64, or Python ints when they may not fit), None for counts."""
 
 
 def key_priority(metric: str, unit: str, window_start: int, key: str) -> bytes:
@@ -128,6 +154,7 @@ class MetricAccumulator:
         self._hi = metric.bounds.upper if metric.bounds is not None else math.inf
         self.exponent = value_exponent(metric.bounds) if self._value is not None and metric.bounds else 0
         """Sums are kept in units of 2^-exponent (see `fixed_point`)."""
+        self._grid_fits = max(abs(self._lo), abs(self._hi)) * math.ldexp(1.0, self.exponent) < _GRID_FITS
         self._candidates = metric.candidates if agg is Aggregate.QUANTILE else None
         """A quantile's public grid: bounded like a sum, its window emitted as counts per grid cell."""
         c = metric.contribution
@@ -161,8 +188,6 @@ class MetricAccumulator:
         """(unit, window) pairs max_windows dropped: the unit had counted in max_windows windows this period."""
         self.deltas: list[CountDelta] = []
         """Count deltas of windows closed here and not yet taken by the driver (`take_deltas`)."""
-        self.add_fn = self._make_add()
-        """The specialised per-event closure (what `add` calls); drivers may call it directly."""
 
     @property
     def skipped(self) -> int:
@@ -175,186 +200,277 @@ class MetricAccumulator:
 
     # -- hot path ----------------------------------------------------------------------
     def add(self, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:
-        """Add one validated event; `horizon` = its arrival time − allowed_lateness: a window that
-        ends before it had closed when the event arrived; `order`: the event's L∞ order key, unique
-        per record and a function of the record alone (the pipeline passes (source append time,
-        source partition, source offset)); None uses `offset` (a driver whose offsets are already
-        such a key). Returns True when some window covering the event time was missed (closed on
-        arrival, already emitted, or before the schedule).
+        """Add one validated event: `add_batch` of a batch of one. `horizon` = its arrival time −
+        allowed_lateness; `order`: its L∞ order key, a tuple (None: `offset`). True when some window
+        covering the event time was missed."""
+        columns = None if order is None else tuple(np.array([o]) for o in order)
+        batch = EventBatch.of(
+            [unit], np.array([float(ts)]), np.array([float(horizon)]), np.array([offset], np.int64), [fields], columns
+        )
+        return bool(self.add_batch(batch)[0])
 
-        Replaced per instance by a closure specialised to this metric (see `_make_add`): the hot
-        path then reads its settings from closure cells instead of attributes.
+    def add_batch(self, batch: EventBatch) -> np.ndarray:
+        """Add validated events (in record order); returns, per event, whether some window covering its
+        event time was missed (closed on its arrival, or already emitted here).
+
+        An event counts in window w iff its event time lies in w, w's end is at or after the event's
+        horizon (w had not closed on its arrival) and w is not emitted yet. The rows (event, window)
+        are then grouped per (window, unit, key) and each group is bounded and merged into its window's
+        state at once: per-event work is array work, per-group work a few dict updates.
         """
-        return self.add_fn(unit, ts, fields, offset, horizon, order)
-
-    def _make_add(self):  # noqa: C901 - per-event hot path: pipeline_core 11-15 µs CPU/event (demo, web-analytics); its closure `add` runs once per event and metric
-        group = self._group
-        declared = self._keys
-        value_field = self._value
-        lo, hi = self._lo, self._hi
-        scale = math.ldexp(1.0, self.exponent)
-        max_keys, max_per_key = self._max_keys, self._max_per_key
-        bounded = self._bounded
-        kind = self._kind
-        every, size = self.every, self.size
-        windows = self.windows
-        is_units = kind == _UNITS
-        is_count = kind == _COUNT or is_units
-        is_sum = kind == _SUM
-        grouped = group is not None
-        group_field = group if group is not None else ""  # read only when grouped
-        acc = self
-        skips = self.skips
-        no_group, undeclared, no_value = MISSING_GROUP_FIELD, UNDECLARED_KEY, MISSING_VALUE_FIELD
-        first = self.first_start
-        admit = self._admit_key
-        support_keys = grouped and is_sum  # a grouped sum's key may hold 0 and still be held
-        single = max_per_key == 1
-
-        def add(unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None) -> bool:  # noqa: C901 - per-event hot path: pipeline_core 11-15 µs CPU/event; one call per event and metric
-            if grouped:
-                key = fields.get(group_field)
-                if key is None:
-                    skips[no_group] += 1
-                    return False
-                if type(key) is not str:
-                    key = str(key)
-                if declared is not None and key not in declared:
-                    skips[undeclared] += 1
-                    return False
-                uk: Any = (unit, key)
-            else:
-                key = ""
-                uk = unit
-            v = 0
-            if value_field is not None:
-                raw = fields.get(value_field)
-                if raw is None:
-                    skips[no_value] += 1
-                    return False
-                f = float(raw)  # the parser dead-lettered a present value that is not a finite number
-                if f < lo:
-                    f = lo
-                    acc.clamped += 1
-                elif f > hi:
-                    f = hi
-                    acc.clamped += 1
-                v = round(f * scale)  # exact integer grid units; bounds are whole units
-            last = int(ts // every) * every
-            start = last - size + every
-            late = False
-            while start <= last:
-                s = start
-                start += every
-                if s + size < horizon or s < acc.next_start:
-                    if s >= first:  # closed when the event arrived, or already emitted here
-                        late = True
-                    continue  # a window before the schedule's start S does not exist
-                st = windows.get(s)
-                if st is None:
-                    st = windows[s] = _WindowState(offset)
-                if bounded:
-                    kept = st.kept
-                    got = kept.get(uk)
-                    if got is None:  # the unit's first contribution to this key: L0
-                        if grouped:
-                            unit_keys = st.unit_keys
-                            keys = unit_keys.get(unit)
-                            if keys is None:
-                                unit_keys[unit] = (key,)
-                            elif len(keys) < max_keys:
-                                unit_keys[unit] = keys + (key,)
-                            elif uk in st.rejected or not admit(st, s, unit, key, keys):
-                                acc.capped += 1
-                                continue
-                            if support_keys:
-                                support = st.support
-                                support[key] = support.get(key, 0) + 1
-                        if is_count:
-                            kept[uk] = 1
-                        else:  # one pair; a list once there are more (max_per_key > 1)
-                            kept[uk] = (offset if order is None else order, v)
-                    elif is_count:  # L∞ by number: which events they were does not matter
-                        if got < max_per_key:
-                            kept[uk] = got + 1
-                        elif is_units:  # counted once; events seen, for `capped` should the key go
-                            kept[uk] = got + 1
-                            continue
-                        else:
-                            acc.capped += 1
-                            continue
-                    else:  # L∞ by order: keep the max_per_key smallest (order, value) pairs
-                        o = offset if order is None else order
-                        if single:
-                            acc.capped += 1
-                            if o >= got[0]:  # in order (the common case): nothing to replace
-                                continue
-                            kept[uk] = (o, v)
-                            v -= got[1]  # the aggregate moves by the difference
-                        elif type(got) is tuple:
-                            kept[uk] = [got, (o, v)] if o > got[0] else [(o, v), got]
-                            o = None
-                        elif len(got) < max_per_key:
-                            if o > got[-1][0]:
-                                got.append((o, v))
-                            else:
-                                insort(got, (o, v))
-                            o = None  # a new contribution, added below
-                        else:
-                            acc.capped += 1
-                            if o >= got[-1][0]:
-                                continue
-                            dropped = got.pop()[1]
-                            insort(got, (o, v))
-                            v -= dropped
-                        if o is not None:  # replaced one
-                            if is_sum:
-                                st.agg[key] += v
-                            else:
-                                st.agg[key][0] += v
-                            continue
-                agg = st.agg
-                if is_count:
-                    agg[key] = agg.get(key, 0) + 1
-                elif is_sum:
-                    agg[key] = agg.get(key, 0) + v
-                else:
-                    pair = agg.get(key)
-                    if pair is None:
-                        agg[key] = [v, 1]
-                    else:
-                        pair[0] += v
-                        pair[1] += 1
+        late = np.zeros(len(batch), bool)
+        rows = self._rows(batch, late)
+        if rows is None:
             return late
+        starts, window = np.unique(rows.start, return_inverse=True)
+        window = window.reshape(-1)
+        first = np.full(len(starts), len(batch), np.int64)
+        np.minimum.at(first, window, rows.event)  # the first event (in record order) to reach each window
+        states = []
+        for s, offset in zip(starts.tolist(), batch.offset[first].tolist(), strict=True):
+            st = self.windows.get(s)
+            if st is None:
+                st = self.windows[s] = _WindowState(offset)
+            states.append(st)
+        if self._bounded:
+            self._bound(batch, rows, states, starts.tolist(), window)
+        else:
+            self._aggregate(rows, states, window)
+        return late
 
-        return add
+    def _rows(self, batch: EventBatch, late: np.ndarray) -> _Rows | None:
+        """The (event, window) pairs the batch adds, with each row's key code and grid value; counts the
+        skips and clamps, and marks in `late` the events that missed a window. None when no row."""
+        use: np.ndarray | None = None  # None: every event
+        key = names = None
+        skips = self.skips
+        if self._group is not None:
+            key, names = batch.keys(self._group, self._keys)
+            skips[MISSING_GROUP_FIELD] += int(np.count_nonzero(key == -1))
+            skips[UNDECLARED_KEY] += int(np.count_nonzero(key == -2))
+            use = key >= 0
+        column = None
+        if self._value is not None:
+            column = batch.values(self._value)
+            skips[MISSING_VALUE_FIELD] += int(
+                np.count_nonzero(~column.present if use is None else use & ~column.present)
+            )
+            use = column.present if use is None else use & column.present
+        picked = np.arange(len(batch)) if use is None else np.flatnonzero(use)
+        if not len(picked):
+            return None
+        value = None
+        if column is not None:  # clamped to bounds, then exact integer grid units (see `fixed_point`)
+            f = column.value[picked]
+            self.clamped += int(np.count_nonzero(f < self._lo) + np.count_nonzero(f > self._hi))
+            grid = np.rint(np.clip(f, self._lo, self._hi) * math.ldexp(1.0, self.exponent))
+            value = grid.astype(np.int64) if self._grid_fits else objects([int(x) for x in grid.tolist()])
+        horizon = batch.horizon[picked]
+        every, size = self.every, self.size
+        q = np.floor_divide(batch.time[picked], every)
+        if float(q.max()) * every < _EXACT:
+            last: np.ndarray = q.astype(np.int64) * every
+        else:  # past the exactly representable range: window starts as Python ints
+            last = objects([int(x) * every for x in q.tolist()])
+        missed_any = np.zeros(len(picked), bool)
+        parts: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        for lag in range(every - size, 1, every):  # each window covering the event time
+            s = last + lag
+            missed = np.asarray((s + size < horizon) | (s < self.next_start), bool)
+            missed_any |= missed & np.asarray(s >= self.first_start, bool)  # before the schedule: no window
+            parts.append(np.flatnonzero(~missed))
+            starts.append(s[~missed])
+        late[picked] = missed_any
+        part = np.concatenate(parts)
+        if not len(part):
+            return None
+        event = picked[part]
+        return _Rows(
+            event,
+            np.concatenate(starts),
+            None if key is None else key[event],
+            names,
+            None if value is None else value[part],
+        )
 
-    def _admit_key(self, st: _WindowState, start: int, unit: str, key: str, keys: tuple[str, ...]) -> bool:
-        """L0 for a unit already holding `max_keys` keys in window `start`: admit `key` iff its
-        priority is below the largest one held, which it then evicts (its contributions count as
-        capped). Off the hot path: only a unit past its key bound gets here."""
-        name, priority = self.metric.name, st.priority
-        worst: tuple[bytes, str] | None = None
-        for k in keys:
-            p = priority.get((unit, k))
-            if p is None:
-                p = priority[(unit, k)] = key_priority(name, unit, start, k)
-            if worst is None or (p, k) > worst:
-                worst = (p, k)
-        mine = key_priority(name, unit, start, key)
-        assert worst is not None  # max_keys ≥ 1
-        if (mine, key) >= worst:
-            if len(st.rejected) < _REJECTED_KEPT:
-                st.rejected.add((unit, key))
-            return False
-        evicted = worst[1]
-        st.unit_keys[unit] = (*(k for k in keys if k != evicted), key)
-        priority[(unit, key)] = mine
-        del priority[(unit, evicted)]
-        if len(st.rejected) < _REJECTED_KEPT:
-            st.rejected.add((unit, evicted))
-        self.capped += self._take_out(st, (unit, evicted), evicted)  # count_units: every event on that key
-        return True
+    def _aggregate(self, rows: _Rows, states: list[_WindowState], window: np.ndarray) -> None:
+        """Unbounded (an event-level source, not a quantile): every row adds to its (window, key) aggregate."""
+        names = rows.names
+        cell = window if rows.key is None or names is None else window * len(names) + rows.key
+        order = np.argsort(cell, kind="stable")
+        cells = cell[order]
+        heads = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        counts = np.diff(np.r_[heads, len(cells)]).tolist()
+        wins = window[order][heads].tolist()
+        keys = [""] * len(heads) if rows.key is None or names is None else names[rows.key[order][heads]].tolist()
+        sums = counts
+        if rows.value is not None:
+            value = rows.value if len(rows.value) < _EXACT_ROWS else rows.value.astype(object)
+            sums = np.add.reduceat(value[order], heads).tolist()
+        kind = self._kind
+        for w, k, n, total in zip(wins, keys, counts, sums, strict=True):
+            agg = states[w].agg
+            if kind == _MEAN:
+                pair = agg.get(k)
+                if pair is None:
+                    agg[k] = [total, n]
+                else:
+                    pair[0] += total
+                    pair[1] += n
+            else:  # a count adds its events, a sum their values
+                agg[k] = agg.get(k, 0) + total
+
+    def _bound(self, batch: EventBatch, rows: _Rows, states: list[_WindowState], starts: list[int], window) -> None:
+        """Group the rows per (window, unit, key); bound each group and merge it into its window's state."""
+        unit = batch.unit[rows.event]
+        n_units = len(batch.units)
+        n_keys = 1 if rows.names is None else max(len(rows.names), 1)
+        key = 0 if rows.key is None else rows.key
+        if len(states) * n_units * n_keys < 1 << 62:
+            group = (window * n_units + unit) * n_keys + key
+        else:  # pragma: no cover - a batch of millions of units and keys
+            group = np.unique(np.stack([window, unit, np.broadcast_to(key, unit.shape)]), axis=1, return_inverse=True)[
+                1
+            ]
+        if rows.value is not None:  # a sum's group: its rows by order key, smallest first
+            columns = batch.order_columns()
+            order = np.lexsort((rows.value, *(c[rows.event] for c in columns), group))
+        else:
+            order = np.argsort(group, kind="stable")
+        groups = group[order]
+        heads = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        counts = np.diff(np.r_[heads, len(groups)])
+        g_window = window[order][heads]
+        g_units = batch.unit_names()[unit[order][heads]].tolist()
+        names = rows.names
+        g_keys = [""] * len(heads) if rows.key is None or names is None else names[rows.key[order][heads]].tolist()
+        pairs: list[list[tuple[Any, int]]] | None = None
+        if rows.value is not None:  # the max_per_key smallest-ordered (order key, value) pairs of each group
+            m = self._max_per_key
+            taken = np.minimum(counts, m)
+            kept = order[np.arange(len(order)) - np.repeat(heads, counts) < m]
+            flat = list(zip(batch.order_keys(rows.event[kept]), rows.value[kept].tolist(), strict=True))
+            ends = np.cumsum(taken).tolist()
+            pairs = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        n = counts.tolist()
+        cuts = [*np.flatnonzero(np.r_[True, g_window[1:] != g_window[:-1]]).tolist(), len(heads)]
+        for a, b in itertools.pairwise(cuts):
+            w = int(g_window[a])
+            self._merge(states[w], starts[w], g_units[a:b], g_keys[a:b], n[a:b], None if pairs is None else pairs[a:b])
+
+    def _merge(
+        self,
+        st: _WindowState,
+        start: int,
+        units: list[str],
+        keys: list[str],
+        counts: list[int],
+        pairs: list[list[tuple[Any, int]]] | None,
+    ) -> None:
+        """Merge one window's groups of a batch (sorted by unit) into its state: L0 per unit, L∞ per key."""
+        if self._group is None:
+            for i, unit in enumerate(units):
+                self._hold(st, unit, "", counts[i], None if pairs is None else pairs[i])
+            return
+        i, n = 0, len(units)
+        while i < n:
+            unit, j = units[i], i + 1
+            while j < n and units[j] == unit:
+                j += 1
+            self._merge_unit(st, start, unit, keys[i:j], counts[i:j], None if pairs is None else pairs[i:j])
+            i = j
+
+    def _merge_unit(
+        self,
+        st: _WindowState,
+        start: int,
+        unit: str,
+        keys: list[str],
+        counts: list[int],
+        pairs: list[list[tuple[Any, int]]] | None,
+    ) -> None:
+        """One unit's keys in one window of a batch. L0: the unit keeps the `max_keys` keys of smallest
+        `key_priority` among all it has sent to the window; a key that drops out (evicted or refused)
+        stays refused (the bar only falls), and everything it held or brought counts as capped."""
+        held = st.unit_keys.get(unit, ())
+        new: list[int] = []
+        for i, key in enumerate(keys):
+            if key in held:
+                self._hold(st, (unit, key), key, counts[i], None if pairs is None else pairs[i])
+            elif (unit, key) in st.rejected:
+                self.capped += counts[i]
+            else:
+                new.append(i)
+        if not new:
+            return
+        admitted, kept_held = new, held
+        if len(held) + len(new) > self._max_keys:
+            name, priority, rejected = self.metric.name, st.priority, st.rejected
+            ranked: list[tuple[bytes, str, int]] = []
+            for k in held:
+                p = priority.get((unit, k))
+                if p is None:
+                    p = priority[(unit, k)] = key_priority(name, unit, start, k)
+                ranked.append((p, k, -1))
+            ranked.extend((key_priority(name, unit, start, keys[i]), keys[i], i) for i in new)
+            ranked.sort()  # (priority, key): keys are distinct, so the index never decides
+            admitted = []
+            for p, k, i in ranked[: self._max_keys]:
+                if i >= 0:
+                    admitted.append(i)
+                    priority[(unit, k)] = p
+            for _, k, i in ranked[self._max_keys :]:
+                if len(rejected) < _REJECTED_KEPT:
+                    rejected.add((unit, k))
+                if i >= 0:
+                    self.capped += counts[i]
+                else:  # evicted: as if its contributions had never come
+                    del priority[(unit, k)]
+                    self.capped += self._take_out(st, (unit, k), k)
+            dropped = {k for _, k, i in ranked[self._max_keys :] if i < 0}
+            kept_held = tuple(k for k in held if k not in dropped)
+        support = st.support if self._kind == _SUM else None
+        for i in admitted:
+            key = keys[i]
+            self._hold(st, (unit, key), key, counts[i], None if pairs is None else pairs[i])
+            if support is not None:
+                support[key] = support.get(key, 0) + 1
+        st.unit_keys[unit] = (*kept_held, *(keys[i] for i in sorted(admitted)))
+
+    def _hold(self, st: _WindowState, uk: Any, key: str, n: int, pairs: list[tuple[Any, int]] | None) -> None:
+        """L∞: add a group's `n` events to what `uk` ((unit, key), or the unit) holds in a window: a count
+        keeps at most `max_per_key` of them (count_units: how many it saw, counted once), a sum or mean the
+        `max_per_key` of smallest order key (`pairs`: the group's own smallest, sorted). The aggregate
+        follows; whatever is not kept counts as capped."""
+        kept, agg, kind = st.kept, st.agg, self._kind
+        got = kept.get(uk)
+        if kind == _COUNT:
+            old = 0 if got is None else got
+            now = kept[uk] = min(old + n, self._max_per_key)
+            self.capped += old + n - now
+            agg[key] = agg.get(key, 0) + now - old
+            return
+        if kind == _UNITS:
+            kept[uk] = n if got is None else got + n
+            if got is None:
+                agg[key] = agg.get(key, 0) + 1
+            return
+        assert pairs is not None
+        before: list[tuple[Any, int]] = [] if got is None else [got] if type(got) is tuple else got
+        after = sorted(before + pairs)[: self._max_per_key] if before else pairs
+        kept[uk] = after[0] if len(after) == 1 else after  # one pair as is, more as a sorted list
+        self.capped += len(before) + n - len(after)
+        delta = sum(v for _, v in after) - sum(v for _, v in before)
+        if kind == _SUM:
+            agg[key] = agg.get(key, 0) + delta
+        else:
+            pair = agg.get(key)
+            if pair is None:
+                agg[key] = [delta, len(after)]
+            else:
+                pair[0] += delta
+                pair[1] += len(after) - len(before)
 
     def _take_out(self, st: _WindowState, uk: Any, key: str) -> int:
         """Remove what `uk` ((unit, key), or the unit of an ungrouped metric) holds in a window, as if it

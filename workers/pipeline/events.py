@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "REASONS",
+    "ParsedBatch",
     "MAX_UNIT_LENGTH",
     "MAX_DEAD_LETTER_RAW",
     "Event",
@@ -24,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from dpstream.topology.errors import EventError
 from dpstream.topology.model import Source
@@ -150,6 +153,39 @@ def _parse_iso(raw: str) -> float:
     return ts
 
 
+_NUMBER = frozenset({int, float})
+_NUMBER_OR_NONE = frozenset({int, float, type(None)})
+_KEY_OR_NONE = frozenset({str, int, type(None)})
+
+
+def _decoded_or_none(raw: bytes | None) -> Any:
+    """The decoded event, or None when it is no JSON (`parse` then says so)."""
+    try:
+        return decode_json(raw)  # type: ignore[arg-type]
+    except _DECODE_ERRORS:
+        return None
+
+
+def _plain_number(v: object) -> bool:
+    """A value field as the common shape has it: absent, an integer or a finite float."""
+    return v is None or type(v) is int or (type(v) is float and math.isfinite(v))
+
+
+class ParsedBatch(NamedTuple):
+    """A batch of raw events after `EventParser.parse_batch`: the valid ones column-wise, the others by reason."""
+
+    valid: np.ndarray
+    """int64: positions (in the batch) of the valid events, ascending."""
+    units: list[str]
+    """Their privacy units."""
+    time: np.ndarray
+    """float64: their event times (epoch s)."""
+    fields: list[dict[str, Any]]
+    """Their decoded objects."""
+    invalid: list[tuple[int, str]]
+    """(position, reason) of every invalid event, ascending."""
+
+
 class EventParser:
     """Validates events of one source; `value_fields` are the numeric fields some metric needs.
 
@@ -192,3 +228,75 @@ class EventParser:
             if k is not None and type(k) is not str and type(k) is not int:
                 raise EventError("bad_key", f"{name} is not a string or integer")
         return Event(unit, ts, obj)
+
+    def parse_batch(
+        self, raws: list[bytes | None], record_times_ms: list[int | None], offsets: list[int]
+    ) -> ParsedBatch:
+        """`parse` over a batch, decided column by column: the events of the common shape (a JSON
+        object whose unit is a non-empty string or an integer, whose time is a number or absent with a
+        record time, whose values are numbers and keys strings or integers) are checked at once; every
+        other event goes through `parse` itself, which gives its reason (or accepts it). Same events,
+        same reasons, in the same order as `parse` one by one."""
+        n = len(raws)
+        try:
+            objs: list[Any] = list(map(decode_json, raws))  # type: ignore[arg-type]  # None: not_json, below
+        except _DECODE_ERRORS:
+            objs = [_decoded_or_none(raw) for raw in raws]
+        odd = np.zeros(n, bool)  # events `parse` decides one by one
+        if any(type(o) is not dict for o in objs):
+            odd |= np.fromiter((type(o) is not dict for o in objs), bool, n)
+            objs = [o if type(o) is dict else {} for o in objs]
+        if self._event_level:
+            units = [f"#{o}" for o in offsets]
+        else:
+            units = [o.get(self._unit_field) for o in objs]
+            if set(map(type, units)) != {str}:
+                odd |= np.fromiter((type(u) is not str and type(u) is not int for u in units), bool, n)
+                units = [str(u) if type(u) is int else u if type(u) is str else "" for u in units]
+            lengths = np.fromiter(map(len, units), np.int64, n)
+            odd |= (lengths == 0) | (lengths > MAX_UNIT_LENGTH)
+        time = self._times(objs, record_times_ms, odd)
+        for name in self._value_fields:
+            column = [o.get(name) for o in objs]
+            kinds = set(map(type, column))
+            if not kinds <= _NUMBER_OR_NONE or (
+                float in kinds and not np.isfinite(np.fromiter((v for v in column if type(v) is float), float)).all()
+            ):
+                odd |= np.fromiter((not _plain_number(v) for v in column), bool, n)
+        for name in self._key_fields:
+            column = [o.get(name) for o in objs]
+            if not set(map(type, column)) <= _KEY_OR_NONE:
+                odd |= np.fromiter((type(k) not in _KEY_OR_NONE for k in column), bool, n)
+        invalid: list[tuple[int, str]] = []
+        if odd.any():
+            for i in np.flatnonzero(odd).tolist():
+                try:
+                    unit, ts, obj = self.parse(raws[i], record_times_ms[i], offsets[i])  # type: ignore[arg-type]
+                except EventError as exc:
+                    invalid.append((i, exc.reason))
+                    continue
+                units[i], time[i], objs[i] = unit, ts, obj
+                odd[i] = False
+            good = np.flatnonzero(~odd)
+            return ParsedBatch(
+                good, [units[i] for i in good.tolist()], time[good], [objs[i] for i in good.tolist()], invalid
+            )
+        return ParsedBatch(np.arange(n), units, time, objs, invalid)
+
+    def _times(self, objs: list[dict[str, Any]], record_times_ms: list[int | None], odd: np.ndarray) -> np.ndarray:
+        """Event times of a batch (epoch s) as `parse` reads them; marks in `odd` the events whose time
+        `parse` must decide: not a number (an ISO-8601 string, say), not a finite time after 1970, or
+        absent without a record time."""
+        n = len(objs)
+        column: list[Any] = [o.get(self._ts_field) for o in objs] if self._ts_field is not None else [None] * n
+        if set(map(type, column)) <= _NUMBER:  # the common shape: a number each
+            raw = np.fromiter(map(float, column), np.float64, n)
+            odd |= ~((raw >= 0.0) & (raw < math.inf))  # NaN fails this too
+            return np.where(raw >= _MS_THRESHOLD, raw / 1000.0, raw)
+        numeric = np.fromiter((type(v) in _NUMBER for v in column), bool, n)
+        absent = np.fromiter((v is None for v in column), bool, n)
+        raw = np.fromiter((float(v) if type(v) in _NUMBER else 0.0 for v in column), np.float64, n)
+        record = np.fromiter((-1.0 if t is None else float(t) for t in record_times_ms), np.float64, n)
+        usable = absent & (record >= 0.0)  # the record time stands in for an absent time
+        odd |= ~((numeric & (raw >= 0.0) & (raw < math.inf)) | usable)
+        return np.where(usable, record / 1000.0, np.where(raw >= _MS_THRESHOLD, raw / 1000.0, raw))

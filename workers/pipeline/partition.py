@@ -27,10 +27,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dpstream.topology.errors import ConfigError, EventError
+import numpy as np
+
+from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
+from dpstream.workers.pipeline.batch import EventBatch
 from dpstream.workers.pipeline.colocation import home_partition
 from dpstream.workers.pipeline.copies import SeenCopies, position_order, source_position_of
 from dpstream.workers.pipeline.counters import EventCounts
@@ -158,71 +161,122 @@ class PartitionPipeline:
     # -- hot path ----------------------------------------------------------------------
     def process_batch(self, records: Iterable[RecordLike]) -> BatchOutput:
         """Consume records in offset order; return dead letters and the partials of windows that
-        closed because consumption reached a pending end-offset mark."""
-        parse = self._parser.parse
-        adds = [acc.add_fn for acc in self._accs]
-        ordered, own = any(acc.uses_order for acc in self._accs), self.partition
-        lateness = self._lateness
-        max_future = self._max_future
-        check_keys = self._check_keys
-        hash_unit = self._hash_unit
-        lo, hi = self._event_range
-        start = self.schedule_start
-        seen = self.seen_copies
+        closed because consumption reached a pending end-offset mark.
+
+        The batch is decided column by column: decoded and validated at once (`parse_batch`), its
+        dead letters in record order with their reasons, then handed to every metric as one
+        `EventBatch`; per-event Python work does not grow with the number of metrics."""
+        recs = records if isinstance(records, list) else list(records)
         dead: list[DeadLetter] = []
-        accepted = late = 0
-        offset = self.last_offset
-        for rec in records:
-            offset = rec.offset
-            position = None
-            if seen is not None:
-                position = source_position_of(rec)
-                if position is not None and position in seen:  # a second copy of a counted source record
-                    seen.skipped += 1
-                    continue
-            try:
-                unit, ts, fields = parse(rec.value, rec.timestamp, offset)  # type: ignore[arg-type]  # a None value (tombstone) fails decoding: not_json
-            except EventError as exc:
-                self._dead_letter(dead, exc.reason, offset, rec.value)
-                continue
-            if check_keys and (problem := self._key_problem(rec, unit)) is not None:
-                self._dead_letter(dead, problem, offset, rec.value)
-                continue
-            if hash_unit is not None:
-                unit = hash_unit(unit)
-            if not lo <= ts < hi:
-                self._dead_letter(dead, "out_of_range", offset, rec.value)
-                continue
-            # arrival: the record's append time; a file line (replay) arrives at its own event time
-            arrival = ts if rec.timestamp is None else rec.timestamp / 1000.0
-            if ts > arrival + max_future:
-                self._dead_letter(dead, "future_timestamp", offset, rec.value)
-                continue
-            accepted += 1
-            if seen is not None and position is not None:
-                seen.add(position, ts)
-            if ts < start:  # before the schedule start S: no window of the schedule holds it
-                late += 1
-                continue
-            horizon = arrival - lateness
-            # L∞ order key: (source append time, source partition, source offset), a function of the record:
-            # a source read as is: the record's own position; a hop copy: its source position (a header
-            # not the hop's: -1 and this offset)
-            order = None
-            if ordered:
-                order = (
-                    (arrival, own, offset) if position is None else (arrival, *position_order(position, (-1, offset)))
-                )
-            was_late = False
-            for add in adds:
-                if add(unit, ts, fields, offset, horizon, order):
-                    was_late = True
-            if was_late:
-                late += 1
-        self.last_offset = offset
-        self.counts.accepted += accepted
-        self.counts.late += late
+        if recs:
+            self._consume(recs, dead)
         return self._output(self._close_reached(), dead)
+
+    def _consume(self, recs: list[RecordLike], dead: list[DeadLetter]) -> None:
+        """Validate, count and add one non-empty batch; dead letters go to `dead`, in record order."""
+        n = len(recs)
+        offsets = [r.offset for r in recs]
+        raws = [r.value for r in recs]
+        stamps = [r.timestamp for r in recs]
+        parsed = self._parser.parse_batch(raws, stamps, offsets)
+        reasons = dict(parsed.invalid)
+        index, units, ts = parsed.valid, parsed.units, parsed.time
+        ok = np.ones(len(index), bool)
+        if self._check_keys:
+            for j, i in enumerate(index.tolist()):
+                if (problem := self._key_problem(recs[i], units[j])) is not None:
+                    reasons[i], ok[j] = problem, False
+        if self._hash_unit is not None:
+            hashed = {u: self._hash_unit(u) for u in dict.fromkeys(units)}
+            units = [hashed[u] for u in units]
+        # arrival: the record's append time; a file line (replay) arrives at its own event time
+        if stamps.count(None) == n:
+            arrival = ts
+        else:
+            own = [stamps[i] for i in index.tolist()]
+            record = np.fromiter((math.nan if t is None else float(t) for t in own), np.float64, len(own))
+            arrival = np.where(np.isnan(record), ts, record / 1000.0)
+        lo, hi = self._event_range
+        for reason, bad in (
+            ("out_of_range", ok & ~((lo <= ts) & (ts < hi))),
+            ("future_timestamp", ok & (ts > arrival + self._max_future)),
+        ):
+            if bad.any():
+                for j in np.flatnonzero(bad).tolist():
+                    reasons[int(index[j])] = reason
+                ok &= ~bad
+        positions = self._copies(recs, index, ok, ts, reasons) if self.seen_copies is not None else None
+        for i in sorted(reasons):
+            self._dead_letter(dead, reasons[i], offsets[i], raws[i])
+        self.last_offset = offsets[-1]
+        accepted = int(np.count_nonzero(ok))
+        self.counts.accepted += accepted
+        use = ok & (ts >= self.schedule_start)  # before the schedule start S: no window of the schedule holds it
+        late = accepted - int(np.count_nonzero(use))
+        if use.any():
+            picked = np.flatnonzero(use)
+            rows = index[picked]
+            offset = np.array(offsets, np.int64)[rows]
+            order = None
+            if any(acc.uses_order for acc in self._accs):
+                order = self._order(
+                    arrival[picked], offset, None if positions is None else [positions[i] for i in rows.tolist()]
+                )
+            batch = EventBatch.of(
+                [units[j] for j in picked.tolist()],
+                ts[picked],
+                arrival[picked] - self._lateness,
+                offset,
+                [parsed.fields[j] for j in picked.tolist()],
+                order,
+            )
+            missed = np.zeros(len(batch), bool)
+            for acc in self._accs:
+                missed |= acc.add_batch(batch)
+            late += int(np.count_nonzero(missed))
+        self.counts.late += late
+
+    def _order(
+        self, arrival: np.ndarray, offset: np.ndarray, positions: list[bytes | None] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """L∞ order key columns: (source append time, source partition, source offset), a function of the
+        record: a source read as is: the record's own position; a hop copy: its source position (a
+        header not the hop's: -1 and this offset)."""
+        if positions is None or all(p is None for p in positions):
+            return arrival, np.full(len(offset), self.partition, np.int64), offset
+        pairs = [
+            (self.partition, o) if p is None else position_order(p, (-1, o))
+            for p, o in zip(positions, offset.tolist(), strict=True)
+        ]
+        return arrival, np.array([p for p, _ in pairs], np.int64), np.array([o for _, o in pairs], np.int64)
+
+    def _copies(
+        self, recs: list[RecordLike], index: np.ndarray, ok: np.ndarray, ts: np.ndarray, reasons: dict[int, str]
+    ) -> list[bytes | None]:
+        """A by-unit topic: skip each second copy of a source record counted already (here or earlier in
+        the batch; skipped before any check, so it is neither accepted nor dead-lettered); remember the
+        positions of the accepted events. Returns every record's source position."""
+        seen = self.seen_copies
+        assert seen is not None
+        positions = [source_position_of(r) for r in recs]
+        valid = dict(zip(index.tolist(), range(len(index)), strict=True))
+        counted: list[tuple[bytes, float]] = []
+        now: set[bytes] = set()
+        for i, position in enumerate(positions):
+            if position is None:
+                continue
+            j = valid.get(i)
+            if position in seen or position in now:
+                seen.skipped += 1
+                reasons.pop(i, None)
+                if j is not None:
+                    ok[j] = False
+            elif j is not None and ok[j]:
+                now.add(position)
+                counted.append((position, float(ts[j])))
+        for position, t in counted:
+            seen.add(position, t)
+        return positions
 
     def _key_problem(self, rec: RecordLike, unit: str) -> str | None:
         """With `check_keys`: `key_mismatch` when the Kafka key is not the event's unit, `wrong_partition`
