@@ -67,6 +67,45 @@ _GRID_FITS = 1 << 43
 _EXACT_ROWS = 1 << 19
 
 
+class _Runs(NamedTuple):
+    """A grouped metric's groups by unit: each run is one unit's groups in one window."""
+
+    head: np.ndarray
+    """The first group of each run."""
+    length: np.ndarray
+    """Its number of groups (keys)."""
+    keys: list[tuple[str, ...]]
+    """Its keys, as `unit_keys` holds them."""
+
+
+class _Groups(NamedTuple):
+    """One metric's (window, unit, key) groups of a batch, sorted, with what each keeps when it is new."""
+
+    window: np.ndarray
+    """Index of the group's window (into the batch's window starts)."""
+    units: list[str]
+    key: np.ndarray | None
+    """Key codes (into `names`); None when ungrouped."""
+    keys: list[str] | None
+    names: np.ndarray | None
+    size: np.ndarray
+    """Events (rows) in the group."""
+    taken: np.ndarray
+    """Of them, the ones a new group keeps (count_units: all it saw)."""
+    held: list[Any]
+    """What a new group's `kept` entry is: its kept count, or its pair(s)."""
+    pairs: list[Any] | None
+    """A sum's or mean's kept (order key, value) pairs: one as is, more as a sorted list."""
+    sums: np.ndarray | None
+    """The sum of the kept values."""
+    runs: _Runs | None
+
+
+def _as_list(pairs: Any) -> list[tuple[Any, int]]:
+    """A group's kept pairs as a list (one pair is held as is)."""
+    return [pairs] if type(pairs) is tuple else pairs
+
+
 class _Rows(NamedTuple):
     """The (event, window) pairs one metric takes from a batch, one row each."""
 
@@ -78,6 +117,8 @@ class _Rows(NamedTuple):
     """The row's key code (an index into `names`), None for an ungrouped metric."""
     names: np.ndarray | None
     """The batch's keys of the metric's group-by field."""
+    alone: list[tuple[str]] | None
+    """Each of them as a 1-tuple."""
     value: np.ndarray | None
     """The row's clamped value in grid units (int64, or Python ints when they may not fit), None for counts."""
 
@@ -242,10 +283,10 @@ class MetricAccumulator:
         """The (event, window) pairs the batch adds, with each row's key code and grid value; counts the
         skips and clamps, and marks in `late` the events that missed a window. None when no row."""
         use: np.ndarray | None = None  # None: every event
-        key = names = None
+        key = names = alone = None
         skips = self.skips
         if self._group is not None:
-            key, names = batch.keys(self._group, self._keys)
+            key, names, alone = batch.keys(self._group, self._keys)
             skips[MISSING_GROUP_FIELD] += int(np.count_nonzero(key == -1))
             skips[UNDECLARED_KEY] += int(np.count_nonzero(key == -2))
             use = key >= 0
@@ -291,6 +332,7 @@ class MetricAccumulator:
             np.concatenate(starts),
             None if key is None else key[event],
             names,
+            alone,
             None if value is None else value[part],
         )
 
@@ -322,63 +364,184 @@ class MetricAccumulator:
                 agg[k] = agg.get(k, 0) + total
 
     def _bound(self, batch: EventBatch, rows: _Rows, states: list[_WindowState], starts: list[int], window) -> None:
-        """Group the rows per (window, unit, key); bound each group and merge it into its window's state."""
+        """Group the rows per (window, unit, key); bound each group and merge it into its window's state.
+
+        A group is new when its unit holds nothing in the window yet (grouped: and brings at most
+        `max_keys` keys, so L0 keeps them all): it keeps its first `max_per_key` contributions (a
+        count: how many; count_units: how many it saw; a sum or mean: the pairs of smallest order key),
+        and the new groups go in with a few bulk updates per window. The others are merged one by one
+        (`_merge_unit`, `_hold`), which is rare: a unit met again in a later batch of the window."""
+        g = self._groups(batch, rows, window)
+        fresh = np.ones(len(g.window), bool)
+        if g.runs is not None:  # L0 cuts a unit bringing more than max_keys keys: merged one by one
+            fresh &= np.repeat(g.runs.length <= self._max_keys, g.runs.length)
+        cuts = np.flatnonzero(np.r_[True, g.window[1:] != g.window[:-1]]).tolist()
+        ends = [*cuts[1:], len(g.window)]
+        window_of = g.window[cuts].tolist()
+        for w, a, b in zip(window_of, cuts, ends, strict=True):
+            present = states[w].unit_keys if g.runs is not None else states[w].kept
+            if present and not present.keys().isdisjoint(g.units[a:b]):  # units met in an earlier batch
+                stale = present.keys() & set(g.units[a:b])
+                fresh[a:b] &= np.fromiter((u not in stale for u in g.units[a:b]), bool, b - a)
+        self._insert(states, g, fresh, cuts, ends, window_of)
+        if not fresh.all():
+            self._merge_slow(states, starts, g, np.flatnonzero(~fresh).tolist())
+        new = np.flatnonzero(fresh)
+        if len(new):
+            if self._kind != _UNITS:
+                self.capped += int((g.size[new] - g.taken[new]).sum())
+            self._add_up(states, g, new)
+
+    def _groups(self, batch: EventBatch, rows: _Rows, window: np.ndarray) -> _Groups:
+        """The batch's (window, unit, key) groups of one metric, in (window, unit, key) order."""
         unit = batch.unit[rows.event]
         n_units = len(batch.units)
-        n_keys = 1 if rows.names is None else max(len(rows.names), 1)
+        names = rows.names
+        n_keys = 1 if names is None else max(len(names), 1)
         key = 0 if rows.key is None else rows.key
-        if len(states) * n_units * n_keys < 1 << 62:
+        if (int(window.max()) + 1) * n_units * n_keys < 1 << 62:
             group = (window * n_units + unit) * n_keys + key
         else:  # pragma: no cover - a batch of millions of units and keys
-            group = np.unique(np.stack([window, unit, np.broadcast_to(key, unit.shape)]), axis=1, return_inverse=True)[
-                1
-            ]
-        if rows.value is not None:  # a sum's group: its rows by order key, smallest first
-            columns = batch.order_columns()
-            order = np.lexsort((rows.value, *(c[rows.event] for c in columns), group))
+            stacked = np.stack([window, unit, np.broadcast_to(key, unit.shape)])
+            group = np.unique(stacked, axis=1, return_inverse=True)[1].reshape(-1)
+        value = rows.value
+        if value is not None:  # a sum's group: its rows by order key, smallest first (then by value)
+            rank, distinct = batch.order_rank()
+            ranks = rank[rows.event]
+            if distinct and (int(group.max()) + 1) * len(rank) < 1 << 62:
+                order = np.argsort(group * len(rank) + ranks)
+            else:
+                order = np.lexsort((value, ranks, group))
         else:
             order = np.argsort(group, kind="stable")
-        groups = group[order]
-        heads = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-        counts = np.diff(np.r_[heads, len(groups)])
+        sorted_groups = group[order]
+        heads = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+        count = np.diff(np.r_[heads, len(order)])
         g_window = window[order][heads]
-        g_units = batch.unit_names()[unit[order][heads]].tolist()
-        names = rows.names
-        g_keys = [""] * len(heads) if rows.key is None or names is None else names[rows.key[order][heads]].tolist()
-        pairs: list[list[tuple[Any, int]]] | None = None
-        if rows.value is not None:  # the max_per_key smallest-ordered (order key, value) pairs of each group
-            m = self._max_per_key
-            taken = np.minimum(counts, m)
-            kept = order[np.arange(len(order)) - np.repeat(heads, counts) < m]
-            flat = list(zip(batch.order_keys(rows.event[kept]), rows.value[kept].tolist(), strict=True))
-            ends = np.cumsum(taken).tolist()
-            pairs = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-        n = counts.tolist()
-        cuts = [*np.flatnonzero(np.r_[True, g_window[1:] != g_window[:-1]]).tolist(), len(heads)]
-        for a, b in itertools.pairwise(cuts):
-            w = int(g_window[a])
-            self._merge(states[w], starts[w], g_units[a:b], g_keys[a:b], n[a:b], None if pairs is None else pairs[a:b])
+        g_unit = unit[order][heads]
+        units = batch.unit_names()[g_unit].tolist()
+        g_key = None if rows.key is None else rows.key[order][heads]
+        keys = None if g_key is None or names is None else names[g_key].tolist()
+        m = self._max_per_key
+        taken = count if self._kind == _UNITS else np.minimum(count, m)
+        held: list[Any] = taken.tolist()  # what a new group keeps: a count, or its pairs
+        pairs: list[Any] | None = None
+        sums = None
+        if value is not None:  # the max_per_key smallest-ordered (order key, value) pairs of each group
+            kept_rows = order[np.arange(len(order)) - np.repeat(heads, count) < m]
+            kept_values = value[kept_rows]
+            flat = list(zip(batch.order_keys(rows.event[kept_rows]), kept_values.tolist(), strict=True))
+            begins = np.cumsum(taken) - taken
+            if len(kept_values) >= _EXACT_ROWS:
+                kept_values = kept_values.astype(object)
+            sums = np.add.reduceat(kept_values, begins) if len(kept_values) else kept_values
+            if m == 1:
+                pairs = flat
+            else:  # one pair as is, more as a sorted list
+                pairs = [flat[b] for b in begins.tolist()]
+                for i in np.flatnonzero(taken > 1).tolist():
+                    b = int(begins[i])
+                    pairs[i] = flat[b : b + int(taken[i])]
+            held = pairs
+        runs = None
+        if keys is not None:
+            run_heads = np.flatnonzero(np.r_[True, (g_window[1:] != g_window[:-1]) | (g_unit[1:] != g_unit[:-1])])
+            length = np.diff(np.r_[run_heads, len(heads)])
+            assert g_key is not None and rows.alone is not None
+            tuples: list[tuple[str, ...]] = list(
+                map(rows.alone.__getitem__, g_key[run_heads].tolist())
+            )  # mostly one key
+            for r in np.flatnonzero(length > 1).tolist():
+                h = int(run_heads[r])
+                tuples[r] = tuple(keys[h : h + int(length[r])])
+            runs = _Runs(run_heads, length, tuples)
+        return _Groups(g_window, units, g_key, keys, names, count, taken, held, pairs, sums, runs)
 
-    def _merge(
+    def _insert(
         self,
-        st: _WindowState,
-        start: int,
-        units: list[str],
-        keys: list[str],
-        counts: list[int],
-        pairs: list[list[tuple[Any, int]]] | None,
+        states: list[_WindowState],
+        g: _Groups,
+        fresh: np.ndarray,
+        cuts: list[int],
+        ends: list[int],
+        window_of: list[int],
     ) -> None:
-        """Merge one window's groups of a batch (sorted by unit) into its state: L0 per unit, L∞ per key."""
-        if self._group is None:
-            for i, unit in enumerate(units):
-                self._hold(st, unit, "", counts[i], None if pairs is None else pairs[i])
-            return
-        i, n = 0, len(units)
-        while i < n:
-            unit, j = units[i], i + 1
-            while j < n and units[j] == unit:
+        """Put the new groups into their windows' `kept` (grouped: and their units' keys into `unit_keys`)."""
+        everyone = bool(fresh.all())
+        flags = fresh.tolist()
+        uk = g.units if g.keys is None else list(zip(g.units, g.keys, strict=True))
+        runs = g.runs
+        if runs is not None:
+            run_cuts = np.searchsorted(runs.head, cuts).tolist()
+            run_ends = [*run_cuts[1:], len(runs.head)]
+            run_units = [g.units[h] for h in runs.head.tolist()]
+            run_flags = fresh[runs.head].tolist()
+        for i, (w, a, b) in enumerate(zip(window_of, cuts, ends, strict=True)):
+            st = states[w]
+            if everyone or all(flags[a:b]):
+                st.kept.update(zip(uk[a:b], g.held[a:b], strict=True))
+            else:
+                st.kept.update(itertools.compress(zip(uk[a:b], g.held[a:b], strict=True), flags[a:b]))
+            if runs is not None:
+                ra, rb = run_cuts[i], run_ends[i]
+                pairs = zip(run_units[ra:rb], runs.keys[ra:rb], strict=True)
+                st.unit_keys.update(pairs if everyone else itertools.compress(pairs, run_flags[ra:rb]))
+
+    def _add_up(self, states: list[_WindowState], g: _Groups, new: np.ndarray) -> None:
+        """Add the new groups' kept contributions to their windows' aggregates (and a grouped sum's support)."""
+        win = g.window[new]
+        n_keys = 1 if g.names is None else max(len(g.names), 1)
+        cell = win if g.key is None else win * n_keys + g.key[new]
+        order = np.argsort(cell, kind="stable")
+        cells = cell[order]
+        heads = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        groups = np.diff(np.r_[heads, len(cells)]).tolist()
+        taken = np.add.reduceat(g.taken[new][order], heads).tolist()
+        sums = taken if g.sums is None else np.add.reduceat(g.sums[new][order], heads).tolist()
+        wins = win[order][heads].tolist()
+        keys = [""] * len(heads) if g.key is None or g.names is None else g.names[g.key[new][order][heads]].tolist()
+        kind = self._kind
+        support = kind == _SUM and g.key is not None
+        for w, k, n, t, total in zip(wins, keys, groups, taken, sums, strict=True):
+            st = states[w]
+            agg = st.agg
+            if kind == _MEAN:
+                pair = agg.get(k)
+                if pair is None:
+                    agg[k] = [total, t]
+                else:
+                    pair[0] += total
+                    pair[1] += t
+            else:  # a count: its kept events; count_units: one per unit; a sum: the kept values
+                agg[k] = agg.get(k, 0) + (n if kind == _UNITS else total)
+                if support:
+                    st.support[k] = st.support.get(k, 0) + n
+
+    def _merge_slow(self, states: list[_WindowState], starts: list[int], g: _Groups, slow: list[int]) -> None:
+        """Merge the groups `slow` (whole units of a window, in group order) one unit at a time."""
+        count = g.size.tolist()
+        win = g.window
+        i = 0
+        while i < len(slow):
+            a = slow[i]
+            w, u = int(win[a]), g.units[a]
+            j = i + 1
+            while j < len(slow) and slow[j] == slow[j - 1] + 1 and g.units[slow[j]] == u and int(win[slow[j]]) == w:
                 j += 1
-            self._merge_unit(st, start, unit, keys[i:j], counts[i:j], None if pairs is None else pairs[i:j])
+            b = slow[j - 1] + 1
+            pairs = None if g.pairs is None else g.pairs[a:b]
+            if g.keys is None:
+                for k in range(a, b):
+                    self._hold(states[w], u, "", count[k], None if g.pairs is None else _as_list(g.pairs[k]))
+            else:
+                self._merge_unit(
+                    states[w],
+                    starts[w],
+                    u,
+                    g.keys[a:b],
+                    count[a:b],
+                    None if pairs is None else [_as_list(p) for p in pairs],
+                )
             i = j
 
     def _merge_unit(

@@ -36,9 +36,12 @@ try:  # optional: 3-4× faster decoding on the hot path; the stdlib is the fallb
 
     decode_json: Callable[[bytes], Any] = _orjson.loads
     _DECODE_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError)
+    _FINITE_FLOATS = True
+    """orjson refuses NaN, Infinity and numbers past the float range: every float it gives is finite."""
 except ImportError:  # pragma: no cover - depends on the environment
     decode_json = json.loads
     _DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError, RecursionError)
+    _FINITE_FLOATS = False
 
 REASONS = (
     "not_json",
@@ -182,6 +185,8 @@ class ParsedBatch(NamedTuple):
     """float64: their event times (epoch s)."""
     fields: list[dict[str, Any]]
     """Their decoded objects."""
+    columns: dict[str, list[Any]]
+    """Their value and key fields (name → one value per valid event, None where absent)."""
     invalid: list[tuple[int, str]]
     """(position, reason) of every invalid event, ascending."""
 
@@ -243,7 +248,7 @@ class EventParser:
         except _DECODE_ERRORS:
             objs = [_decoded_or_none(raw) for raw in raws]
         odd = np.zeros(n, bool)  # events `parse` decides one by one
-        if any(type(o) is not dict for o in objs):
+        if set(map(type, objs)) != {dict}:
             odd |= np.fromiter((type(o) is not dict for o in objs), bool, n)
             objs = [o if type(o) is dict else {} for o in objs]
         if self._event_level:
@@ -256,32 +261,41 @@ class EventParser:
             lengths = np.fromiter(map(len, units), np.int64, n)
             odd |= (lengths == 0) | (lengths > MAX_UNIT_LENGTH)
         time = self._times(objs, record_times_ms, odd)
+        columns: dict[str, list[Any]] = {}
         for name in self._value_fields:
-            column = [o.get(name) for o in objs]
+            column = columns[name] = [o.get(name) for o in objs]
             kinds = set(map(type, column))
             if not kinds <= _NUMBER_OR_NONE or (
-                float in kinds and not np.isfinite(np.fromiter((v for v in column if type(v) is float), float)).all()
+                float in kinds
+                and not _FINITE_FLOATS
+                and not np.isfinite(np.fromiter((v for v in column if type(v) is float), float)).all()
             ):
                 odd |= np.fromiter((not _plain_number(v) for v in column), bool, n)
         for name in self._key_fields:
-            column = [o.get(name) for o in objs]
+            column = columns[name] = [o.get(name) for o in objs]
             if not set(map(type, column)) <= _KEY_OR_NONE:
                 odd |= np.fromiter((type(k) not in _KEY_OR_NONE for k in column), bool, n)
+        if not odd.any():
+            return ParsedBatch(np.arange(n), units, time, objs, columns, [])
         invalid: list[tuple[int, str]] = []
-        if odd.any():
-            for i in np.flatnonzero(odd).tolist():
-                try:
-                    unit, ts, obj = self.parse(raws[i], record_times_ms[i], offsets[i])  # type: ignore[arg-type]
-                except EventError as exc:
-                    invalid.append((i, exc.reason))
-                    continue
-                units[i], time[i], objs[i] = unit, ts, obj
-                odd[i] = False
-            good = np.flatnonzero(~odd)
-            return ParsedBatch(
-                good, [units[i] for i in good.tolist()], time[good], [objs[i] for i in good.tolist()], invalid
-            )
-        return ParsedBatch(np.arange(n), units, time, objs, invalid)
+        for i in np.flatnonzero(odd).tolist():
+            try:
+                unit, ts, obj = self.parse(raws[i], record_times_ms[i], offsets[i])  # type: ignore[arg-type]
+            except EventError as exc:
+                invalid.append((i, exc.reason))
+                continue
+            units[i], time[i] = unit, ts  # obj is the object decoded above: its columns hold
+            odd[i] = False
+        good = np.flatnonzero(~odd)
+        keep = good.tolist()
+        return ParsedBatch(
+            good,
+            [units[i] for i in keep],
+            time[good],
+            [objs[i] for i in keep],
+            {name: [column[i] for i in keep] for name, column in columns.items()},
+            invalid,
+        )
 
     def _times(self, objs: list[dict[str, Any]], record_times_ms: list[int | None], odd: np.ndarray) -> np.ndarray:
         """Event times of a batch (epoch s) as `parse` reads them; marks in `odd` the events whose time
