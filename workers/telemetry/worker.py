@@ -104,6 +104,8 @@ def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
         into.skips[pair] += n
     for metric, n in _copy(counts.capped_windows).items():
         into.capped_windows[metric] += n
+    for metric, n in _copy(counts.capped_period).items():
+        into.capped_period[metric] += n
     return into
 
 
