@@ -435,3 +435,41 @@ def test_memory_per_active_unit() -> None:
         assert low < per_unit < high, (amount, per_unit)  # measured ≈ 101 and ≈ 133 on CPython 3.11
         assert persisted < 21.4 + len(str(amount)) + 1
     assert sys.getsizeof(unit_key("x")) == 33 + UNIT_KEY_BYTES
+
+
+def test_the_worker_serves_cut_contributions_per_metric_to_the_curator_only() -> None:
+    """`dpstream_period_capped_total{source,metric}`: one series per metric under max_per_period (zeros too),
+    none for another metric, and the family is curator-only (absent without --curator-metrics)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    from dpstream.workers.runtime.clock_skew import ClockSkewGate
+    from dpstream.workers.telemetry.classes import ClassFilter
+    from dpstream.workers.telemetry.worker import WorkerCollector
+
+    _, pipe, _ = _run([("u", T0 + 60 * k + s, "a", 1.0) for k in (0, 1, 2) for s in (1, 2, 3)])
+
+    class Ingest:
+        revoked_counts: dict = {}
+        hop_counts: dict = {}
+        clock_skew = ClockSkewGate(0.5, 30.0)
+
+        def pipelines(self) -> list:
+            return [pipe]
+
+    def samples(collector) -> dict:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+        return {
+            s.labels.get("metric"): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "dpstream_period_capped_total"
+        }
+
+    collector = WorkerCollector(_topology(), ingest=Ingest())
+    got = samples(collector)
+    assert set(got) == set(_BOUNDED) and got["total"] == 2 == pipe.refresh_counts().capped_period["total"]
+    assert samples(ClassFilter(collector, curator=False)) == {}
