@@ -10,8 +10,9 @@ from its committed progress with the state rebuilt from the deltas its predecess
 `dpstream-<version>-window-counts` (`runtime.window_counts`). Every partial on the partials topic, each
 copy of a window re-emitted after a restart included, equals the one a clean in-process run of the same
 source records produces (`PartitionPipeline` over each partition's records, with their broker append
-times): state reset by a restart would count the units again. The workers run `--role ingest`: only
-the partials are compared, and this branch's release side does not release running totals yet.
+times): state reset by a restart would count the units again. The workers run the release side too:
+every running-total step on the releases topic has one payload (a restart continued the same noise from
+the ledger, never drew a second value) and lies within 7 of its std of the clean run's total so far.
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def _live_partials(dep: Deployment) -> dict[tuple[str, int, int], list[dict]]:
     return out
 
 
+def _running_steps(dep: Deployment) -> dict[str, set[bytes]]:
+    """release id → the distinct payloads of `clicks_total`'s steps on the releases topic."""
+    out: dict[str, set[bytes]] = {}
+    for key, raw in read_all(dep.bootstrap, dep.topology.sinks.releases):
+        if json.loads(raw)["metric"] == "clicks_total":
+            out.setdefault((key or b"").decode(), set()).add(raw)
+    return out
+
+
 def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clean_run(
     tmp_path: Path, kafka_broker: Any, fresh_redis: Any
 ) -> None:
@@ -109,7 +119,6 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
         views_max_windows=CAP,
         running_total_max_per_period=BOUND,
     )
-    dep.role = "ingest"
     try:
         workers = [dep.start_worker("w0"), dep.start_worker("w1")]
         names = ["w0", "w1"]
@@ -123,6 +132,8 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
         live = poll(lambda: (lambda got: got if want <= set(got) else None)(_live_partials(dep)), timeout_s=180)
         logs = "".join(dep.log(n)[-1500:] for n in ("w0", "w1", *names))
         assert live, f"partials missing: {sorted(want - set(_live_partials(dep)))[:5]}\n{logs}"
+        steps = poll(lambda: (lambda got: got if len(got) >= FEED_S // WINDOW else None)(_running_steps(dep)), 120)
+        assert steps, f"running-total steps missing: {sorted(_running_steps(dep))}\n{logs}"
     finally:
         dep.stop_all()
     assert not pending, "the test did not kill each worker"
@@ -143,6 +154,14 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
     first_kill = min(KILLS) // WINDOW
     assert sum(totals) == UNITS * BOUND and sum(totals[: first_kill + 1]) < UNITS * BOUND, totals
     assert totals[-1] == 0, totals
+    # every step published once (one payload per release id), each total near the clean total so far
+    assert all(len(payloads) == 1 for payloads in steps.values()), "a running-total step published twice"
+    records = sorted((json.loads(next(iter(p))) for p in steps.values()), key=lambda r: r["window"]["start_epoch"])
+    assert [r["running_total"]["step"] for r in records] == list(range(1, len(records) + 1))
+    for r in records:
+        t = (r["window"]["start_epoch"] - start) // WINDOW
+        assert abs(r["values"][""] - sum(totals[: t + 1])) <= 7 * r["noise"]["stddev"], (t, r["values"], totals)
+    assert len({r["cost"]["rho"] for r in records}) == 1, "a running total's steps carry one lump"
     restarted = sum(len(live[k]) - 1 for k in want)
     deltas = [CountDelta.from_bytes(raw) for _key, raw in read_all(dep.bootstrap, counts_topic(dep.topology))]
     assert {d.metric for d in deltas} == {"views", "clicks_total"}, "no delta was written for a bounded metric"
