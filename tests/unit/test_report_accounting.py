@@ -229,3 +229,16 @@ def test_a_period_composes_only_the_m_costliest_records_of_a_max_windows_metric(
     flagged = RecordCheck("a5", "capped", 0.9, record_cost=0.9, problems=["bad"])
     kept = composed_checks([*checks, flagged], [*charges, charge("a5", "capped", "v1", 2)])
     assert sorted(c.release_id for c in kept) == ["a2", "a4", "b1", "c1", "c2"]
+
+
+def test_a_running_total_is_reported_without_a_fit() -> None:
+    """An hour of demo.yaml (basket_so_far, a running total): the report builds and renders; the running
+    total's releases are counted but not fitted to E = c/m (its later steps' charges are 0, its std grows with
+    the step), and its row says so."""
+    from dpstream.workers.report.page import render_page
+
+    _topo, data = _period("demo.yaml", 1, 3000)
+    report = build_report(data)
+    row = next(r for r in report["utility"] if r["metric"] == "basket_so_far")
+    assert row["releases"] > 1 and "fit" not in row and "running total" in row["note"]
+    assert render_page(report)
