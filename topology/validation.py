@@ -85,15 +85,6 @@ def check_metric_links(
                 "windows of; remove max_windows",
             )
         )
-    if source is not None and source.event_level and metric.contribution.max_per_period is not None:
-        problems.append(
-            Problem(
-                where.line("metric", metric.name, "contribution"),
-                f"{subject}: contribution.max_per_period {metric.contribution.max_per_period}: source "
-                f"'{source.name}' is event-level (privacy_unit 'event'), so there is no unit to bound over the "
-                "period; give the source a privacy_unit field, or release windows instead of a running total",
-            )
-        )
     if source is None and ("source", metric.source) not in broken:
         problems.append(
             Problem(

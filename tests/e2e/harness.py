@@ -63,6 +63,20 @@ sinks:
 """
 
 
+RUNNING_TOTAL = """\
+  clicks_total:
+    source: clicks
+    budget: b
+    weight: 1
+    window: {{tumbling: 2s}}
+    aggregate: count
+    release: running_total
+    contribution: {{max_per_key: 3, max_per_period: {bound}}}
+    mechanism: gaussian
+"""
+"""A running-total metric `deploy` appends on request (`running_total_max_per_period`)."""
+
+
 @dataclass
 class Deployment:
     """One test's topology file, its topics and the workers started for it."""
@@ -72,13 +86,16 @@ class Deployment:
     bootstrap: str
     redis_url: str
     workers: list[subprocess.Popen] = field(default_factory=list)
+    role: str = "all"
+    """The `--role` of a worker started without one (`feed_with_kills` restarts workers with it)."""
 
     @property
     def source_topic(self) -> str:
         return self.topology.sources["clicks"].topic
 
-    def start_worker(self, name: str, env: dict[str, str] | None = None, role: str = "all") -> subprocess.Popen:
-        """Start `dpstream worker` as a subprocess (its log next to the topology file)."""
+    def start_worker(self, name: str, env: dict[str, str] | None = None, role: str | None = None) -> subprocess.Popen:
+        """Start `dpstream worker` as a subprocess (its log next to the topology file), with `role` or else
+        the deployment's."""
         log = open(self.path.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         argv = [
             sys.executable,
@@ -93,7 +110,7 @@ class Deployment:
             "--worker-id",
             name,
             "--role",
-            role,
+            role or self.role,
         ]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
@@ -125,10 +142,12 @@ def deploy(
     source_topic: str | None = None,
     period: str = "1d",
     views_max_windows: int | None = None,
+    running_total_max_per_period: int | None = None,
 ) -> Deployment:
     """Write a small topology (2 s windows) with unique topic names and a public start (default: the
     current 2 s window), and create its topics. `views_max_windows`: the `views` metric's
-    `contribution.max_windows` (none by default).
+    `contribution.max_windows` (none by default); `running_total_max_per_period`: add `clicks_total`,
+    a running-total count (3 clicks per unit and step) under that `contribution.max_per_period`.
 
     The broker does not auto-create topics, so tests may send events before any worker runs.
     """
@@ -150,6 +169,8 @@ def deploy(
     if views_max_windows is not None:
         plain = "contribution: {max_keys: 2, max_per_key: 3}"
         text = text.replace(plain, plain[:-1] + f", max_windows: {views_max_windows}}}", 1)
+    if running_total_max_per_period is not None:
+        text = text.replace("sinks:\n", RUNNING_TOTAL.format(bound=running_total_max_per_period) + "sinks:\n", 1)
     path.write_text(text)
     topology = load_topology(path)
     ensure_topics(bootstrap, topology)

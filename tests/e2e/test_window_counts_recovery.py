@@ -1,13 +1,18 @@
-"""End-to-end: `contribution.max_windows` counts survive SIGKILLs of a live worker mid-period.
+"""End-to-end: per-unit period state (`contribution.max_windows` counts, a running total's
+`max_per_period` amounts) survives SIGKILLs of a live worker mid-period.
 
 Ten units click in every 2 s window of an hourly period; `views` counts a unit in at most 3 windows per
-period (`max_windows: 3`), so from its fourth window on a unit's clicks are dropped. Two workers share
-the 4-partition source and are SIGKILLed and restarted mid-feed, after the caps were reached. A
-restarted partition resumes from its committed progress with the counts rebuilt from the deltas its
-predecessors wrote to `dpstream-<version>-window-counts` (`runtime.window_counts`). Every partial on the
-partials topic, each copy of a window re-emitted after a restart included, equals the one a clean
-in-process run of the same source records produces (`PartitionPipeline` over each partition's records,
-with their broker append times): counts reset by a restart would count the units again.
+period (`max_windows: 3`), so from its fourth window on a unit's clicks are dropped; `clicks_total`, a
+running-total count of at most 3 clicks per unit and step, lets a unit add at most 30 clicks per period
+(`max_per_period: 30`), which it reaches about 20 s into the feed, after the first kill. Two workers
+share the 4-partition source and are SIGKILLed and restarted mid-feed. A restarted partition resumes
+from its committed progress with the state rebuilt from the deltas its predecessors wrote to
+`dpstream-<version>-window-counts` (`runtime.window_counts`). Every partial on the partials topic, each
+copy of a window re-emitted after a restart included, equals the one a clean in-process run of the same
+source records produces (`PartitionPipeline` over each partition's records, with their broker append
+times): state reset by a restart would count the units again. The workers run the release side too:
+every running-total step on the releases topic has one payload (a restart continued the same noise from
+the ledger, never drew a second value) and lies within 7 of its std of the clean run's total so far.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from dpstream.workers.pipeline.partition import PartitionPipeline
+from dpstream.workers.pipeline.window_caps import CountDelta
 from dpstream.workers.runtime.window_counts import counts_topic
 from tests.e2e.harness import Deployment, deploy, event, feed_with_kills, poll, read_all
 
@@ -28,6 +34,8 @@ pytestmark = pytest.mark.e2e
 
 WINDOW = 2
 CAP = 3
+BOUND = 30
+"""`clicks_total`'s `max_per_period`: ten steps of 3 clicks a unit."""
 UNITS = 10
 FEED_S = 30
 KILLS = {12: 0, 20: 1}
@@ -87,13 +95,30 @@ def _live_partials(dep: Deployment) -> dict[tuple[str, int, int], list[dict]]:
     return out
 
 
+def _running_steps(dep: Deployment) -> dict[str, set[bytes]]:
+    """release id → the distinct payloads of `clicks_total`'s steps on the releases topic."""
+    out: dict[str, set[bytes]] = {}
+    for key, raw in read_all(dep.bootstrap, dep.topology.sinks.releases):
+        if json.loads(raw)["metric"] == "clicks_total":
+            out.setdefault((key or b"").decode(), set()).add(raw)
+    return out
+
+
 def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clean_run(
     tmp_path: Path, kafka_broker: Any, fresh_redis: Any
 ) -> None:
     """After two SIGKILLs mid-period, every copy of every window's partial equals the clean run's; the
     caps dropped clicks after the restarts (so the rebuilt counts were used), and deltas were written."""
     start = _start()
-    dep = deploy(tmp_path, kafka_broker.bootstrap, fresh_redis.url, start=start, period="1h", views_max_windows=CAP)
+    dep = deploy(
+        tmp_path,
+        kafka_broker.bootstrap,
+        fresh_redis.url,
+        start=start,
+        period="1h",
+        views_max_windows=CAP,
+        running_total_max_per_period=BOUND,
+    )
     try:
         workers = [dep.start_worker("w0"), dep.start_worker("w1")]
         names = ["w0", "w1"]
@@ -107,6 +132,8 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
         live = poll(lambda: (lambda got: got if want <= set(got) else None)(_live_partials(dep)), timeout_s=180)
         logs = "".join(dep.log(n)[-1500:] for n in ("w0", "w1", *names))
         assert live, f"partials missing: {sorted(want - set(_live_partials(dep)))[:5]}\n{logs}"
+        steps = poll(lambda: (lambda got: got if len(got) >= FEED_S // WINDOW else None)(_running_steps(dep)), 120)
+        assert steps, f"running-total steps missing: {sorted(_running_steps(dep))}\n{logs}"
     finally:
         dep.stop_all()
     assert not pending, "the test did not kill each worker"
@@ -119,10 +146,26 @@ def test_sigkilled_workers_rebuild_window_counts_and_every_partial_equals_a_clea
         for s in range(start, until, WINDOW)
     ]
     assert views[:CAP] == [views[0]] * CAP and views[0] > 0 and all(v == 0 for v in views[8:]), views
+    # the running total's bound was reached after the first kill: every unit added exactly BOUND clicks
+    totals = [
+        sum(clean[("clicks_total", s, p)]["values"].get("", 0) for p in range(PARTITIONS))
+        for s in range(start, until, WINDOW)
+    ]
+    first_kill = min(KILLS) // WINDOW
+    assert sum(totals) == UNITS * BOUND and sum(totals[: first_kill + 1]) < UNITS * BOUND, totals
+    assert totals[-1] == 0, totals
+    # every step published once (one payload per release id), each total near the clean total so far
+    assert all(len(payloads) == 1 for payloads in steps.values()), "a running-total step published twice"
+    records = sorted((json.loads(next(iter(p))) for p in steps.values()), key=lambda r: r["window"]["start_epoch"])
+    assert [r["running_total"]["step"] for r in records] == list(range(1, len(records) + 1))
+    for r in records:
+        t = (r["window"]["start_epoch"] - start) // WINDOW
+        assert abs(r["values"][""] - sum(totals[: t + 1])) <= 7 * r["noise"]["stddev"], (t, r["values"], totals)
+    assert len({r["cost"]["rho"] for r in records}) == 1, "a running total's steps carry one lump"
     restarted = sum(len(live[k]) - 1 for k in want)
-    deltas = read_all(dep.bootstrap, counts_topic(dep.topology))
-    assert deltas, "no count delta was written"
+    deltas = [CountDelta.from_bytes(raw) for _key, raw in read_all(dep.bootstrap, counts_topic(dep.topology))]
+    assert {d.metric for d in deltas} == {"views", "clicks_total"}, "no delta was written for a bounded metric"
     print(
         f"\nwindow counts recovery: {len(want)} partials equal a clean run's, {restarted} re-sent after the "
-        f"kills, {len(deltas)} count deltas, views per window {views}"
+        f"kills, {len(deltas)} state deltas, views per window {views}, clicks_total per step {totals}"
     )

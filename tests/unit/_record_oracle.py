@@ -42,7 +42,15 @@ def oracle_record(
         "event_level": source.event_level,
         "cost": cost_fields(budget, cost, conversion_delta),
         "bounds": [metric.bounds.lower, metric.bounds.upper] if metric.bounds is not None else None,
-        "contribution": {"max_keys": metric.contribution.max_keys, "max_per_key": metric.contribution.max_per_key},
+        "contribution": {
+            "max_keys": metric.contribution.max_keys,
+            "max_per_key": metric.contribution.max_per_key,
+            **(
+                {}
+                if metric.contribution.max_per_period is None
+                else {"max_per_period": metric.contribution.max_per_period}
+            ),
+        },
         "postprocess": {"round": metric.postprocess.round, "clamp_zero": metric.postprocess.clamp_zero},
         "window": {
             "start": iso_utc(window_start),

@@ -105,3 +105,19 @@ def test_expectation_reason_names_the_adaptive_re_division() -> None:
     assert e.ratio == 2.0
     assert "100 % of this period's pool is left for the last 50 %" in e.reason()
     assert _expected(1.0).reason() == ""
+
+
+def test_running_total_row_shows_the_total_so_far_and_its_step() -> None:
+    """A running total's step is one row like any ungrouped metric (noisy total ± CI, truth so far), with
+    the step and the time its total counts from."""
+    record = {
+        "metric": "basket_so_far",
+        "window": {"start_epoch": 1_796_083_220, "end_epoch": 1_796_083_230},
+        "budget": {"ratio_after": 0.2},
+        "values": {"": 3_201_554.2},
+        "ci": {"half_width": 455_887.1, "level": 0.95},
+        "running_total": {"step": 3, "steps": 360, "first_start": 1_796_083_200},
+    }
+    (row,) = format_release(record, {"": 3_162_001.5})
+    assert "3,201,554 ±455,887   truth 3,162,002" in row
+    assert row.endswith("total since 00:00:00, step 3/360")

@@ -11,7 +11,7 @@ from dpstream.topology.dumper import dump_topology
 from dpstream.topology.loader import load_topology, load_topology_text
 from dpstream.topology.plan import build_plan
 from dpstream.workers.demo.run import demo_topology_path, for_run, schedule_start
-from dpstream.workers.demo.sizing import DemoPopulation, planned_ci, typical_values
+from dpstream.workers.demo.sizing import DemoPopulation, first_useful_step, planned_ci, relative_ci, typical_values
 
 _ENV = {"DPSTREAM_KAFKA": "127.0.0.1:9092", "DPSTREAM_REDIS": "redis://127.0.0.1:6379/0"}
 
@@ -59,12 +59,34 @@ def test_the_header_comment_states_the_plan_and_typical_values(demo) -> None:  #
     for name, (_, _window, rho, sigma, ci_text, typical_text, _rel) in rows.items():
         mp = plan.metric(name)
         assert float(rho) == pytest.approx(mp.per_release_cost, rel=5e-3), name
-        # a quantile's parts share one scale (in ranks) and have no σ: its cell states that scale once
+        # a quantile's parts share one scale (in ranks) and have no σ: its cell states that scale once; a running
+        # total's states each step's σ and the std of its last step's total
         spread = [c.stddev for c in mp.components] if mp.quantiles is None else sorted({c.scale for c in mp.components})
+        if mp.running_total_steps is not None:
+            spread = [mp.components[0].scale, mp.running_total_max_stddev]
         assert figures(sigma) == pytest.approx(spread, rel=1e-3), name
         ci = planned_ci(topology.metrics[name], mp, typical[name])
         assert figures(ci_text)[0] == pytest.approx(ci, rel=1e-2), name
         assert figures(typical_text)[0] == pytest.approx(typical[name].value, rel=0.03), name
+
+
+def test_the_running_total_prose_states_its_ci_by_step(demo) -> None:  # noqa: ANN001
+    """basket_so_far's paragraph: its lump, its CI at step 1, from the first step within 10 % (5) and at the
+    last (360), each the plan's 1.96·σ·‖c_<t‖₂ against the typical total t × the typical 10 s sum."""
+    topology, plan, typical = demo
+    metric, mp, t = topology.metrics["basket_so_far"], plan.metric("basket_so_far"), typical["basket_so_far"]
+    assert metric.running_total and mp.running_total_steps == t.steps == 360
+    assert first_useful_step(metric, mp, t) == 5
+    text = " ".join(line.lstrip("#").strip() for line in demo_topology_path().read_text(encoding="utf-8").splitlines())
+    paragraph = text[text.index("basket_so_far (`release: running_total`)") :]
+    assert f"ρ {mp.per_release_cost:.3g}" in paragraph
+    for step in (1, 360):
+        ci = planned_ci(metric, mp, t, step)
+        assert ci is not None and f"±{ci:,.0f} at step {step}" in paragraph, step
+    rel1 = relative_ci(metric, mp, t, 1)
+    assert rel1 is not None and f"at step 1 ({100 * rel1:.0f} %)" in paragraph
+    assert "≤ 10 % from step 5" in paragraph
+    assert f"max_per_period: {metric.contribution.max_per_period}" in paragraph
 
 
 def test_windows_close_within_a_short_demo() -> None:

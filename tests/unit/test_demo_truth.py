@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import pytest
+
 from dpstream.topology.loader import load_topology
 from dpstream.workers.demo.run import demo_topology_path
 from dpstream.workers.demo.truth import TruthBook
@@ -56,3 +58,31 @@ def test_truth_book_equals_the_worker_pipeline_for_the_same_records() -> None:
     assert compared > 20
     assert book.values("page_views", S - 10) is None  # before the schedule: no such window
     assert book.capped("page_views") > 0  # zipf 1.1 over 300 users: the busiest are cut
+
+
+def test_a_running_totals_truth_sums_its_periods_windows_from_the_first_step() -> None:
+    """basket_so_far's truth at a step is the sum of its windows' values from the period's first step at or
+    after S through that step: it restarts at the hour boundary, and a record naming another first step gets
+    none (S = 30 s before an hour: steps at S, S+10, S+20 in one period, S+30 the next period's step 1)."""
+    topology = load_topology(demo_topology_path(), env=_ENV)
+    start = S - 30  # S is a whole hour
+    generator = EventGenerator(topology, None, GeneratorConfig(users=300, zipf_s=1.1, seed=5))
+    book = TruthBook(topology, start)
+    for i in range(120):
+        ts = start + 0.5 * i
+        book.observe(generator.events_at(30, ts), ts + 0.04)
+    book.close_through(start + 60)
+    name = "basket_so_far"
+    steps = [start + 10 * k for k in range(5)]
+    window = [book.values(name, s) for s in steps]
+    assert all(w is not None and w[""] > 0 for w in window)
+    so_far = 0.0
+    for k, s in enumerate(steps):
+        first = start if s < S else S
+        so_far = (so_far if s != S else 0.0) + window[k][""]  # type: ignore[index]
+        total = book.total_so_far(name, s, first)
+        assert total is not None and total[""] == pytest.approx(so_far, rel=1e-12), s
+        record = {"metric": name, "window": {"start_epoch": s}, "running_total": {"first_start": first}}
+        assert book.released(record) == total
+        assert book.released({**record, "running_total": {"first_start": first - 10}}) is None
+    assert book.released({"metric": "basket_value", "window": {"start_epoch": S}}) == book.values("basket_value", S)

@@ -66,6 +66,15 @@ metrics:
   lat:
     {source: clicks, budget: b, window: {tumbling: 10s}, aggregate: quantile, value: ms, bounds: [0, 100], bins: 10,
      quantiles: [0.5], contribution: {max_per_key: 2}, mechanism: exponential}
+  so_far:
+    {source: clicks, budget: b, window: {tumbling: 10s}, aggregate: count, group_by: page, keys: [a, b, c],
+     release: running_total, contribution: {max_keys: 2, max_per_key: 3, max_per_period: 7}, mechanism: gaussian}
+  spent:
+    {source: clicks, budget: b, window: {tumbling: 10s}, aggregate: sum, value: eur, bounds: [-10, 200],
+     release: running_total, contribution: {max_per_key: 2, max_per_period: 300}, mechanism: gaussian}
+  hit_total:
+    {source: visits, budget: b, window: {tumbling: 10s}, aggregate: sum, value: eur, bounds: [0, 50],
+     release: running_total, contribution: {max_per_period: 20}, mechanism: gaussian}
   hits:
     {source: visits, budget: b, window: {tumbling: 10s}, aggregate: count, group_by: page, keys: [a, b],
      mechanism: gaussian}
@@ -261,7 +270,8 @@ def _state(pipe: PartitionPipeline) -> Any:
             for s, st in acc.windows.items()
         }
         caps = None if acc.caps is None else (acc.caps.counts, acc.caps.period_start, acc.caps.last_start)
-        out.append((acc.metric.name, windows, acc.next_start, acc.capped, acc.clamped, acc.skips, caps))
+        tallies = (acc.capped, acc.clamped, acc.skips, acc.capped_windows, acc.capped_period)
+        out.append((acc.metric.name, windows, acc.next_start, tallies, caps))
     seen = pipe.seen_copies
     copies = None if seen is None else (dict(seen._ts), list(seen._order), seen.skipped)
     return out, copies, pipe.last_offset, pipe.safe_offset(), pipe.progress(), pipe.refresh_counts()

@@ -30,6 +30,25 @@ sinks: {releases: r, dead_letter: d}
 """
 """A pure, event-level scope: `cost.epsilon`, `privacy_note`, post-processed values."""
 
+_RUNNING = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  so_far:
+    source: s
+    budget: b
+    window: {tumbling: 1h}
+    aggregate: count
+    release: running_total
+    contribution: {max_per_period: 10}
+    mechanism: gaussian
+sinks: {releases: r, dead_letter: d}
+"""
+"""A running total: `running_total.*`, `contribution.max_per_period`, its matrix event and `event.lump`."""
+
 
 def _section() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -71,6 +90,12 @@ def _records() -> list[dict[str, Any]]:
             event_level, [{"ts": 1764460800 + i} for i in range(10)], start=start, end=end, ledger=ledger
         )
         records["views"] = next(iter(replay)).record
+    running = load_topology_text(_RUNNING)
+    with dpstream.open_ledger("memory", running, now=end) as ledger:
+        replay = dpstream.replay(
+            running, [{"user_id": "u1", "ts": 1764460800 + i} for i in range(10)], start=start, end=end, ledger=ledger
+        )
+        records["so_far"] = next(iter(replay)).record
     return list(records.values())
 
 

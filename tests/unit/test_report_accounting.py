@@ -296,3 +296,16 @@ def test_a_running_totals_steps_map_to_its_one_lump() -> None:
     running_rows = [r for r in acc["charges"] if r["metric"] == "revenue_so_far"]
     assert all(math.isclose(r["mapped_cost"], lump, rel_tol=1e-6) for r in running_rows)
     assert "max_windows_note" in acc["charged"]
+
+
+def test_a_running_total_is_reported_without_a_fit() -> None:
+    """An hour of demo.yaml (basket_so_far, a running total): the report builds and renders; the running
+    total's releases are counted but not fitted to E = c/m (its later steps' charges are 0, its std grows with
+    the step), and its row says so."""
+    from dpstream.workers.report.page import render_page
+
+    _topo, data = _period("demo.yaml", 1, 3000)
+    report = build_report(data)
+    row = next(r for r in report["utility"] if r["metric"] == "basket_so_far")
+    assert row["releases"] > 1 and "fit" not in row and "running total" in row["note"]
+    assert render_page(report)

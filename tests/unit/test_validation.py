@@ -324,14 +324,12 @@ def test_running_total_rules(old: str, new: str, pattern: str) -> None:
     assert "\n" not in str(info.value) and str(info.value).startswith("t.yaml:")
 
 
-def test_running_total_refused_in_a_pure_scope_and_on_an_event_level_source() -> None:
-    """Pure scopes have no Gaussian; an event-level source has no unit to bound over the period."""
+def test_running_total_refused_in_a_pure_scope() -> None:
+    """Pure scopes have no Gaussian (an event-level source is allowed: each event is its own unit, its
+    value clamped to [-L, L] by the pipeline)."""
     pure = BASE.replace(METRIC_SPOT, RUNNING).replace("accounting: zcdp", "accounting: pure")
     with pytest.raises(ConfigError, match=r"mechanism 'gaussian': budget 'daily' uses pure accounting"):
         load_topology_text(pure, path="t.yaml", env={})
-    event = BASE.replace(METRIC_SPOT, RUNNING).replace("privacy_unit: user_id", "privacy_unit: event")
-    with pytest.raises(ConfigError, match=r"max_per_period 10: source 'clicks' is event-level"):
-        load_topology_text(event, path="t.yaml", env={})
 
 
 def test_max_per_period_without_a_running_total_is_refused() -> None:

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 
 from dpstream.topology.allocation import MetricDemand, adaptive_release_cost, warning_cost_factor, windows_left
-from dpstream.topology.calibration import calibrate
-from dpstream.topology.model import Metric, Topology, charged_windows
+from dpstream.topology.calibration import NoiseComponent, calibrate, running_total_component
+from dpstream.topology.model import Budget, Metric, Topology, charged_windows
 from dpstream.topology.periods import period_id, period_start
 from dpstream.topology.plan import Plan
 from dpstream.topology.schedule import Schedule
@@ -47,6 +47,11 @@ class Expectation:
     """Fraction of the period from the point of prediction to its end."""
     pool_left: float
     """Fraction of the period's pool not yet spent at that point."""
+    steps: int | None = None
+    """A running total: its steps from the point of prediction to the period's end (its CIs are of the
+    total at the last of them, the plan's at the period's last step); None for other metrics."""
+    first_step_ci: float | None = None
+    """A running total: the 95 % CI of its first step's total at the predicted lump (σ·1.96)."""
 
     @property
     def ratio(self) -> float:
@@ -79,8 +84,8 @@ def expect(
 ) -> Expectation:
     """The grant of `metric`'s releases in the period holding `from_ts`, if the scope had spent `spent` of it
     by then and its schedule from `from_ts` to the period end goes as planned (every window released once).
-    A metric under `contribution.max_windows` m is taken to have paid none of its m windows yet: true at the
-    points the demo predicts at (its schedule start, each period start)."""
+    A metric under `contribution.max_windows` m is taken to have paid none of its m windows yet, and a running
+    total not its lump: true at the points the demo predicts at (its schedule start, each period start)."""
     budget = topology.budgets[metric.budget]
     scope = plan.scope(budget.name)
     pstart = period_start(budget.period_s, from_ts)
@@ -90,12 +95,11 @@ def expect(
             continue
         w = m.window
         first = Schedule.of(m).first_start_at_or_after(max(from_ts, pstart))
-        demands[m.name] = MetricDemand(  # under max_windows m only m windows a period are paid for
+        # under max_windows m only m windows a period are paid for; a running total pays one, its lump
+        demands[m.name] = MetricDemand(
             weight=m.weight,
             per_period=m.charged_per_period(budget.period_s),
-            left=charged_windows(
-                windows_left(w, pstart, budget.period_s, first + w.size_s), m.contribution.max_windows
-            ),
+            left=charged_windows(windows_left(w, pstart, budget.period_s, first + w.size_s), m.paid_windows),
         )
     pool_left = max(0.0, scope.pool - spent)
     cost = adaptive_release_cost(pool_left, metric.name, demands) if demands[metric.name].left else 0.0
@@ -104,18 +108,34 @@ def expect(
         cost *= warning_cost_factor(budget.on_warning, budget.accounting)
     mp = plan.metric(metric.name)
     priced = cost if cost > 0 else mp.per_release_cost
+    parts = _components(metric, budget, priced)
+    steps = None
+    if metric.running_total:  # its steps left this period, numbered from the period's first at or after S
+        w = metric.window
+        first = Schedule.of(metric).first_start_at_or_after(max(from_ts, pstart))
+        steps = windows_left(w, pstart, budget.period_s, first + w.size_s)
     return Expectation(
         metric=metric.name,
         period_id=period_id(budget.period_s, pstart),
         planned_cost=mp.per_release_cost,
         expected_cost=cost,
         planned_ci=ci_for(metric, mp.components, typical) if typical else None,
-        expected_ci=ci_for(metric, calibrate(metric, budget.accounting, priced), typical) if typical else None,
+        expected_ci=ci_for(metric, parts, typical, steps) if typical and steps != 0 else None,
         stretched=stretched,
         stretch=budget.on_warning.stretch,
         period_left=max(0.0, (pstart + budget.period_s - from_ts) / budget.period_s),
         pool_left=pool_left / scope.pool if scope.pool else 0.0,
+        steps=steps,
+        first_step_ci=ci_for(metric, parts, typical, 1) if typical and metric.running_total else None,
     )
+
+
+def _components(metric: Metric, budget: Budget, cost: float) -> tuple[NoiseComponent, ...]:
+    """The noisy parts of a release at `cost`: a running total's is its period's one Gaussian at the
+    lump `cost` (`calibrate` prices one window's release and refuses it)."""
+    if metric.running_total:
+        return (running_total_component(metric, budget.period_s, cost),)
+    return calibrate(metric, budget.accounting, cost)
 
 
 def explain_release(cost: float, expected: Expectation | None) -> str:

@@ -17,6 +17,7 @@ __all__ = [
 
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from dpstream.workers.release.display import (
@@ -53,7 +54,7 @@ def format_release(record: dict[str, Any], truth: dict[str, float] | None = None
     if record.get("charge_only"):
         return []
     head = release_head(record)
-    tail = f"   [{note}]" if note else ""
+    tail = _running_note(record) + (f"   [{note}]" if note else "")
     if record.get("keys") is not None:  # top-k: a ranking, no CI
         keys = record["keys"]
         line = release_cell(record)
@@ -78,6 +79,15 @@ def format_release(record: dict[str, Any], truth: dict[str, float] | None = None
     first = head + f"{pm:<8} " + "  ".join(n for n, _ in cells) + tail
     second = " " * len(head) + f"{'truth':<8} " + "  ".join(t for _, t in cells)
     return [first, second.rstrip()]
+
+
+def _running_note(record: dict[str, Any]) -> str:
+    """A running total's step: '   total since 12:00:00, step 3/360' (its value and truth are totals so far)."""
+    running = record.get("running_total")
+    if not running:
+        return ""
+    since = datetime.fromtimestamp(running["first_start"], tz=UTC).strftime("%H:%M:%S")
+    return f"   total since {since}, step {running['step']}/{running['steps']}"
 
 
 def format_budget(status: dict[str, Any]) -> str:

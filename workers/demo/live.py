@@ -121,10 +121,22 @@ def _expectation_lines(expected: dict[str, Expectation], setup: LiveSetup) -> li
             if e.expected_ci is not None
             else ""
         )
-        lines.append(
-            f"  {name:<16} ρ {e.expected_cost:.3g} per release (plan {e.planned_cost:.3g}, ×{e.ratio:.2f}),"
-            f" σ ×{sigma:.2f} of the plan's, {ci}"
-        )
+        if e.steps is not None:  # a running total: one lump for the period, a CI that grows with the step
+            ci = (
+                f"95 % CI ±{_short(e.first_step_ci)} at step 1, ±{_short(e.expected_ci)} at step {e.steps} "
+                f"(plan ±{_short(e.planned_ci)} at the period's last)"
+                if e.expected_ci is not None
+                else ""
+            )
+            lines.append(
+                f"  {name:<16} ρ {e.expected_cost:.3g} for the period, charged with its first step "
+                f"(plan {e.planned_cost:.3g}, ×{e.ratio:.2f}), σ ×{sigma:.2f} of the plan's, {ci}"
+            )
+        else:
+            lines.append(
+                f"  {name:<16} ρ {e.expected_cost:.3g} per release (plan {e.planned_cost:.3g}, ×{e.ratio:.2f}),"
+                f" σ ×{sigma:.2f} of the plan's, {ci}"
+            )
         if e.reason():
             reasons.add(e.reason())
     lines += [f"  why: {r}" for r in sorted(reasons)] or ["  as planned: the period's spend is on plan"]
@@ -290,7 +302,7 @@ async def _show(
             expected = None
     cost = record.get("cost") or {}
     note = explain_release(float(cost.get("rho", cost.get("epsilon", 0.0)) or 0.0), expected)
-    values = truth.values(name, window["start_epoch"])
+    values = truth.released(record)
     result.tally.add(record, values)
     for line in format_release(record, values, note):
         say(line)

@@ -28,9 +28,16 @@ from typing import Any
 
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import Metric, Topology
-from dpstream.topology.plan import Plan
+from dpstream.topology.plan import MetricPlan, Plan
 from dpstream.workers.demo.live import LiveResult, LiveSetup, run_live
-from dpstream.workers.demo.sizing import DemoPopulation, Typical, planned_ci, typical_values
+from dpstream.workers.demo.sizing import (
+    DemoPopulation,
+    Typical,
+    first_useful_step,
+    planned_ci,
+    relative_ci,
+    typical_values,
+)
 
 Say = Callable[[str], None]
 
@@ -197,11 +204,30 @@ def _cost_lines(
         ci_text = "–" if ci is None else (f"±{ci:,.0f}{unit}" if ci >= 10 else f"±{ci:.1f}{unit}")
         if quantile and ci is not None:
             ci_text, typical_text = f"rank ±{ci:,.0f}", f"{t.value:,.0f} values" if t is not None else "–"
+        if mp.running_total_steps is not None:  # σ of each step's y; CI and typical of the last step's total
+            sigma = f"{mp.components[0].scale:,.0f}/step, {mp.running_total_max_stddev or 0:,.0f} last"
+            typical_text = f"{t.value:,.0f} at step {mp.running_total_steps}" if t is not None else "–"
         lines.append(
             f"  {name:<16} {_window_text(metric):<16} σ {sigma:<28} 95 % CI {ci_text:<9} "
             f"typical {typical_text:<16} CI/typical {rel}"
         )
+        if mp.running_total_steps is not None and t is not None:
+            lines.append("    " + _running_total_text(metric, mp, t))
     return lines
+
+
+def _running_total_text(metric: Metric, mp: MetricPlan, typical: Typical) -> str:
+    """How a running total's CI compares with its typical total as the period goes (the CI grows as
+    ‖c_<t‖₂, the total as t): at step 1, from the first step within 10 %, and at the last step."""
+    steps = mp.running_total_steps or 1
+    at = [1, first_useful_step(metric, mp, typical) or steps, steps]
+    parts = []
+    for step in sorted(set(at)):
+        ci, rel = planned_ci(metric, mp, typical, step), relative_ci(metric, mp, typical, step)
+        parts.append(f"±{ci or 0:,.0f} at step {step} ({100 * (rel or 0):.1f} % of ~{typical.total_at(step):,.0f})")
+    return "a running total of the period so far, one lump a period charged with its first step: 95 % CI " + ", ".join(
+        parts
+    )
 
 
 def _window_text(metric: Metric) -> str:

@@ -10,7 +10,15 @@ tests/unit/test_demo_topology.py holds the demo topology to "95 % CI ≤ 10 % of
 
 from __future__ import annotations
 
-__all__ = ["DemoPopulation", "Typical", "ci_for", "planned_ci", "relative_ci", "typical_values"]
+__all__ = [
+    "DemoPopulation",
+    "Typical",
+    "ci_for",
+    "first_useful_step",
+    "planned_ci",
+    "relative_ci",
+    "typical_values",
+]
 
 import math
 import statistics
@@ -23,6 +31,7 @@ import numpy as np
 from dpstream.topology.calibration import Z95, quantile_rank_error
 from dpstream.topology.model import Aggregate, Metric, Topology
 from dpstream.topology.plan import MetricPlan
+from dpstream.topology.running_total import steps_per_period, total_stddev
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.batch import EventBatch
 from dpstream.workers.synthetic.generator import EventGenerator, GeneratorConfig
@@ -51,10 +60,21 @@ class DemoPopulation:
 @dataclass(frozen=True)
 class Typical:
     """A metric's typical true value per window (for a grouped metric: its smallest key's) and,
-    for a noisy mean, the typical number of values behind it."""
+    for a noisy mean, the typical number of values behind it. For a running total (`steps` set) `value` is
+    the typical total at its period's last step, `per_step` the typical increment a step adds."""
 
     value: float
     count: float | None = None
+    steps: int | None = None
+    """A running total's steps a period, T (None for any other metric)."""
+    per_step: float | None = None
+    """A running total's typical per-window increment (its smallest key's): the total at step t is t times it."""
+
+    def total_at(self, step: int) -> float:
+        """A running total's typical total at `step` (1-based): `per_step` × step."""
+        if self.per_step is None:
+            raise ValueError("total_at is for a running total's typical value")
+        return self.per_step * step
 
 
 def typical_values(
@@ -95,7 +115,11 @@ def typical_values(
         acc = accumulators[m.name]
         closed = acc.close_through(t0 + seconds + acc.size + acc.lateness)
         windows = [agg for start, agg in closed if start + acc.size <= t0 + seconds]
-        out[m.name] = _typical(m, windows, acc.exponent)
+        typical = _typical(m, windows, acc.exponent)
+        if m.running_total:  # a step's increment is a window's sum or count; the total grows by it each step
+            steps = steps_per_period(m, topology.budgets[m.budget].period_s)
+            typical = Typical(typical.value * steps, steps=steps, per_step=typical.value)
+        out[m.name] = typical
     return out
 
 
@@ -115,15 +139,22 @@ def _typical(metric: Metric, windows: list[dict], exponent: int) -> Typical:
     return Typical(statistics.median(lows) if lows else 0.0)
 
 
-def ci_for(metric: Metric, components: Iterable[Any], typical: Typical) -> float | None:
+def ci_for(metric: Metric, components: Iterable[Any], typical: Typical, step: int | None = None) -> float | None:
     """The 95 % CI half-width of a release whose noise parts are `components` (the plan's, or
     `calibration.calibrate` at any cost), around `typical`.
 
+    A running total (`calibration.running_total_component`: its scale is each step's σ): the half-width
+    of its total at `step`, 1.96·σ·‖c_<step‖₂ (default: the period's last step, `typical.steps`).
     Counts and sums: the value part's half-width. A noisy mean (sum / count): the half-width the
     mechanism itself reports, 1.96·√(σ_sum² + (centred mean · σ_count)²) / count. Top-k: None.
     Quantiles: their error statement, the 95 % rank error (in values; `typical` is the values per window).
     """
     parts = {c.component: c for c in components}
+    if metric.running_total:
+        t = step if step is not None else typical.steps
+        if t is None:
+            raise ValueError(f"running total {metric.name!r}: no step to read its CI at")
+        return Z95 * total_stddev(t, float(parts["value"].scale))
     if metric.aggregate is Aggregate.TOP_K:
         return None
     if metric.aggregate is Aggregate.QUANTILE:
@@ -137,14 +168,29 @@ def ci_for(metric: Metric, components: Iterable[Any], typical: Typical) -> float
     return float(parts["value"].ci95_half_width)
 
 
-def planned_ci(metric: Metric, plan: MetricPlan, typical: Typical) -> float | None:
-    """`ci_for` at the metric's planned per-release cost."""
-    return ci_for(metric, plan.components, typical)
+def planned_ci(metric: Metric, plan: MetricPlan, typical: Typical, step: int | None = None) -> float | None:
+    """`ci_for` at the metric's planned per-release cost (a running total's: its lump; at `step`, default
+    its period's last)."""
+    return ci_for(metric, plan.components, typical, step)
 
 
-def relative_ci(metric: Metric, plan: MetricPlan, typical: Typical) -> float | None:
-    """planned_ci / typical value (None for top-k or a zero typical value)."""
-    ci = planned_ci(metric, plan, typical)
-    if ci is None or not typical.value:
+def relative_ci(metric: Metric, plan: MetricPlan, typical: Typical, step: int | None = None) -> float | None:
+    """planned_ci / typical value (None for top-k or a zero typical value); for a running total, of its
+    total at `step` (default the period's last) over the typical total there."""
+    ci = planned_ci(metric, plan, typical, step)
+    value = typical.total_at(step) if step is not None and typical.per_step is not None else typical.value
+    if ci is None or not value:
         return None
-    return ci / abs(typical.value)
+    return ci / abs(value)
+
+
+def first_useful_step(metric: Metric, plan: MetricPlan, typical: Typical, target: float = 0.10) -> int | None:
+    """A running total's first step whose planned 95 % CI is at most `target` of its typical total there
+    (the CI grows as ‖c_<t‖₂, about √(log t), the total as t); None if no step of the period reaches it."""
+    if typical.steps is None or typical.per_step is None:
+        return None
+    for t in range(1, typical.steps + 1):
+        rel = relative_ci(metric, plan, typical, t)
+        if rel is not None and rel <= target:
+            return t
+    return None

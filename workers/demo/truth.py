@@ -6,7 +6,10 @@ worker's own bounding and windowing code (`pipeline.MetricAccumulator`), with th
 its arrival. An event counts in window w iff its time lies in w and it arrived by C(w) = end + lateness, the
 same rule as the worker's (which uses the broker's append time, a few milliseconds later). Values are the
 worker's true aggregates before noise: counts and distinct users as integers, sums in EUR, means as
-sum / count. Nothing of this leaves the demo process: it is printed beside the noisy value, labelled.
+sum / count. A running total's step releases the period's total so far: its truth is the sum of its windows'
+values (the increments, cut by the accumulator as the worker cuts them) from the period's first step at or
+after the schedule start S through that step. Nothing of this leaves the demo process: it is printed beside
+the noisy value, labelled.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dpstream.topology.model import Aggregate, Metric, Source, Topology
+from dpstream.topology.periods import period_start
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.batch import EventBatch
@@ -45,6 +49,12 @@ class TruthBook:
             for name, m in self._metrics.items()
         }
         self._closed: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in self._metrics}
+        self._schedules = {name: Schedule.of(m, start) for name, m in self._metrics.items() if m.running_total}
+        self._period_s = {name: topology.budgets[m.budget].period_s for name, m in self._metrics.items()}
+        self._totals: dict[str, dict[int, tuple[int, dict[str, float]]]] = {name: {} for name in self._schedules}
+        """A running total's truth per step start: (its period's first step, the increments summed through it)."""
+        self._sums: dict[str, tuple[int, int, dict[str, float]]] = {}
+        """A running total's (first step, last step added, totals so far) of the period being summed."""
         self._offset = 0
         self._lateness = int(self._source.allowed_lateness_s)
         self.events = 0
@@ -76,12 +86,52 @@ class TruthBook:
             closed = self._closed[name]
             for start, values in acc.close_through(t):
                 closed[start] = self._finish(self._metrics[name], values, acc.exponent)
+                if name in self._schedules:
+                    self._add_step(name, start, closed[start])
             for old in sorted(closed)[:-_KEEP_WINDOWS]:
                 del closed[old]
+            totals = self._totals.get(name, {})
+            for old in sorted(totals)[:-_KEEP_WINDOWS]:
+                del totals[old]
+
+    def _add_step(self, name: str, start: int, increments: dict[str, float]) -> None:
+        """Add a running total's closed window to its period's sums (from the period's first step on)."""
+        first = self._schedules[name].first_in_period(period_start(self._period_s[name], start))
+        every = self._schedules[name].every_s
+        held = self._sums.get(name)
+        base: dict[str, float]
+        if start == first:
+            base = {}
+        elif held is not None and held[0] == first and held[1] + every == start:
+            base = held[2]
+        else:  # a step whose predecessors were not all summed here: no truth from it to the period's end
+            self._sums.pop(name, None)
+            return
+        sums = {key: base.get(key, 0.0) + v for key, v in increments.items()}
+        self._sums[name] = (first, start, sums)
+        self._totals[name][start] = (first, sums)
 
     def values(self, metric: str, window_start: int) -> dict[str, float] | None:
         """True values {key: value} ('' for an ungrouped metric) of a closed window, or None if unknown."""
         return self._closed.get(metric, {}).get(int(window_start))
+
+    def total_so_far(self, metric: str, step_start: int, first_start: int | None = None) -> dict[str, float] | None:
+        """A running total's truth at the step starting at `step_start`: {key: Σ of its period's window
+        values from the first step through this one}, or None if unknown (or if the sum did not start at
+        `first_start`, the record's `running_total.first_start`, when given)."""
+        held = self._totals.get(metric, {}).get(int(step_start))
+        if held is None or (first_start is not None and held[0] != int(first_start)):
+            return None
+        return held[1]
+
+    def released(self, record: dict[str, Any]) -> dict[str, float] | None:
+        """The truth of what a release record publishes: its window's values, or a running total's total
+        so far (from the step the record names as its period's first)."""
+        metric, start = record["metric"], record["window"]["start_epoch"]
+        if metric in self._totals:
+            first = (record.get("running_total") or {}).get("first_start")
+            return self.total_so_far(metric, start, first)
+        return self.values(metric, start)
 
     def capped(self, metric: str) -> int:
         """Events of `metric` cut by contribution bounding so far (the busiest users' surplus)."""

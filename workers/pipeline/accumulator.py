@@ -20,6 +20,9 @@ in. Per (unit, window):
 The window's aggregate follows that state (a replaced or evicted contribution is taken out
 again). With `contribution.max_windows`, each window's close then takes out, whole, the units whose
 count of windows this period has reached the cap (`window_caps`): as if their events had never come.
+With a running total's `contribution.max_per_period: L`, each window's close cuts every unit's
+contributions, key by key in sorted key order, to what is left of L this period (`window_caps`): the
+aggregate moves as if only the kept part had come, and a contribution cut to nothing is taken out.
 Replaying a partition from the first event of an open window feeds it the same records, so it
 rebuilds the same partial.
 
@@ -38,6 +41,7 @@ __all__ = ["MetricAccumulator", "PartialValues", "key_priority"]
 import hashlib
 import itertools
 import math
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,7 +52,7 @@ from dpstream.workers.pipeline.batch import EventBatch, objects
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
-from dpstream.workers.pipeline.window_caps import CountDelta, WindowCaps
+from dpstream.workers.pipeline.window_caps import CountDelta, PeriodBound, PeriodRule, WindowCaps
 
 PartialValues = dict[str, Any]
 """key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""
@@ -172,7 +176,8 @@ class MetricAccumulator:
     ) -> None:
         """`first_start`: the first window of the schedule not yet emitted here (on the grid);
         `until`: no window ending after it is ever emitted (replay's `--to`); `period_s`: the metric's
-        budget period, needed by a metric with `contribution.max_windows` (its counts are per period)."""
+        budget period, needed by a metric with `contribution.max_windows` or `max_per_period` (their
+        per-unit state is per period)."""
         self.metric = metric
         self.size = metric.window.size_s
         self.every = metric.window.every_s
@@ -220,15 +225,38 @@ class MetricAccumulator:
         self.skips = [0] * len(SKIP_REASONS)
         """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
         outside its declared keys, no value field. A list, so the hot path bumps one int slot."""
-        cap = metric.contribution.max_windows
-        if cap is not None and period_s is None:
-            raise InternalError(f"metric {metric.name!r}: max_windows counts per period, and no period was given")
-        self.caps = WindowCaps(metric.name, cap, period_s) if cap is not None and period_s is not None else None
-        """The per-unit window counts of `contribution.max_windows` (None without it)."""
+        self.caps = self._period_rule(period_s)
+        """The metric's per-unit period state: `WindowCaps` under `contribution.max_windows`, `PeriodBound`
+        under a running total's `max_per_period` (None without either)."""
         self.capped_windows = 0
         """(unit, window) pairs max_windows dropped: the unit had counted in max_windows windows this period."""
+        self.capped_period = 0
+        """(unit, window, key) contributions max_per_period cut, in part or whole: the unit had used (nearly)
+        all of its bound this period."""
         self.deltas: list[CountDelta] = []
         """Count deltas of windows closed here and not yet taken by the driver (`take_deltas`)."""
+
+    def _period_rule(self, period_s: int | None) -> PeriodRule | None:
+        """The rule of `contribution.max_windows` or `max_per_period` (a running total: count or sum; a
+        sum's L in grid units, rounded down, so the bound holds exactly); None without either. An
+        event-level source keeps no per-unit state (each event is its own unit, in one window): a sum's
+        values are clamped to [-L, L] as well, which is the cut of a single event."""
+        metric = self.metric
+        cap, bound = metric.contribution.max_windows, metric.contribution.max_per_period
+        if cap is None and bound is None:
+            return None
+        if period_s is None:
+            raise InternalError(f"metric {metric.name!r}: its per-unit state is per period, and no period was given")
+        if cap is not None:
+            return WindowCaps(metric.name, cap, period_s)
+        assert bound is not None
+        if metric.aggregate not in (Aggregate.COUNT, Aggregate.SUM) or self._candidates is not None:
+            raise InternalError(f"metric {metric.name!r}: max_per_period bounds a count or a sum only")
+        units = bound if self._kind == _COUNT else math.floor(Fraction(bound) * (1 << self.exponent))
+        if not self._bounded and self._kind == _SUM:
+            limit = math.ldexp(units, -self.exponent)
+            self._lo, self._hi = max(self._lo, -limit), min(self._hi, limit)
+        return PeriodBound(metric.name, units, period_s)
 
     @property
     def skipped(self) -> int:
@@ -670,7 +698,10 @@ class MetricAccumulator:
         """`contribution.max_windows` at the close of window `start`: drop the units present whose
         count has reached the cap (`WindowCaps.close`) and keep the delta of those included."""
         caps = self.caps
-        assert caps is not None
+        if isinstance(caps, PeriodBound):
+            self._apply_bound(caps, start, st)
+            return
+        assert isinstance(caps, WindowCaps)
         grouped = self._group is not None
         present = () if st is None else (st.unit_keys if grouped else st.kept)
         dropped, delta = caps.close(start, present)
@@ -686,6 +717,41 @@ class MetricAccumulator:
                     self._take_out(st, (unit, key), key)
             else:
                 self._take_out(st, unit, "")
+
+    def _apply_bound(self, bound: PeriodBound, start: int, st: _WindowState | None) -> None:
+        """`contribution.max_per_period` at the close of window `start`: cut each present unit's final
+        per-key contributions to what is left of its bound (`PeriodBound.close`) and keep the delta of
+        what they used. A cut moves the aggregate by v - c, as if only c had come; a contribution cut to
+        0 is taken out (`_take_out`), so a key nobody holds any more leaves the partial."""
+        grouped, kind = self._group is not None, self._kind
+        present: dict[str, list[tuple[str, int]]] = {}
+        if st is not None:
+            kept = st.kept
+
+            def amount(got: Any) -> int:
+                if kind == _COUNT:
+                    return int(got)
+                return int(got[1]) if type(got) is tuple else sum(v for _, v in got)
+
+            if grouped:
+                for unit, keys in st.unit_keys.items():
+                    present[unit] = [(key, amount(kept[(unit, key)])) for key in keys]
+            else:
+                for unit, got in kept.items():
+                    present[unit] = [("", amount(got))]
+        cuts, delta = bound.close(start, present)
+        if delta is not None:
+            self.deltas.append(delta)
+        if not cuts:
+            return
+        assert st is not None  # someone was present
+        self.capped_period += len(cuts)
+        agg = st.agg
+        for unit, key, v, c in cuts:
+            if c == 0:
+                self._take_out(st, (unit, key) if grouped else unit, key)
+            else:
+                agg[key] -= v - c
 
     def take_deltas(self) -> list[CountDelta]:
         """The count deltas of the windows closed since the last call (the driver persists them before it

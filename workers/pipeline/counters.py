@@ -39,6 +39,9 @@ class EventCounts:
     """metric → (unit, window) pairs `contribution.max_windows` dropped: the unit had already counted in
     max_windows windows of the period, so its contributions to that window were left out (a count only,
     curator-side: never which unit)."""
+    capped_period: Counter[str] = field(default_factory=Counter)
+    """metric → (unit, window, key) contributions a running total's `contribution.max_per_period` cut, in
+    part or whole: the unit had used (nearly) all of its bound this period (a count only, curator-side)."""
 
     def skips_by_metric(self) -> dict[str, dict[str, int]]:
         """metric → {skip reason: events} for the metrics that skipped any (reasons in `SKIP_REASONS`
@@ -61,4 +64,5 @@ class EventCounts:
         }
         out.update({f"invalid:{r}": n for r, n in sorted(self.invalid.items())})
         out.update({f"capped_windows:{m}": n for m, n in sorted(self.capped_windows.items())})
+        out.update({f"capped_period:{m}": n for m, n in sorted(self.capped_period.items())})
         return out

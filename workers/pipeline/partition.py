@@ -62,7 +62,8 @@ class RecordLike(Protocol):
 @dataclass(frozen=True)
 class BatchOutput:
     """What one batch (or close, or flush) produced: partials to publish, dead letters to park, and the
-    `contribution.max_windows` count deltas of the windows closed (persisted before progress passes them)."""
+    period-state deltas (`contribution.max_windows`, `max_per_period`) of the windows closed (persisted
+    before progress passes them)."""
 
     partials: list[WindowPartial]
     dead_letters: list[DeadLetter]
@@ -95,8 +96,9 @@ class PartitionPipeline:
         not their unit (`key_mismatch`) and, for a `keyed_by_unit` source, records not in the
         partition their key hashes to under the source's partitioner over `partitions`
         (`wrong_partition`); `event_range`: replay's [from, to) for event times; `counted`: the
-        `contribution.max_windows` count deltas this partition persisted (any order, duplicates and
-        other metrics' included), required when a capped metric resumes past its period's first window."""
+        period-state deltas (`contribution.max_windows`, `max_per_period`) this partition persisted (any
+        order, duplicates and other metrics' included), required when such a metric resumes past its
+        period's first window."""
         self.source = topology.sources[source]
         self.topic = topic or self.source.topic
         self.partition = partition
@@ -139,9 +141,10 @@ class PartitionPipeline:
         self.counts = EventCounts()
 
     def _restore_caps(self, counted: list[CountDelta] | None) -> None:
-        """Rebuild each capped metric's counts from the persisted deltas; without them, refuse to resume
-        a capped metric past the first window of its period in the schedule (its counts would restart
-        at zero and let a unit count in more than max_windows windows)."""
+        """Rebuild each period-bounded metric's per-unit state from the persisted deltas; without them,
+        refuse to resume such a metric past the first window of its period in the schedule (its state
+        would restart at zero and let a unit count in more than max_windows windows, or add more than
+        max_per_period)."""
         for acc in self._accs:
             caps = acc.caps
             if caps is None:
@@ -151,9 +154,9 @@ class PartitionPipeline:
             if counted is None:
                 if acc.first_start != next(first_of_period):
                     raise ConfigError(
-                        f"metric '{acc.metric.name}': contribution.max_windows: partition {self.partition} resumes "
-                        f"at window {acc.first_start} inside its period without the persisted window counts; "
-                        "give the pipeline its count deltas (counted=...) or restart from the period's start"
+                        f"metric '{acc.metric.name}': contribution.{caps.option}: partition {self.partition} "
+                        f"resumes at window {acc.first_start} inside its period without the persisted per-unit "
+                        "state; give the pipeline its deltas (counted=...) or restart from the period's start"
                     )
                 continue
             caps.restore(counted, acc.first_start)
@@ -354,7 +357,7 @@ class PartitionPipeline:
             out.extend(got)
 
     def _output(self, partials: list[WindowPartial], dead: list[DeadLetter]) -> BatchOutput:
-        """A batch's output with the count deltas of every window closed since the last one."""
+        """A batch's output with the period-state deltas of every window closed since the last one."""
         return BatchOutput(partials, dead, [d for acc in self._accs if acc.caps is not None for d in acc.take_deltas()])
 
     # -- commit ------------------------------------------------------------------------
@@ -378,8 +381,10 @@ class PartitionPipeline:
         c = self.counts
         c.capped = sum(a.capped for a in self._accs)
         for a in self._accs:
-            if a.caps is not None:
+            if a.metric.contribution.max_windows is not None:
                 c.capped_windows[a.metric.name] = a.capped_windows
+            if a.metric.contribution.max_per_period is not None:
+                c.capped_period[a.metric.name] = a.capped_period
         c.clamped = sum(a.clamped for a in self._accs)
         c.skipped = sum(a.skipped for a in self._accs)
         for a in self._accs:

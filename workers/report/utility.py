@@ -9,7 +9,9 @@ one, is `topology.accounting.epsilon_equivalent` at the scope's conversion δ, a
 release record. E is the expected |noise| of one released value: σ·√(2/π) for Gaussian noise, σ/√2
 for Laplace (σ = √2·b), the CI half-width / z₀.₉₇₅ · √(2/π) for a noisy-ratio mean (its σ is
 approximate). Top-k releases keys, not numbers: it has no E and is left out of the fit and the
-advice, as is a numeric metric with no readable release yet (each labelled by its aggregate).
+advice, as is a numeric metric with no readable release yet (each labelled by its aggregate). A running
+total is left out too: one lump pays its period (the later steps' charges are 0, so no multiplier) and
+its std grows with the step, σ·‖c_<t‖₂, so E = c/m describes none of its releases.
 """
 
 from __future__ import annotations
@@ -37,8 +39,14 @@ def noise_multiplier(accounting: Accounting, cost: float) -> float:
     return math.sqrt(2.0 * cost) if accounting is Accounting.ZCDP else cost
 
 
-def unfitted_note(aggregate: str, releases: int) -> str:
-    """Why a metric has no fit, by its aggregate: top-k releases keys; any other has no readable release."""
+def unfitted_note(aggregate: str, releases: int, running_total: bool = False) -> str:
+    """Why a metric has no fit, by its aggregate: top-k releases keys; a running total's std grows with the
+    step under one lump; any other has no readable release."""
+    if running_total:
+        return (
+            f"{aggregate} running total: one lump a period, each step's std σ·‖c_<t‖₂ (in its record); "
+            "not fitted, kept out of the advice"
+        )
     if aggregate == Aggregate.TOP_K.value:
         return "top-k: keys in rank order, no numeric error; not fitted, kept out of the advice"
     if aggregate == Aggregate.QUANTILE.value:
@@ -140,7 +148,9 @@ def _values(record: dict[str, Any]) -> list[float]:
 
 def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, MetricUtility]:
     """Per metric of the scope, the figures of every charged release with a readable record."""
-    out = {m.name: MetricUtility(m.name, m.aggregate.value, 0) for m in data.topology.metrics_of(data.scope)}
+    metrics = data.topology.metrics_of(data.scope)
+    out = {m.name: MetricUtility(m.name, m.aggregate.value, 0) for m in metrics}
+    running = {m.name for m in metrics if m.running_total}
     for ch in data.charges:
         u = out.get(ch.metric)
         if u is None:
@@ -148,7 +158,7 @@ def collect_utility(data: PeriodData, accounting: Accounting) -> dict[str, Metri
         u.releases += 1
         u.costs.append(ch.release_cost)  # the noise's cost: a later capped window may pay nothing
         rec = ch.record
-        if not rec or rec.get("_undecodable"):
+        if not rec or rec.get("_undecodable") or ch.metric in running:  # a running total: no E = c/m fit
             continue
         try:
             fig = expected_abs_error(rec)
@@ -213,6 +223,6 @@ def utility_of(
                 }
             )
         else:
-            row["note"] = unfitted_note(u.aggregate, u.releases)
+            row["note"] = unfitted_note(u.aggregate, u.releases, data.topology.metrics[name].running_total)
         rows.append(row)
     return util, rows

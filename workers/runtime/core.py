@@ -22,7 +22,7 @@ class ProcessorOutput:
     partials: list[tuple[str, bytes]] = field(default_factory=list)
     """(metric, WindowPartial bytes) for windows closed on this partition, keyed by metric on the topic."""
     counted: list[bytes] = field(default_factory=list)
-    """`contribution.max_windows` count deltas of the windows closed (`runtime.window_counts`)."""
+    """Period-state deltas (`max_windows`, `max_per_period`) of the windows closed (`runtime.window_counts`)."""
 
 
 def to_output(batch: BatchOutput) -> ProcessorOutput:

@@ -152,10 +152,10 @@ class IngestService(Service):
         self._ends: AIOKafkaConsumer | None = None
         """A group-less client that reads the source topics' end offsets for the repartition check."""
         self._capped = capped_sources(topology)
-        """Sources with a `max_windows` metric: their pipelines persist count deltas and read them back."""
+        """Sources with a period-bounded metric: their pipelines persist state deltas and read them back."""
         self._counts_topic = counts_topic(topology)
         self._deltas: AIOKafkaConsumer | None = None
-        """A group-less client that reads count deltas back when a capped source's partition resumes."""
+        """A group-less client that reads state deltas back when a period-bounded source's partition resumes."""
         super().__init__(**kwargs)
 
     async def on_start(self) -> None:
@@ -453,8 +453,8 @@ class IngestService(Service):
         return core
 
     async def _read_counted(self, tp: TopicPartition, resume: dict[str, int] | None) -> list[CountDelta] | None:
-        """The `max_windows` count deltas a resuming partition persisted in its capped metrics' current
-        periods (None for a source without a capped metric)."""
+        """The period-state deltas a resuming partition persisted in its period-bounded metrics' current
+        periods (None for a source without such a metric)."""
         source = self._by_topic[tp.topic]
         if source.name not in self._capped or self._deltas is None:
             return None
@@ -465,7 +465,7 @@ class IngestService(Service):
                 (resume or {}).get(m.name, Schedule.of(m, self.schedule_start).first_window()),
             )
             for m in self.topology.metrics.values()
-            if m.source == source.name and m.contribution.max_windows is not None
+            if m.source == source.name and m.period_bounded
         )
         return await read_deltas(self._deltas, self.topology, tp.topic, tp.partition, since)
 
@@ -494,7 +494,7 @@ class IngestService(Service):
         raise _Refused(tp)
 
     async def _send_counted(self, tp: TopicPartition, counted: list[bytes]) -> list[Any]:
-        """Send one partition's count deltas to its partition of the window-counts topic; their ack futures."""
+        """Send one partition's state deltas to its partition of the window-counts topic; their ack futures."""
         assert self._producer is not None
         parts = await self._producer.partitions_for(self._counts_topic)
         key, partition = delta_key(tp.topic, tp.partition), tp.partition % len(parts)

@@ -171,6 +171,7 @@ async def replay_lines(
         e.invalid.update(c.invalid)
         e.skips.update(c.skips)
         e.capped_windows.update(c.capped_windows)
+        e.capped_period.update(c.capped_period)
     return summary
 
 

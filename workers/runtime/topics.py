@@ -190,8 +190,9 @@ def ensure_topics(
     bootstrap: str, topology: Topology, partitions: int = 4, security: KafkaSecurity | None = None
 ) -> list[str]:
     """Create the topology's missing topics (existing ones are left alone), its clock-probe topic and,
-    with a `max_windows` metric, its window-counts topic (`runtime.window_counts`), then refuse topics
-    whose timestamp type breaks their rule (`check_timestamp_types`); returns the topics created.
+    with a period-bounded metric (`max_windows`, `max_per_period`), its window-counts topic
+    (`runtime.window_counts`), then refuse topics whose timestamp type breaks their rule
+    (`check_timestamp_types`); returns the topics created.
     `security` defaults to the environment's (`KafkaSecurity.from_env`)."""
     names = topic_names(topology).all
     created = create_topics(bootstrap, names, partitions, configs=topic_configs(topology), security=security)

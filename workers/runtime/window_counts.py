@@ -1,18 +1,23 @@
-"""Where a live worker keeps `contribution.max_windows` counts across restarts: an internal topic of deltas.
+"""Where a live worker keeps per-unit period state across restarts: an internal topic of deltas.
 
-Each window close on a partition that includes units yields a `CountDelta` (the included units' 16-byte
-keys, `pipeline.window_caps`). The ingest sends them to `dpstream-<version>-window-counts` with the
-partials and waits for every ack before it commits the partition's progress past that window, so every
-delta below a committed progress point is in the topic. A pipeline that resumes a partition reads back
-the deltas of that source partition written since its capped metrics' period start (the topic's
-partition `partition % n`, records keyed by source topic and partition) and rebuilds exactly the counts
-a clean run has (`WindowCaps.restore`: duplicates and deltas past the progress point are ignored),
-without replaying the period's events.
+The state is that of every period-bounded metric (`Metric.period_bounded`): `contribution.max_windows`
+counts and a running total's `max_per_period` amounts, one home for both (`pipeline.window_caps`). Each
+window close on a partition in which some unit used an amount yields a `CountDelta` (those units'
+16-byte keys and, for `max_per_period`, the amount each used). The ingest sends them to
+`dpstream-<version>-window-counts` with the partials and waits for every ack before it commits the
+partition's progress past that window, so every delta below a committed progress point is in the topic.
+A pipeline that resumes a partition reads back the deltas of that source partition written since its
+period-bounded metrics' period start (the topic's partition `partition % n`, records keyed by source
+topic and partition) and rebuilds exactly the state a clean run has (`PeriodRule.restore`: duplicates
+and deltas past the progress point are ignored), without replaying the period's events.
 
 The topic is curator-side, like the partials topic: its records carry keyed digests of unit ids (never
-the ids, never a value) under the worker's `dpstream-` prefixed topic ACL. Size: about 21.3 bytes per
-included unit and window (base64 of 16 bytes), so at most 21.3·m bytes per active unit and period;
-the topic keeps two of the longest capped period (`retention_ms`).
+the ids, never a raw value; a `max_per_period` amount is what a unit used of its bound, a curator-side
+figure like the partials) under the worker's `dpstream-` prefixed topic ACL. Size: about 21.3 bytes per
+included unit and window (base64 of 16 bytes), so at most 21.3·m bytes per active unit and period under
+`max_windows`; under `max_per_period` the amount's decimal digits and a comma on top (about 33 bytes
+per unit and window it used some of its bound in). The topic keeps two of the longest such period
+(`retention_ms`).
 """
 
 from __future__ import annotations
@@ -31,20 +36,19 @@ _READ_IDLE_S = 30.0
 
 
 def counts_topic(topology: Topology) -> str:
-    """The internal topic of `max_windows` count deltas of this topology version."""
+    """The internal topic of period-state deltas (`max_windows`, `max_per_period`) of this topology version."""
     return f"dpstream-{topology.topology_version}-window-counts"
 
 
 def capped_sources(topology: Topology) -> frozenset[str]:
-    """Names of the sources with a metric under `contribution.max_windows` (their pipelines persist deltas)."""
-    return frozenset(m.source for m in topology.metrics.values() if m.contribution.max_windows is not None)
+    """Names of the sources with a period-bounded metric (`Metric.period_bounded`: their pipelines persist
+    deltas)."""
+    return frozenset(m.source for m in topology.metrics.values() if m.period_bounded)
 
 
 def retention_ms(topology: Topology) -> int:
-    """Two of the longest budget period of a capped metric: a resume reads back only its current period."""
-    periods = [
-        topology.budgets[m.budget].period_s for m in topology.metrics.values() if m.contribution.max_windows is not None
-    ]
+    """Two of the longest budget period of a period-bounded metric: a resume reads back only its current period."""
+    periods = [topology.budgets[m.budget].period_s for m in topology.metrics.values() if m.period_bounded]
     return 2 * max(periods, default=86_400) * 1000
 
 

@@ -88,6 +88,7 @@ METRIC_CLASSES: Mapping[str, MetricClass] = MappingProxyType(
         "dpstream_dead_letters_total": _C,
         "dpstream_events_skipped_total": _C,
         "dpstream_windows_capped_total": _C,
+        "dpstream_period_capped_total": _C,
         # the ingest's worker-broker clock skew (window closes are held past its bound)
         "dpstream_clock_skew_seconds": _C,
         "dpstream_clock_skew_uncertainty_seconds": _C,

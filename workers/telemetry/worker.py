@@ -29,6 +29,8 @@ Ingest side (roles `all` and `ingest`), per `source`:
                                                   also `accepted`: valid, but too late for a window)
     dpstream_dead_letters_total{source,reason}    every reason of workers.pipeline.events.REASONS
     dpstream_windows_capped_total{source,metric}  (unit, window) contributions dropped by max_windows
+    dpstream_period_capped_total{source,metric}   (unit, window, key) contributions a running total's
+                                                  max_per_period cut, in part or whole
     dpstream_events_skipped_total{source,metric,reason}
                                                   accepted events a metric of the source left out, by
                                                   workers.pipeline.counters.SKIP_REASONS (no group field,
@@ -104,6 +106,8 @@ def fold_event_counts(into: EventCounts, counts: EventCounts) -> EventCounts:
         into.skips[pair] += n
     for metric, n in _copy(counts.capped_windows).items():
         into.capped_windows[metric] += n
+    for metric, n in _copy(counts.capped_period).items():
+        into.capped_period[metric] += n
     return into
 
 
@@ -301,13 +305,22 @@ class WorkerCollector(Collector):
             "counted in max_windows windows of the period.",
             labels=["source", "metric"],
         )
+        cut = CounterMetricFamily(
+            "dpstream_period_capped",
+            "Contributions (unit, window, key) a running total's contribution.max_per_period cut, in part or "
+            "whole: the unit had used (nearly) all of its bound this period.",
+            labels=["source", "metric"],
+        )
         for source in self.topology.sources:
             c = totals.get(source) or EventCounts()
             skips = _copy(c.skips)
             dropped = _copy(c.capped_windows)
+            cuts = _copy(c.capped_period)
             for m in self.topology.metrics.values():
                 if m.source == source and m.contribution.max_windows is not None:
                     capped.add_metric([source, m.name], float(dropped.get(m.name, 0)))
+                if m.source == source and m.contribution.max_per_period is not None:
+                    cut.add_metric([source, m.name], float(cuts.get(m.name, 0)))
             for m in self.topology.metrics.values():
                 if m.source == source:
                     for reason in SKIP_REASONS:  # the fixed vocabulary, every one present
@@ -328,6 +341,7 @@ class WorkerCollector(Collector):
         yield dead
         yield skipped
         yield capped
+        yield cut
 
     def _clock_families(self) -> Iterator[Metric]:
         """The skew reading of the process's one gate (the ingest's; a release-only process's own) and
