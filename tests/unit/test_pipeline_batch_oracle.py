@@ -311,11 +311,7 @@ def _check(topo_name: str, source: str, mode: str, steps: list[tuple[str, Any]])
     assert _state(new) == _state(old)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.data())
-def test_the_batch_path_matches_the_per_event_oracle(data: st.DataObject) -> None:
-    """Same partials, dead letters, count deltas, counters, commit points and window state after every
-    batch and close mark, and after the flush."""
+def _random_case(data: st.DataObject) -> None:
     topo_name, source = data.draw(st.sampled_from(_CASES))
     topo = _TOPOLOGIES[topo_name]
     modes = ["live", "live", "replay"] + ([] if topo.sources[source].event_level else ["hop", "keys"])
@@ -323,6 +319,25 @@ def test_the_batch_path_matches_the_per_event_oracle(data: st.DataObject) -> Non
     steps = data.draw(_scenario(_shape(topo, source), mode))
     with mock.patch.dict(os.environ, {UNIT_HMAC_KEY_ENV: _SECRET}):
         _check(topo_name, source, mode, steps)
+
+
+_SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=_SLOW)
+@given(st.data())
+def test_the_batch_path_matches_the_per_event_oracle(data: st.DataObject) -> None:
+    """Same partials, dead letters, count deltas, counters, commit points and window state after every
+    batch and close mark, and after the flush."""
+    _random_case(data)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=_SLOW)
+@given(st.data())
+def test_the_batch_path_matches_the_per_event_oracle_at_length(data: st.DataObject) -> None:
+    """The same comparison on many more random cases (`--runslow`)."""
+    _random_case(data)
 
 
 def test_a_heavy_unit_hits_every_cap_alike() -> None:

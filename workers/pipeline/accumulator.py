@@ -26,6 +26,10 @@ aggregate moves as if only the kept part had come, and a contribution cut to not
 Replaying a partition from the first event of an open window feeds it the same records, so it
 rebuilds the same partial.
 
+Events come in batches (`add_batch`, an `EventBatch`): windows and inclusion are decided on arrays,
+then the rows are grouped per (window, unit, key) and each group is bounded at once against what the
+window already holds, so per-event Python work does not grow with the number of metrics.
+
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
 
@@ -163,7 +167,7 @@ class _WindowState:
 
 
 class MetricAccumulator:
-    """Windows of one metric on one partition, from `first_start` on; `add` is the per-event hot path."""
+    """Windows of one metric on one partition, from `first_start` on; `add_batch` is the hot path."""
 
     def __init__(
         self,
@@ -224,7 +228,7 @@ class MetricAccumulator:
         self.clamped = 0
         self.skips = [0] * len(SKIP_REASONS)
         """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
-        outside its declared keys, no value field. A list, so the hot path bumps one int slot."""
+        outside its declared keys, no value field."""
         self.caps = self._period_rule(period_s)
         """The metric's per-unit period state: `WindowCaps` under `contribution.max_windows`, `PeriodBound`
         under a running total's `max_per_period` (None without either)."""
