@@ -84,6 +84,8 @@ class _Runs(NamedTuple):
     """Its number of groups (keys)."""
     keys: list[tuple[str, ...]]
     """Its keys, as `unit_keys` holds them."""
+    units: list[str]
+    """Its unit."""
 
 
 class _Groups(NamedTuple):
@@ -486,7 +488,7 @@ class MetricAccumulator:
             for r in np.flatnonzero(length > 1).tolist():
                 h = int(run_heads[r])
                 tuples[r] = tuple(keys[h : h + int(length[r])])
-            runs = _Runs(run_heads, length, tuples)
+            runs = _Runs(run_heads, length, tuples, batch.unit_names()[g_unit[run_heads]].tolist())
         return _Groups(g_window, units, g_key, keys, names, count, taken, held, pairs, sums, runs)
 
     def _insert(
@@ -498,26 +500,35 @@ class MetricAccumulator:
         ends: list[int],
         window_of: list[int],
     ) -> None:
-        """Put the new groups into their windows' `kept` (grouped: and their units' keys into `unit_keys`)."""
+        """Put the new groups into their windows' `kept` (grouped: and their units' keys into `unit_keys`):
+        one update per window and dict, from lists of the new groups only."""
         everyone = bool(fresh.all())
-        flags = fresh.tolist()
-        uk = g.units if g.keys is None else list(zip(g.units, g.keys, strict=True))
+        uk: list[Any] = g.units if g.keys is None else list(zip(g.units, g.keys, strict=True))
+        held, a_s, b_s = g.held, cuts, ends
+        if not everyone:
+            flags = fresh.tolist()
+            uk, held = list(itertools.compress(uk, flags)), list(itertools.compress(held, flags))
+            new = np.flatnonzero(fresh)
+            a_s, b_s = np.searchsorted(new, cuts).tolist(), np.searchsorted(new, ends).tolist()
+        for w, a, b in zip(window_of, a_s, b_s, strict=True):
+            if a < b:
+                states[w].kept.update(zip(uk[a:b], held[a:b], strict=True))
         runs = g.runs
-        if runs is not None:
-            run_cuts = np.searchsorted(runs.head, cuts).tolist()
-            run_ends = [*run_cuts[1:], len(runs.head)]
-            run_units = [g.units[h] for h in runs.head.tolist()]
-            run_flags = fresh[runs.head].tolist()
-        for i, (w, a, b) in enumerate(zip(window_of, cuts, ends, strict=True)):
-            st = states[w]
-            if everyone or all(flags[a:b]):
-                st.kept.update(zip(uk[a:b], g.held[a:b], strict=True))
-            else:
-                st.kept.update(itertools.compress(zip(uk[a:b], g.held[a:b], strict=True), flags[a:b]))
-            if runs is not None:
-                ra, rb = run_cuts[i], run_ends[i]
-                pairs = zip(run_units[ra:rb], runs.keys[ra:rb], strict=True)
-                st.unit_keys.update(pairs if everyone else itertools.compress(pairs, run_flags[ra:rb]))
+        if runs is None:
+            return
+        units, keys, heads = runs.units, runs.keys, runs.head
+        if not everyone:
+            new_runs = fresh[heads]
+            flags = new_runs.tolist()
+            units, keys, heads = (
+                list(itertools.compress(units, flags)),
+                list(itertools.compress(keys, flags)),
+                heads[new_runs],
+            )
+        a_s, b_s = np.searchsorted(heads, cuts).tolist(), np.searchsorted(heads, ends).tolist()
+        for w, a, b in zip(window_of, a_s, b_s, strict=True):
+            if a < b:
+                states[w].unit_keys.update(zip(units[a:b], keys[a:b], strict=True))
 
     def _add_up(self, states: list[_WindowState], g: _Groups, new: np.ndarray) -> None:
         """Add the new groups' kept contributions to their windows' aggregates (and a grouped sum's support)."""

@@ -172,8 +172,7 @@ class EventBatch:
                 self._order_keys = self.offset.tolist()
             else:
                 self._order_keys = list(zip(*(c.tolist() for c in self.order), strict=True))
-        keys = self._order_keys
-        return [keys[i] for i in rows.tolist()]
+        return list(map(self._order_keys.__getitem__, rows.tolist()))
 
 
 _NAN = float("nan")
