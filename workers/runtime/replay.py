@@ -20,6 +20,7 @@ __all__ = ["ReplayRecord", "ReplaySummary", "replay_lines"]
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
@@ -33,9 +34,9 @@ from dpstream.workers.release.releaser import MechanismFactory
 _BATCH_LINES = 8192
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayRecord:
-    """A file line dressed as a Kafka record (no record time: events need their own timestamp)."""
+class ReplayRecord(NamedTuple):
+    """A file line dressed as a Kafka record (no record time: events need their own timestamp). A
+    NamedTuple: one is built per line (about 0.5 µs, a frozen slotted dataclass about 0.8 µs)."""
 
     offset: int
     value: bytes
@@ -133,23 +134,28 @@ async def replay_lines(
         for partial in out.partials:
             merged_windows.extend(mergers[partial.metric].add(partial))
 
-    batches: list[list[ReplayRecord]] = [[] for _ in range(partitions)]
+    batches: list[list[bytes]] = [[] for _ in range(partitions)]  # the lines of each partition's next batch
+
+    async def process(p: int) -> None:  # the partition's lines as records, at its next offsets
+        first = offsets[p]
+        lines_p = batches[p]
+        offsets[p] += len(lines_p)
+        await handle(pipes[p].process_batch(list(map(ReplayRecord, range(first, first + len(lines_p)), lines_p))))
+        batches[p] = []
+
     pending = 0
     for raw in lines:
         raw = raw.rstrip(b"\r\n")
-        if not raw.strip():
+        if not raw or raw.isspace():  # a blank line
             continue
-        p = _partition_of(raw, unit_field, partitions)
-        batches[p].append(ReplayRecord(offsets[p], raw))
-        offsets[p] += 1
+        batches[0 if partitions == 1 else _partition_of(raw, unit_field, partitions)].append(raw)
         pending += 1
         if pending >= _BATCH_LINES:
-            for p, batch in enumerate(batches):
-                await handle(pipes[p].process_batch(batch))
-            batches = [[] for _ in range(partitions)]
+            for p in range(partitions):
+                await process(p)
             pending = 0
-    for p, batch in enumerate(batches):
-        await handle(pipes[p].process_batch(batch))
+    for p in range(partitions):
+        await process(p)
     for pipe in pipes:
         await handle(pipe.flush())
     for merger in mergers.values():
