@@ -8,11 +8,13 @@ the ledger at scrape time, plus this role's release or event counters) and `/hea
 
 from __future__ import annotations
 
-__all__ = ["Role", "Runtime", "build_runtime", "new_app", "run_worker", "web_settings"]
+__all__ = ["READY_LINE", "Role", "Runtime", "build_runtime", "new_app", "run_worker", "web_settings"]
 
 import asyncio
+import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -25,10 +27,14 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Topology
 from dpstream.workers.runtime.admin import broker_count, replication_for
 from dpstream.workers.runtime.ingest import IngestService
+from dpstream.workers.runtime.recovery_watch import watch_recovery
 from dpstream.workers.runtime.releases import ReleaseSide
 from dpstream.workers.runtime.repartition import RepartitionService
+from dpstream.workers.runtime.rewinding_consumer import RewindingConsumer
 from dpstream.workers.runtime.settings import RuntimeSettings
 from dpstream.workers.runtime.topics import ensure_topics, ingest_topic, partition_count
+
+_log = logging.getLogger(__name__)
 
 
 class Role(Enum):
@@ -147,6 +153,7 @@ def new_app(app_id: str, settings: RuntimeSettings, replicas: int = 1) -> faust.
         setattr(app.conf, name, value)
     # The instance attribute shadows the transport's class-level Producer; only this app's transport changes.
     app.transport.Producer = IdempotentProducer  # type: ignore[misc]  # ClassVar set on one instance on purpose
+    app.transport.Consumer = RewindingConsumer  # type: ignore[misc]  # as the Producer: this app's transport only
     return app
 
 
@@ -197,11 +204,36 @@ def build_runtime(topology: Topology, settings: RuntimeSettings, role: Role = Ro
     return Runtime(app, ingest, releases, repartition, telemetry)
 
 
+READY_LINE = "worker ready: group joined, table state recovered, services started"
+"""dpstream's INFO line once a worker runs (Faust's own "Ready" is held at WARNING with its logger)."""
+
+
+class _Worker(faust.Worker):
+    """Faust's worker, logging `READY_LINE` once the app is fully started (the benches wait for it)."""
+
+    async def on_startup_finished(self) -> None:
+        await super().on_startup_finished()
+        _log.info(READY_LINE)
+
+
+class _RecoveryWatch(Service):
+    """Runs `recovery_watch.watch_recovery` on the app from the worker's start (the app's own services
+    start only after its first table recovery, which the watch must cover too)."""
+
+    def __init__(self, app: faust.App, **kwargs: Any) -> None:
+        self._app = app
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        self.add_future(watch_recovery(self._app, time.monotonic))
+
+
 def run_worker(runtime: Runtime, loglevel: str = "WARNING") -> int:
     """Run the Faust worker in this process until SIGTERM/SIGINT; returns the exit code. A release side
     that refuses its releases topic once it reaches the ledger stops the worker, and its ConfigError is
     raised here (the CLI's one line, exit 2)."""
-    worker = faust.Worker(runtime.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    services = [_RecoveryWatch(runtime.app)] if runtime.releases is not None else []
+    worker = _Worker(runtime.app, *services, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     releases = runtime.releases
     if releases is not None:
         releases.on_refused = lambda: os.kill(os.getpid(), signal.SIGTERM)  # Faust's own graceful stop
