@@ -20,6 +20,9 @@ from kafka import KafkaConsumer, KafkaProducer
 from dpstream.topology.loader import load_topology
 from dpstream.topology.model import Topology
 
+LOGLEVEL_ENV = "DPSTREAM_E2E_LOGLEVEL"
+"""Set to a `--loglevel` (e.g. DEBUG) to start every e2e worker with it: Faust's and aiokafka's lines too."""
+
 TOPOLOGY = """\
 version: 1
 start: {start}
@@ -112,6 +115,8 @@ class Deployment:
             "--role",
             role or self.role,
         ]
+        if os.environ.get(LOGLEVEL_ENV):  # e.g. DEBUG to diagnose a flaky run: Faust's and aiokafka's lines too
+            argv += ["--loglevel", os.environ[LOGLEVEL_ENV]]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.workers.append(proc)
         return proc

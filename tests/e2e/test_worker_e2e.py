@@ -14,6 +14,7 @@ import pytest
 from dpstream.workers.pipeline.fixed_point import value_exponent
 from dpstream.workers.release import faults
 from dpstream.workers.release.display import release_line
+from dpstream.workers.runtime.app import READY_LINE
 from tests.e2e.harness import Deployment, binomial_upper, deploy, event, poll, read_all, releases, send
 
 pytestmark = pytest.mark.e2e
@@ -94,6 +95,7 @@ def test_ground_truth_every_window_once_values_within_ci(deployment: Deployment)
     _assert_exactly_once(recs)
     deployment.stop_all()  # its log complete: one INFO line per published window, from the record
     lines = deployment.log("w1").splitlines()
+    assert sum(READY_LINE in ln for ln in lines) == 1, lines[:40]  # the line `bench pipeline` waits for
     for r in (r for r in recs if r["window"]["start_epoch"] in starts):
         assert sum("[INFO]" in ln and f"published {release_line(r)}" in ln for ln in lines) == 1, lines[-40:]
     merged = _partials(deployment)
@@ -184,8 +186,15 @@ def test_two_workers_rebalance_exactly_once(deployment: Deployment) -> None:
         if step == 4:
             deployment.workers[0].terminate()
     recs = poll(lambda: _released_all(deployment, starts), timeout_s=300)
-    assert recs, deployment.log("w1")[-2000:] + deployment.log("w2")[-2000:]
+    assert recs, _missing_windows(deployment, starts) + deployment.log("w1")[-6000:] + deployment.log("w2")[-6000:]
     _assert_exactly_once(recs)
+
+
+def _missing_windows(dep: Deployment, starts: list[int]) -> str:
+    """Which (metric, start) pairs of `starts` never reached the releases topic: the failure's first line."""
+    have = set(_by_window(releases(dep.bootstrap, dep.topology.sinks.releases)))
+    missing = sorted({(m, s) for m in dep.topology.metrics for s in starts} - have)
+    return f"missing windows {missing} of starts {starts}\n"
 
 
 def test_sigkill_between_charge_and_publish_sweeper_publishes_once(deployment: Deployment) -> None:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpstream.workers.bench.worker_ready import wait_ready
+
 _WINDOW_S = 10
 _TOPOLOGY = """\
 version: 1
@@ -312,7 +314,7 @@ async def _worker_phases(
     releases = _Releases(bootstrap, releases_topic)
     await releases.start()
     try:
-        await asyncio.to_thread(_wait_ready, procs[-1], ingest_log, 120)
+        await asyncio.to_thread(wait_ready, procs[-1], ingest_log, 120, "bench pipeline")
         timings.backlog_start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
         timings.backlog_end = await releases.until(backlog, alive)
         timings.backlog_cpu_s = sum(_proc_cpu(p.pid) for p in procs) - cpu0
@@ -332,16 +334,6 @@ async def _worker_phases(
 def _live_first(live_from: float) -> int:
     """The first window wholly inside the live tail."""
     return -(-int(live_from) // _WINDOW_S) * _WINDOW_S
-
-
-def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Wait for the Faust worker's "Ready" log line (group joined, tables recovered)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if b"Ready" in log_path.read_bytes():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"bench: the release worker did not become ready; see {log_path}")
 
 
 def _read(bootstrap: str, topic: str) -> list[Any]:
@@ -390,37 +382,37 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     nice = {"ingest": ["--nice", str(args.ingest_nice)]} if args.ingest_nice else {}
     procs: list[subprocess.Popen] = []
     log_path = workdir / "worker.log"
-    for role in roles:
-        # the release process is started first and measured once ready, as in a running deployment
-        # (its Faust group join and table recovery are startup, not close→publish latency)
-        log_path = workdir / f"worker-{role}.log"
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dpstream.workers.cli",
-                    "worker",
-                    str(path),
-                    "--bootstrap",
-                    bootstrap,
-                    "--redis",
-                    redis_url,
-                    "--worker-id",
-                    f"bench-{role}",
-                    "--role",
-                    role,
-                    "--loglevel",
-                    "INFO",
-                    *nice.get(role, []),
-                ],
-                stdout=log_path.open("wb"),
-                stderr=subprocess.STDOUT,
+    try:  # every started worker is stopped below, whatever fails first
+        for role in roles:
+            # the release process is started first and measured once ready, as in a running deployment
+            # (its Faust group join and table recovery are startup, not close→publish latency)
+            log_path = workdir / f"worker-{role}.log"
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "dpstream.workers.cli",
+                        "worker",
+                        str(path),
+                        "--bootstrap",
+                        bootstrap,
+                        "--redis",
+                        redis_url,
+                        "--worker-id",
+                        f"bench-{role}",
+                        "--role",
+                        role,
+                        "--loglevel",
+                        "INFO",
+                        *nice.get(role, []),
+                    ],
+                    stdout=log_path.open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
-        if role == "release":
-            _wait_ready(procs[-1], log_path, timeout_s=120)
-    try:
+            if role == "release":
+                wait_ready(procs[-1], log_path, 120, "bench pipeline")
         timings, released_at = asyncio.run(
             _worker_phases(
                 bootstrap, topology.sinks.releases, topic, backlog, list(topology.metrics), procs, log_path, args

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpstream.workers.bench.worker_ready import wait_ready
+
 _WINDOW_S = 5
 _LATENESS_S = 1
 _RSS_LIMIT_PCT_PER_H = 5.0
@@ -212,15 +214,6 @@ async def _sample(
         last_sum, last_count = s, c
 
 
-def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if b"Ready" in log_path.read_bytes():
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"bench soak: the worker did not become ready; see {log_path}")
-
-
 def _fit(name: str, unit: str, points: list[tuple[float, float]], warmup: float) -> dict[str, Any]:
     kept = [(t, y) for t, y in points if t >= warmup and math.isfinite(y)]
     per_s, mean = slope(kept)
@@ -255,7 +248,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     sent, released = [0], [0]
     lags: list[float] = []
     try:
-        _wait_ready(proc, log_path, timeout_s=180)
+        wait_ready(proc, log_path, 180, "bench soak")
         duration = args.minutes * 60
 
         async def main() -> None:
