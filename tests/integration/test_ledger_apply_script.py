@@ -121,3 +121,33 @@ def test_apply_refuses_a_max_windows_charge_that_pays_less_than_it_raises(fresh_
         await ledger.close()
 
     asyncio.run(body())
+
+
+def test_apply_refuses_a_running_total_step_before_its_lump(fresh_redis: Any) -> None:
+    """A running total's later step decided on a view that claims the period's lump is charged (it is
+    not): the script finds no stored charge, refuses, and writes nothing; the first step then goes."""
+
+    async def body() -> None:
+        topology = one_scope_topology(epsilon=1.0, reserve=0.0, running_totals={"m": 10})
+        ledger = await open_ledger(fresh_redis.url, topology)
+        assert isinstance(ledger, RedisLedger)
+        m, field = ledger.scope_of("m").capped["m"]
+        state = (await ledger._read_view("s", [PID])).state
+        view = View(state.config, state.breaker, state.periods, state.period_index, None)
+        terms, digest = ledger._terms["s"], state.config["digest"]
+        later = _req("step-2", 0.3)._replace(needs_lump=True)
+        charge = Charge(later, cost_to_units(0.3), 0, P0, digest, terms, False, 1, m, field)
+        seq, writer = state.config["seq"], state.config["writer"]
+        opened = {**state.config, "start": str(P0), field: str(cost_to_units(0.3))}  # "the lump is paid"
+        false_view = view._replace(blocks={PID: opened}, starts={PID: P0})
+        assert decide(false_view, charge).answer.outcome == "charged"
+        with pytest.raises(InternalError, match="before its lump"):
+            await _apply(ledger, charge, false_view, seq, writer, "p.1")
+        assert await ledger.stored_payload("s", "step-2") is None
+        assert decide(view, charge).answer.outcome == "refused"  # the true view: Python refuses it too
+        first = charge._replace(req=_req("step-1", 0.3))
+        assert (await _apply(ledger, first, view, seq, writer, "p.2"))[0] == b"ok"
+        assert await _spent(ledger) == cost_to_units(0.3)
+        await ledger.close()
+
+    asyncio.run(body())

@@ -420,7 +420,8 @@ class RedisLedger(Ledger):
         for pid, units, _ in decision.charged:
             block = self._key_index(k, ("period", pid), keys, index)
             args += [block, str(units), str(charge.delta), terms.accounting, str(terms.cap_units)]
-            args += [str(terms.period_s), str(charge.max_windows), charge.top_field, str(charge.cost)]
+            m = -charge.max_windows if req.needs_lump else charge.max_windows  # (apply.lua: -m, lump first)
+            args += [str(terms.period_s), str(m), charge.top_field, str(charge.cost)]
         self._encode_ops(k, ops, keys, index, args)
         return keys, args
 

@@ -13,15 +13,16 @@
 -- ARGV[3] this step's writer id '<process>.<n>' (unique per step), set as `writer` when it writes
 -- ARGV[4] g: guards follow, 9 fields each: key index of a period block to charge, the units it
 --         pays, delta units, the caller's accounting, cap units and period length (s), and under
---         `contribution.max_windows` m (else 0), the block's field of the metric's largest charges
---         and the release's cost (units)
+--         `contribution.max_windows` m (else 0; -m for a running total's step after its period's
+--         first), the block's field of the metric's largest charges and the release's cost (units)
 -- ARGV[5 + 9g ..] ops, each: command, key index, argument count, arguments; commands HSET,
 --         HINCRBY (field, by, ...), HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
 -- Returns {'duplicate', payload} for a known release id, {'stale', seq} when the scope moved since
 -- the decision, each writing nothing, else {'ok', seq after}.
 -- Invariants, checked before the first write: a known release id is never charged again; a step
 -- decided on another state writes nothing; under max_windows a block pays what the release raises
--- the sum of the metric's m largest charges by; in every charged block spent + paid <= cap and
+-- the sum of the metric's m largest charges by, and a running total's later step is charged only
+-- once its period's lump (its first step) is; in every charged block spent + paid <= cap and
 -- delta_spent + delta <= delta_cap (its own terms once opened, else the config's); an opened
 -- block keeps its accounting and period length and no larger cap than the caller's; a block is
 -- opened once. All or nothing: one script, every write after every check.
@@ -43,6 +44,10 @@ for _ = 1, g do
   local cost, delta = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local acc, cap_in, plen = ARGV[at + 3], tonumber(ARGV[at + 4]), ARGV[at + 5]
   local m = tonumber(ARGV[at + 6])
+  if m < 0 then  -- a running total's later step: its period's lump is one of the stored charges
+    if not redis.call('HGET', key, ARGV[at + 7]) then return fail('running total step before its lump in ' .. key) end
+    m = -m
+  end
   if m > 0 then  -- the m largest charges before and after this one (stored largest first)
     local top, before, after = {}, 0, 0
     for v in string.gmatch(redis.call('HGET', key, ARGV[at + 7]) or '', '%d+') do top[#top + 1] = tonumber(v) end
