@@ -308,13 +308,10 @@ class Releaser:
             cost, needs_lump, noise_fields, state, appended = step
             selection_delta = 0.0  # declared keys only
         else:
-            if quote.thinned:
-                return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
-            cost = quote.cost
-            if quote.refused_reason is not None or cost <= 0:
-                # Nothing fits: ask for the planned cost anyway, so the ledger itself refuses the
-                # release atomically and records it (refused count, audit entry with its reason).
-                cost = self._planned_cost[m.name]
+            asked = self._cost_asked(m, quote, rid, start, end)
+            if isinstance(asked, ReleaseResult):
+                return asked
+            cost = asked
             selection_delta = self._selection_delta(m, budget)
             mechanism = self._mechanism(m, budget, cost, selection_delta)
             clamped_before = mechanism.clamped
@@ -369,6 +366,16 @@ class Releaser:
             history.append_charged(x, y, cost)
         return charge
 
+    def _cost_asked(self, m: Metric, quote: Quote, rid: str, start: int, end: int) -> float | ReleaseResult:
+        """What a charge asks the ledger for: the quote's cost; the planned cost when nothing fits, so the
+        ledger itself refuses the release atomically and records it (refused count, audit entry with its
+        reason); or, for a window the warning policy thinned, the refusal (nothing is asked)."""
+        if quote.thinned:
+            return ReleaseResult(ReleaseOutcome.REFUSED_BUDGET, rid, m.name, start, end, "thinned")
+        if quote.refused_reason is not None or quote.cost <= 0:
+            return self._planned_cost[m.name]
+        return quote.cost
+
     async def _running_step(
         self, m: Metric, budget: Budget, start: int, end: int, quote: Quote, true_values: dict[str, Any]
     ) -> ReleaseResult | tuple[float, bool, dict[str, Any], bytes, tuple[running.PeriodHistory, Any, Any]]:
@@ -380,11 +387,10 @@ class Releaser:
         releaser holds every step before this one."""
         first = running.first_step(m, budget, start, getattr(self.ledger, "schedule_start", None))
         if start == first:
-            if quote.thinned:
-                return ReleaseResult(
-                    ReleaseOutcome.REFUSED_BUDGET, self.release_id(m.name, start, end), m.name, start, end, "thinned"
-                )
-            cost = quote.cost if quote.refused_reason is None and quote.cost > 0 else self._planned_cost[m.name]
+            asked = self._cost_asked(m, quote, self.release_id(m.name, start, end), start, end)
+            if isinstance(asked, ReleaseResult):
+                return asked
+            cost = asked
         key = (m.name, quote.period_id)
         history = self._histories.get(key)
         if history is None or history.first != first or not history.holds_before(start):
