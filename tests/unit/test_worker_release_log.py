@@ -66,6 +66,25 @@ def test_grouped_and_top_k_records_are_one_line_too() -> None:
     assert release_line({**_RECORD, "charge_only": True}) is None
 
 
+def test_keys_from_the_data_are_counted_not_named_in_a_log_line() -> None:
+    """A metric whose keys come from the data (partition selection, top-k): the worker's line says how many
+    keys were released, never which (DESIGN §1: no log line carries a data-derived key, released or not)."""
+    grouped = {**_RECORD, "values": {"canary-key": 2671.0, "home": 40.0}, "ci": {"half_width": 634.0}}
+    top = {**_RECORD, "metric": "top_referrers", "keys": ["canary-key"], "values": {}, "ci": None}
+    head = "00:00:00–00:01:00 UTC budget  0.02 %  "
+    assert (
+        release_line(grouped, hide_keys=True)
+        == f"page_views       {head}2 keys released (named on the releases topic only)"
+    )
+    assert (
+        release_line(top, hide_keys=True) == f"top_referrers    {head}1 key released (named on the releases topic only)"
+    )
+    assert release_line({**top, "keys": []}, hide_keys=True).endswith(
+        "0 keys released (named on the releases topic only)"
+    )
+    assert release_line(_RECORD, hide_keys=True) == release_line(_RECORD)  # ungrouped: nothing to hide
+
+
 class _Sink:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, bytes]] = []

@@ -119,12 +119,17 @@ def is_grouped(record: dict[str, Any]) -> bool:
     return record.get("keys") is None and not is_quantile(record) and list(record.get("values") or {}) not in ([], [""])
 
 
-def release_line(record: dict[str, Any], note: str = "") -> str | None:
-    """The record as one log line (no truth, UTC and 'budget' labelled), or None for a charge-only marker."""
+def release_line(record: dict[str, Any], note: str = "", *, hide_keys: bool = False) -> str | None:
+    """The record as one log line (no truth, UTC and 'budget' labelled), or None for a charge-only marker.
+    `hide_keys`, for a curator-side line of a metric whose keys come from the data: how many keys the
+    record released, not which (DESIGN §1: no log line carries a data-derived key, released or not)."""
     if record.get("charge_only"):
         return None
     tail = f"   [{note}]" if note else ""
     head = release_head(record, labelled=True)
+    if hide_keys and (record.get("keys") is not None or is_grouped(record)):
+        n = len(record.get("keys") or record.get("values") or ())
+        return head + f"{n} key{'' if n == 1 else 's'} released (named on the releases topic only)" + tail
     if not is_grouped(record):
         return head + release_cell(record) + tail
     pm, cells = grouped_cells(record)

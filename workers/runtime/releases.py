@@ -536,8 +536,9 @@ class ReleaseSide:
 
     def _log_published(self, release_id: str, payload: bytes, note: str = "") -> None:
         """One INFO line per release this process published (`display.release_line`, the demo's row, read
-        from the published record: public values, CI and budget ratio only); a release logged once is not
-        logged again, so a retry or sweep of the same stored bytes adds no line."""
+        from the published record: public values, CI and budget ratio only; keys that come from the data
+        counted, not named); a release logged once is not logged again, so a retry or sweep of the same
+        stored bytes adds no line."""
         if release_id in self._logged:
             return
         if len(self._logged) >= KEEP_CLOSE_TIMES:
@@ -546,8 +547,15 @@ class ReleaseSide:
         if not _log.isEnabledFor(logging.INFO):
             return
         try:
-            line = release_line(json.loads(payload), note)
-        except (ValueError, KeyError, TypeError) as exc:  # not a release record: a log line must not fail a release
+            record = json.loads(payload)
+            metric = self.topology.metrics.get(record.get("metric"))
+            line = release_line(record, note, hide_keys=metric is None or not metric.public_keys)
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # not a release record: a log line must not fail a release
             _log.warning(
                 "release %s published; its record is unreadable for the log (%s)", release_id, type(exc).__name__
             )
