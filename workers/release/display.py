@@ -122,7 +122,8 @@ def is_grouped(record: dict[str, Any]) -> bool:
 def release_line(record: dict[str, Any], note: str = "", *, hide_keys: bool = False) -> str | None:
     """The record as one log line (no truth, UTC and 'budget' labelled), or None for a charge-only marker.
     `hide_keys`, for a curator-side line of a metric whose keys come from the data: how many keys the
-    record released, not which (DESIGN §1: no log line carries a data-derived key, released or not)."""
+    record released, not which: a curator-side surface (a log line, a metric, an error) never carries a
+    data-derived key, released or not."""
     if record.get("charge_only"):
         return None
     tail = f"   [{note}]" if note else ""
