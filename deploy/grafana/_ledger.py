@@ -80,7 +80,7 @@ def panels() -> list[Builder[Any]]:
                 title="Request latency p50 / p99 by op",
                 description=(
                     "histogram_quantile over dpstream_ledger_request_duration_seconds by op (quote, "
-                    "charge, commit, stored_payload, status)."
+                    "charge, commit, stored_payload, stored_charge, status)."
                 ),
                 grid=Grid(h=9, w=12, x=0, y=4),
                 targets=[

@@ -128,6 +128,25 @@ def test_stored_payload_looks_up_known_releases_only(where: str) -> None:
     run(body())
 
 
+def test_stored_charge_holds_what_the_period_paid(where: str) -> None:
+    """stored_charge returns a known release's stored bytes and the units its period paid: under
+    `max_windows: 1` the first charge pays its cost, a later one only what it raises the largest by."""
+
+    async def body() -> None:
+        topo = one_scope_topology(metrics=(("m", 1.0, 3_600, 3_600, False),), max_windows={"m": 1})
+        ledger = await open_ledger(where, topo, clock=ManualClock(T0))
+        first = await ledger.charge(req("a", 0.25, size=3_600))
+        second = await ledger.charge(req("b", 0.3, start=P0 + 3_600, size=3_600))
+        third = await ledger.charge(req("c", 0.2, start=P0 + 7_200, size=3_600))
+        assert await ledger.stored_charge("s", "a") == (first.payload, 250_000_000_000)
+        assert await ledger.stored_charge("s", "b") == (second.payload, 50_000_000_000)
+        assert await ledger.stored_charge("s", "c") == (third.payload, 0)
+        assert await ledger.stored_charge("s", "never-charged") is None
+        await ledger.close()
+
+    run(body())
+
+
 def test_charges_are_rounded_up_to_units(where: str) -> None:
     """0.1 (binary 0.1000000000000000055…) is charged 100000000001 units, never less."""
 

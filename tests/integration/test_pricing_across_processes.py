@@ -13,7 +13,7 @@ from dpstream.topology.model import Topology
 from dpstream.topology.periods import period_id
 from dpstream.workers.ledger import AuditKind, Ledger, Outcome, ReleaseRequest, open_ledger
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
-from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote
+from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, StoredCharge
 from dpstream.workers.release import Releaser
 
 DAY = 86_400
@@ -75,6 +75,9 @@ class _Gated:
 
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None:
         return await self.ledger.stored_payload(scope, release_id)
+
+    async def stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
+        return await self.ledger.stored_charge(scope, release_id)
 
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
         return await self.ledger.pending(older_than_s)

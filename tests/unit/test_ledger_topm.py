@@ -1,4 +1,5 @@
-"""`ledger.topm`: what a charge raises the sum of a metric's m largest charges by, against brute force."""
+"""`ledger.topm`: what a charge raises the sum of a metric's m largest charges by, against brute force, and
+its undoing."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def test_raised_is_the_rise_of_the_m_largest(costs: list[int], m: int) -> None:
         assert top == tuple(sorted(seen, reverse=True)[:m])
         total += rise
     assert total == sum(sorted(costs, reverse=True)[:m])
+
+
+@given(costs=st.lists(st.integers(1, 10**6), max_size=40), m=st.integers(1, 8))
+def test_lowered_undoes_raised(costs: list[int], m: int) -> None:
+    """Given a charge's cost and what it raised the sum by, `lowered` gives back the m largest before it
+    (what pricing a close in its canonical order takes out for a charge that already ran)."""
+    top: tuple[int, ...] = ()
+    for cost in costs:
+        rise, after = topm.raised(top, m, cost)
+        assert topm.lowered(after, cost, rise) == top
+        top = after
 
 
 def test_field_names_the_metric_and_topology_version() -> None:

@@ -25,6 +25,7 @@ from dpstream.topology.allocation import (
 )
 from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
+from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
 from dpstream.workers.ledger.decision import state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
@@ -249,27 +250,45 @@ def price_in_order(
     window_end: int,
     schedule_start: int | None = None,
     before: Sequence[tuple[str, int]] = (),
-    charged: Mapping[str, int] | None = None,
+    charged: Mapping[str, tuple[int, int]] | None = None,
 ) -> Quote:
     """`price` with the releases of one close time in their canonical (P(w), metric) order, so
     what a release costs never depends on which of them happened to be charged first.
 
-    `charged` (metric → units) are the releases of this close (same scope, period and window end)
-    already charged, in whatever order they ran: they are taken out of the snapshot. `before`
-    ((metric, window start), in canonical order) are the releases of this close that come before
-    this one: each is priced from the snapshot so far and, if it would be charged, counted in it at
-    its own allowance. Then this release is priced. The quote's `ratio_after` is the period's spend
-    after it over the cap, in that order (the record's `budget.ratio_after`). The spend version is
-    the snapshot's, so a charge that landed since still answers STALE_QUOTE."""
+    `charged` (metric → (its own cost, what its period paid for it), in units) are the releases of this
+    close (same scope, period and window end) already charged, in whatever order they ran: they are
+    taken out of the snapshot. `before` ((metric, window start), in canonical order) are the releases
+    of this close that come before this one: each is priced from the snapshot so far and, if it would
+    be charged, counted in it as the ledger would count it (under `max_windows` and for a running
+    total's later steps, by what it raises the metric's largest charges by: `topm`). Then this release
+    is priced. The quote's `ratio_after` is the period's spend after it over the cap, in that order
+    (the record's `budget.ratio_after`). The spend version is the snapshot's, so a charge that landed
+    since still answers STALE_QUOTE."""
     if charged:
-        counts = dict(snap.charged_after)
-        for name in charged:
-            counts[name] = max(0, counts.get(name, 0) - 1)
-        snap = snap._replace(spent_units=max(0, snap.spent_units - sum(charged.values())), charged_after=counts)
+        snap = _taken_out(cfg, snap, charged)
     for name, start in before:
         earlier = price(cfg, snap, name, period_id, period_start, start, window_end, schedule_start)
         if earlier.ok:
-            counts = dict(snap.charged_after)
-            counts[name] = counts.get(name, 0) + 1
-            snap = snap._replace(spent_units=snap.spent_units + earlier.cost_units, charged_after=counts)
+            snap = _counted_in(cfg, snap, name, earlier.cost_units)
     return price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)
+
+
+def _counted_in(cfg: ScopeConfig, snap: Snapshot, name: str, units: int) -> Snapshot:
+    """The snapshot after a charge of `units` to `name`, as the ledger's decision counts it."""
+    counts = dict(snap.charged_after)
+    counts[name] = counts.get(name, 0) + 1
+    if name not in cfg.capped:
+        return snap._replace(spent_units=snap.spent_units + units, charged_after=counts)
+    paid, top = topm.raised(snap.tops.get(name, ()), cfg.capped[name][0], units)
+    return snap._replace(spent_units=snap.spent_units + paid, charged_after=counts, tops={**snap.tops, name: top})
+
+
+def _taken_out(cfg: ScopeConfig, snap: Snapshot, charged: Mapping[str, tuple[int, int]]) -> Snapshot:
+    """The snapshot before the charges of `charged` (metric → (own units, units its period paid))."""
+    counts, tops, spent = dict(snap.charged_after), dict(snap.tops), snap.spent_units
+    for name, (own, paid) in charged.items():
+        counts[name] = max(0, counts.get(name, 0) - 1)
+        spent -= paid
+        if name in tops:
+            tops[name] = topm.lowered(tops[name], own, paid)
+    return snap._replace(spent_units=max(0, spent), charged_after=counts, tops=tops)

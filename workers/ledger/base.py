@@ -73,6 +73,7 @@ from dpstream.workers.ledger.types import (
     ReleaseRequest,
     ScopeStatus,
     State,
+    StoredCharge,
 )
 from dpstream.workers.ledger.units import (
     cost_to_units,
@@ -320,7 +321,7 @@ class Ledger(ABC):
         window_end: int,
         *,
         before: Sequence[tuple[str, int]] = (),
-        charged: Mapping[str, int] | None = None,
+        charged: Mapping[str, tuple[int, int]] | None = None,
     ) -> Quote:
         """The adaptive allowance for the next release of `metric` (adaptive allocation), warning policy applied.
 
@@ -429,9 +430,15 @@ class Ledger(ABC):
         Lets a retry of a known window republish its stored bytes even when a fresh quote would
         refuse (budget spent since, breaker open): the charge was made, the value is fixed.
         """
+        stored = await self.stored_charge(scope, release_id)
+        return None if stored is None else stored.payload
+
+    async def stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
+        """The stored payload of a known release_id and the units its period paid for it (None if unknown
+        or past retention): what pricing the other releases of its close in their canonical order takes out."""
         if scope not in _VALID_SCOPES:
             _check_scope(scope)
-        return await self._stored_payload(scope, release_id)
+        return await self._stored_charge(scope, release_id)
 
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
         """Releases charged longer than `older_than_s` ago and not yet published (for the sweeper)."""
@@ -707,7 +714,7 @@ class Ledger(ABC):
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
 
     @abstractmethod
-    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
+    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None: ...
 
     @abstractmethod
     async def _step(

@@ -21,6 +21,7 @@ from dpstream.workers.ledger.base import Ledger, RawCharge
 from dpstream.workers.ledger.decision import Charge, View, decide, writes
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY
 from dpstream.workers.ledger.state import Op, ScopeState, apply_ops, zcount_from
+from dpstream.workers.ledger.types import StoredCharge
 
 _A = TypeVar("_A")
 
@@ -118,11 +119,11 @@ class MemoryLedger(Ledger):
             counts = {m: zcount_from(s, (pid, m), window_end) for m in metrics}
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
 
-    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
+    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
         with self._lock:
             s = self._store.get(scope) or self._scope(scope)
             rel = s.releases.get(release_id)
-            return None if rel is None else bytes(_payload(rel))
+            return None if rel is None else StoredCharge(bytes(_payload(rel)), int(rel["cost"]))
 
     async def _scopes(self) -> list[str]:
         with self._lock:

@@ -46,7 +46,7 @@ from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
 from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
 from dpstream.workers.ledger.state import Key, Op, ScopeState, apply_ops
-from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest, StoredCharge
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
@@ -492,9 +492,9 @@ class RedisLedger(Ledger):
         counts = {m: int(c) for m, c in zip(metrics, out[3:], strict=True)}
         return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts
 
-    async def _stored_payload(self, scope: str, release_id: str) -> bytes | None:
-        raw = await self._guard(self._client.hget(self._keys(scope).release(release_id), "payload"))
-        return bytes(raw) if raw is not None else None
+    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
+        raw, paid = await self._guard(self._client.hmget(self._keys(scope).release(release_id), ["payload", "cost"]))
+        return StoredCharge(bytes(raw), int(paid or 0)) if raw is not None else None
 
     async def _read(
         self,

@@ -11,7 +11,7 @@ charges a release by how much it raises their sum. Selection δ is charged in fu
 
 from __future__ import annotations
 
-__all__ = ["field", "parse", "text", "raised"]
+__all__ = ["field", "parse", "text", "raised", "lowered"]
 
 
 def field(metric: str, topology_version: str) -> str:
@@ -35,3 +35,15 @@ def raised(top: tuple[int, ...], m: int, cost: int) -> tuple[int, tuple[int, ...
     while fewer than m are charged, then max(0, cost − the m-th largest)."""
     after = tuple(sorted((*top, cost), reverse=True)[:m])
     return sum(after) - sum(top[:m]), after
+
+
+def lowered(top: tuple[int, ...], cost: int, paid: int) -> tuple[int, ...]:
+    """The m largest before a charge of `cost` that raised their sum by `paid` (`raised` undone): unchanged
+    when it raised nothing; else without that charge, and with the one it pushed out (cost − paid) back."""
+    if paid <= 0 or cost not in top:
+        return top
+    rest = list(top)
+    rest.remove(cost)
+    if paid < cost:
+        rest.append(cost - paid)
+    return tuple(sorted(rest, reverse=True))

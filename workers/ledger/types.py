@@ -14,6 +14,7 @@ __all__ = [
     "ChargeResult",
     "Quote",
     "PendingRelease",
+    "StoredCharge",
     "ParkedRelease",
     "BreakerInfo",
     "PeriodSummary",
@@ -162,6 +163,14 @@ class Quote(NamedTuple):
     def ok(self) -> bool:
         """True when a release with this cost may be charged."""
         return self.refused_reason is None and not self.thinned and self.cost_units > 0
+
+
+class StoredCharge(NamedTuple):
+    """A charged release as the ledger stores it: its payload, and the units its (main) period paid for it,
+    which under `max_windows` and for a running total's later steps is less than its own cost (`topm`)."""
+
+    payload: bytes
+    paid_units: int
 
 
 @dataclass(frozen=True)

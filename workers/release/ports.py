@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dpstream.topology.model import Accounting, Metric
-from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, ReleaseRequest
+from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, ReleaseRequest, StoredCharge
 
 
 class ReleaseLedger(Protocol):
@@ -28,7 +28,7 @@ class ReleaseLedger(Protocol):
         window_end: int,
         *,
         before: Sequence[tuple[str, int]] = (),
-        charged: Mapping[str, int] | None = None,
+        charged: Mapping[str, tuple[int, int]] | None = None,
     ) -> Quote: ...
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult: ...
@@ -36,6 +36,8 @@ class ReleaseLedger(Protocol):
     async def commit(self, scope: str, release_id: str) -> bool: ...
 
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
+
+    async def stored_charge(self, scope: str, release_id: str) -> StoredCharge | None: ...
 
     async def running_steps(self, scope: str, metric: str, period_id: str) -> dict[int, bytes]: ...
 

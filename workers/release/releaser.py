@@ -259,13 +259,14 @@ class Releaser:
         self._closes[key] = found
         return found
 
-    async def _charged_of(self, scope: str, end: int, others: list[tuple[str, int]]) -> dict[str, int]:
-        """Units already charged to the releases of `others` (ending at `end`), by metric."""
-        charged: dict[str, int] = {}
+    async def _charged_of(self, scope: str, end: int, others: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+        """The releases of `others` (ending at `end`) already charged, by metric: (their own cost, what their
+        period paid for them), in units."""
+        charged: dict[str, tuple[int, int]] = {}
         for name, s in others:
-            stored = await self.ledger.stored_payload(scope, self.release_id(name, s, end))
+            stored = await self.ledger.stored_charge(scope, self.release_id(name, s, end))
             if stored is not None:
-                charged[name] = cost_to_units(charged_cost_of(stored))
+                charged[name] = (cost_to_units(charged_cost_of(stored.payload)), stored.paid_units)
         return charged
 
     async def _quote(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:

@@ -1,7 +1,7 @@
 """Time the release side's ledger calls: a thin proxy around the ledger the `Releaser` is given.
 
 `dpstream_ledger_request_duration_seconds{op}` and `dpstream_ledger_errors_total{op}` for the five
-calls of the release protocol and the sweeper (quote, charge, commit, stored_payload, pending).
+calls of the release protocol and the sweeper (quote, charge, commit, stored_payload, stored_charge, pending).
 Every other attribute passes through untouched and untimed. The proxy sees only the call and
 whether it raised: no argument, payload or result is kept.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from dpstream.workers.telemetry.histogram import LEDGER_BUCKETS, LabelledHistogram
 
-LEDGER_OPS = ("quote", "charge", "commit", "stored_payload", "pending")
+LEDGER_OPS = ("quote", "charge", "commit", "stored_payload", "stored_charge", "pending")
 """The timed ledger calls (the `op` label)."""
 
 
@@ -65,6 +65,9 @@ class TimedLedger:
 
     async def stored_payload(self, *args: Any, **kwargs: Any) -> Any:
         return await self._timed("stored_payload", *args, **kwargs)
+
+    async def stored_charge(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed("stored_charge", *args, **kwargs)
 
     async def pending(self, *args: Any, **kwargs: Any) -> Any:
         return await self._timed("pending", *args, **kwargs)
