@@ -303,7 +303,7 @@ class Releaser:
             return ReleaseResult(ReleaseOutcome.EXPIRED, rid, m.name, start, end, quote.refused_reason or "expired")
         needs_lump, state, clamped, appended = False, b"", 0, None
         if m.running_total:
-            step = await self._running_step(m, budget, start, end, quote, true_values)
+            step = await self._running_step(m, budget, start, end, rid, quote, true_values)
             if isinstance(step, ReleaseResult):
                 return step
             cost, needs_lump, noise_fields, state, appended = step
@@ -378,7 +378,7 @@ class Releaser:
         return quote.cost
 
     async def _running_step(
-        self, m: Metric, budget: Budget, start: int, end: int, quote: Quote, true_values: dict[str, Any]
+        self, m: Metric, budget: Budget, start: int, end: int, rid: str, quote: Quote, true_values: dict[str, Any]
     ) -> ReleaseResult | tuple[float, bool, dict[str, Any], bytes, tuple[running.PeriodHistory, Any, Any]]:
         """A running total's step (`running`): (its cost, whether it needs the period's lump, its noise
         fields, its state, what to add to the period's history once charged), or the result when it
@@ -388,7 +388,7 @@ class Releaser:
         releaser holds every step before this one."""
         first = running.first_step(m, budget, start, getattr(self.ledger, "schedule_start", None))
         if start == first:
-            asked = self._cost_asked(m, quote, self.release_id(m.name, start, end), start, end)
+            asked = self._cost_asked(m, quote, rid, start, end)
             if isinstance(asked, ReleaseResult):
                 return asked
             cost = asked
