@@ -132,14 +132,18 @@ def test_the_report_reads_the_deployment_start_from_the_topology_or_the_ledger()
 def test_first_period_advice_compares_plan_with_plan_over_the_span_from_the_deployment_start() -> None:
     """On-plan charges of a first period starting at :41:40 (every window from S released): the realised E
     equals the plan's E priced over the windows from S, as the ledger priced them (a third of the period's
-    windows share the whole pool), and the advised weights priced over the same span do not look worse;
-    only a whole next period is set against a whole period's plan."""
+    windows share the whole pool); only a whole next period is set against a whole period's plan, and the
+    verdict judges the advised weights there, where they are optimal. (Over the partial span they are not:
+    with the noisy magnitudes of empty windows they came out up to 1.1 % worse there in 2 of 100 runs, and
+    the verdict, when taken over the span, said "worse" in 1.)"""
     late = P0 + 2_500
     rep, _ = asyncio.run(_report([(late, P0 + HOUR + 120)], start=late))
     adv = rep["advice"]
     j = adv["weighted_relative_error"]
     assert math.isclose(j["this_period"], j["this_plan"], rel_tol=2e-3)
-    assert j["advised"] <= j["this_plan"] * (1 + 1e-9) and j["predicted_change"] <= 1.0 + 1e-9
+    nxt = j["next_period"]
+    assert j["predicted_change"] == nxt["advised"] / nxt["this_plan"] <= 1.0 + 1e-6  # weights rounded to 4 digits
+    assert j["predicted_change_over"] == "a whole next period, advised vs current weights"
     assert j["verdict"] != "worse"
     assert adv["span"] == {"from_epoch": late, "first_period": True, "note": adv["span"]["note"]}
     for row in adv["metrics"]:

@@ -21,7 +21,10 @@ period (`planned.planned_of_plan`): a whole period, or in a deployment's first p
 schedule start S with the pool spread over them, as the ledger priced them. So a partial first period's
 boosted per-release share is never set against a whole period's plan. E′_j = c_j/m′_j under the advised
 weights over that span; the whole next period's figures (what `dpstream plan FILE --weights-from
-REPORT.json` shows) are beside them (`*_next_period`).
+REPORT.json` shows) are beside them (`*_next_period`). The predicted change and its verdict compare the
+advised weights with this period's realised error; in a first period with the current weights' plan over a
+whole next period instead (`predicted_change_over`), since weights optimal for a whole period are not
+optimal over a partial span and could be called worse there.
 """
 
 from __future__ import annotations
@@ -145,8 +148,12 @@ def advice_section(
                 "epsilon_equivalent_advised_next_period": plan_new.metric(m.name).per_release_epsilon,
             }
         )
-    change = (j_new / j_now) if j_now else None
     first = span.start is not None
+    # the verdict judges the weights for what they are for, the next period: in a first period by the two
+    # plans over a whole one (weights optimal for a whole period need not be over a partial span, where
+    # they may look up to ~1 % worse as the noisy magnitudes fall); else advised against this period
+    ours, theirs = (j_next_new, j_next_plan) if first else (j_new, j_now)
+    change = ours / theirs if theirs else None
     return {
         "objective": "sum over numeric metrics of importance (the topology weight) x relative error "
         "(expected |error| / typical released magnitude), same cap and pool share",
@@ -169,6 +176,7 @@ def advice_section(
             "this_plan": j_plan,
             "advised": j_new,
             "predicted_change": change,
+            "predicted_change_over": "a whole next period, advised vs current weights" if first else "this period",
             "verdict": verdict(change),
             "next_period": {"this_plan": j_next_plan, "advised": j_next_new},
         },

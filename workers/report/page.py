@@ -401,10 +401,18 @@ def render_page(rep: dict[str, Any]) -> str:
     if span := adv.get("span"):
         parts.append(f"<p>Compared over the same span: {esc(span['note'])}.</p>")
     if (w := adv.get("weighted_relative_error")) and w.get("verdict"):
-        parts.append(
-            f"<p>Weighted relative error {w['this_period']:.4g} this period, {w['advised']:.4g} advised "
-            f"(× {w['predicted_change']:.3f}: {esc(w['verdict'])}).</p>"
-        )
+        if (span or {}).get("first_period"):  # the verdict is over a whole next period (plan vs plan)
+            nxt = w["next_period"]
+            parts.append(
+                f"<p>Weighted relative error {w['this_period']:.4g} this period; over a whole next period "
+                f"{nxt['this_plan']:.4g} with the current weights, {nxt['advised']:.4g} advised "
+                f"(× {w['predicted_change']:.3f}: {esc(w['verdict'])}).</p>"
+            )
+        else:
+            parts.append(
+                f"<p>Weighted relative error {w['this_period']:.4g} this period, {w['advised']:.4g} advised "
+                f"(× {w['predicted_change']:.3f}: {esc(w['verdict'])}).</p>"
+            )
     parts.append(
         _table(
             adv.get("metrics", []),
