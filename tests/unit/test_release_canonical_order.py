@@ -171,3 +171,58 @@ def test_releases_ready_together_across_close_times_cost_what_they_cost_in_order
     assert _run_across_closes(topo, in_order[::-1], together=False) != expected  # order matters
     for dispatched in (in_order[::-1], in_order[1::2] + in_order[::2], in_order):
         assert _run_across_closes(topo, dispatched, together=True) == expected
+
+
+_LATE_YAML = """
+version: 1
+sources:
+  s: {topic: t, privacy_unit: user_id, timestamp: ts}
+budgets:
+  b: {epsilon: 1000.0, delta: 1.0e-6, accounting: zcdp, period: 1d}
+metrics:
+  spend: {source: s, budget: b, weight: 1, window: {tumbling: 2s}, aggregate: count, mechanism: gaussian}
+  users: {source: s, budget: b, weight: 1, window: {tumbling: 2s}, aggregate: count, mechanism: gaussian}
+  views: {source: s, budget: b, weight: 1, window: {tumbling: 2s}, aggregate: count, mechanism: gaussian}
+sinks: {releases: r, dead_letter: d}
+"""
+
+
+def test_a_metric_late_at_the_period_end_gets_what_is_left_not_a_refusal() -> None:
+    """Two workers, one late by four closes (a ledger outage, say) as the period ends: the others' releases
+    did not count its windows and priced the pool away. Its first late window is priced as if the releases
+    after it in its close had not charged (they have): the quote is cut to what the ledger really holds, so
+    it gets the rest of the pool, and only the windows after it, with nothing left, are refused. (Before, all
+    three were refused, the first with 3.9e12 units of the pool still there, as in a chaos run that crossed
+    midnight.)"""
+    topo = load_topology_text(_LATE_YAML)
+    end = _T0 + 86_400
+    start = end - 40
+
+    async def go() -> tuple[list[tuple[str, int, ReleaseOutcome, str]], object]:
+        ledger = await open_ledger("memory", topo, clock=ManualClock(end + 10))
+        ledger.use_schedule_start(start)
+        on_time, late = Releaser(topo, ledger), Releaser(topo, ledger)
+        out: list[tuple[str, int, ReleaseOutcome, str]] = []
+
+        async def publish(value: bytes, key: bytes) -> None:
+            return None
+
+        closes = list(range(start + 2, end + 1, 2))
+        for i, close in enumerate(closes):
+            for name in ("users", "views"):
+                r = await on_time.release(name, (close - 2, close), {"": 5}, publish)
+                out.append((name, close - end, r.outcome, r.reason or ""))
+            if i >= 4:
+                c = closes[i - 4]
+                r = await late.release("spend", (c - 2, c), {"": 5}, publish)
+                out.append(("spend", c - end, r.outcome, r.reason or ""))
+        for c in closes[-4:]:
+            r = await late.release("spend", (c - 2, c), {"": 5}, publish)
+            out.append(("spend", c - end, r.outcome, r.reason or ""))
+        return out, next(p for p in await ledger.history("b") if p.start == end - 86_400)
+
+    out, status = asyncio.run(go())
+    refused = [(name, at, reason) for name, at, outcome, reason in out if outcome is not ReleaseOutcome.PUBLISHED]
+    assert [(name, at) for name, at, _ in refused] == [("spend", -2), ("spend", 0)], refused
+    assert all("0 units left" in reason for _, _, reason in refused), refused
+    assert status.spent_units == status.cap_units - status.reserve_units  # the whole pool spent, none wasted

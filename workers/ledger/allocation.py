@@ -212,15 +212,13 @@ def price(
         m, top = cfg.capped[metric][0], snap.tops.get(metric, ())
         if len(top) >= m:  # m paid already: priced at the m-th largest, which raises their sum by 0
             return _quote(cfg, plan, period_id, snap, state, top[m - 1], with_ratio, paid=0)
-    pool_left = (cap if reserve < grant else cap - reserve + grant) - spent  # min(cap, cap − reserve + grant) − spent
-    if pool_left < 0:
-        pool_left = 0
+    pool_left = _room(snap, False)
     units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start, window_start)
     if plan.may_use_reserve:
         static = _units_of(
             cap - reserve, cfg.planned_shares[metric] * window_weight(cfg.shaped.get(metric), window_start)
         )
-        units = min(cap - spent, max(units, static))
+        units = min(_room(snap, True), max(units, static))
     elif units > pool_left:
         units = pool_left
     stretched = False
@@ -231,13 +229,28 @@ def price(
             units = math.floor(units * Fraction(warning_cost_factor(cfg.on_warning, cfg.accounting)))
             stretched = True
     if units <= 0:
-        reason = (
-            "budget exhausted: nothing left of the cap"
-            if plan.may_use_reserve
-            else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
-        )
-        return _quote(cfg, plan, period_id, snap, state, 0, with_ratio, refused_reason=reason)
+        return _exhausted(cfg, plan, period_id, snap, state, with_ratio)
     return _quote(cfg, plan, period_id, snap, state, units, with_ratio, stretched=stretched)
+
+
+def _room(snap: Snapshot, may_use_reserve: bool) -> int:
+    """What one more charge may take of the period: the pool left, min(cap, cap − reserve + grant) − spent,
+    or for a metric that may use the reserve what is left of the cap (never below 0)."""
+    cap, reserve, _, spent, grant = snap[:5]
+    room = cap - spent if may_use_reserve else (cap if reserve < grant else cap - reserve + grant) - spent
+    return room if room > 0 else 0
+
+
+def _exhausted(
+    cfg: ScopeConfig, plan: MetricShare, period_id: str, snap: Snapshot, state: State, with_ratio: bool
+) -> Quote:
+    """The refusal of a release that nothing is left for."""
+    reason = (
+        "budget exhausted: nothing left of the cap"
+        if plan.may_use_reserve
+        else "pool exhausted: only may_use_reserve metrics or an operator grant draw on the reserve"
+    )
+    return _quote(cfg, plan, period_id, snap, state, 0, with_ratio, refused_reason=reason)
 
 
 def price_in_order(
@@ -264,13 +277,35 @@ def price_in_order(
     is priced. The quote's `ratio_after` is the period's spend after it over the cap, in that order
     (the record's `budget.ratio_after`). The spend version is the snapshot's, so a charge that landed
     since still answers STALE_QUOTE."""
+    real = snap
     if charged:
         snap = _taken_out(cfg, snap, charged)
     for name, start in before:
         earlier = price(cfg, snap, name, period_id, period_start, start, window_end, schedule_start)
         if earlier.ok:
             snap = _counted_in(cfg, snap, name, earlier.cost_units)
-    return price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)
+    quote = price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)
+    return _within_room(cfg, real, metric, period_id, quote)
+
+
+def _within_room(cfg: ScopeConfig, real: Snapshot, metric: str, period_id: str, quote: Quote) -> Quote:
+    """`quote`, cut to what the period really has left (`_room` of the snapshot as read). Priced as if the
+    releases of its close that come after it had not charged yet, it can ask for more than the ledger holds
+    once they have, which the charge would refuse: a metric late with a backlog at a period's end, whose
+    windows the others' releases (not counting them) priced the pool away from. It then gets what is left,
+    and the order of the charges decides who gets it."""
+    if not quote.ok:
+        return quote
+    plan = cfg.plans.get(metric) or cfg.metric(metric)
+    units = quote.cost_units
+    paid = topm.raised(real.tops.get(metric, ()), cfg.capped[metric][0], units)[0] if metric in cfg.capped else units
+    over = paid - _room(real, plan.may_use_reserve)
+    if over <= 0:
+        return quote
+    if units - over <= 0:
+        return _exhausted(cfg, plan, period_id, real, quote.state, True)
+    cut = units - over
+    return _quote(cfg, plan, period_id, real, quote.state, cut, True, stretched=quote.stretched, paid=paid - over)
 
 
 def _counted_in(cfg: ScopeConfig, snap: Snapshot, name: str, units: int) -> Snapshot:
