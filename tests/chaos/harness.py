@@ -47,7 +47,7 @@ budgets:
     epsilon: {epsilon}
     delta: 1.0e-6
     accounting: zcdp
-    period: 1d
+    period: {period}
 metrics:
   views:
     source: clicks
@@ -161,8 +161,10 @@ class Servers:
             self.sentinel.stop()
 
 
-def write_topology(base: Path, bootstrap: str, start: int, epsilon: float, source_topic: str | None) -> Topology:
-    """A three-metric topology with unique topic names; its topics are created."""
+def write_topology(
+    base: Path, bootstrap: str, start: int, epsilon: float, source_topic: str | None, period: str = "1d"
+) -> Topology:
+    """A three-metric topology with unique topic names and budget `period`; its topics are created."""
     prefix = f"chaos-{uuid.uuid4().hex[:10]}"
     path = base / prefix / "topology.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +176,7 @@ def write_topology(base: Path, bootstrap: str, start: int, epsilon: float, sourc
             window=WINDOW_S,
             lateness=LATENESS_S,
             source_topic=source_topic or f"{prefix}.clicks",
+            period=period,
         )
     )
     topology = load_topology(path)

@@ -44,8 +44,12 @@ from tests.chaos.harness import (
     release_lags,
     write_topology,
 )
+from tests.e2e._monitoring import choose_period
 
 EPSILON = 1000.0
+PERIODS = ("1d", "2d", "3d", "5d", "7d")
+RUN_MARGIN_S = 1800
+"""What a run needs beyond its feed (servers, the first release, the drain and verify), with room to spare."""
 
 
 def _verify_ok(topology: Any, bootstrap: str, redis_url: str, until: float, outages: list[tuple[float, float]]) -> Any:
@@ -89,8 +93,11 @@ def _chaos(tmp_path: Path, settings: ChaosSettings, sentinel: bool) -> None:
     clean_sup: Supervisor | None = None
     try:
         start = int(time.time()) // WINDOW_S * WINDOW_S + WINDOW_S
-        chaos = write_topology(tmp_path, bootstrap, start, EPSILON, None)
-        clean = write_topology(tmp_path, bootstrap, start, EPSILON, chaos.sources["clicks"].topic)
+        # a budget period that does not end during the run, so what it checks does not depend on the time of
+        # day (a run that crossed UTC midnight saw its late windows priced out at the period's end)
+        period, _ = choose_period(start, PERIODS, int(settings.feed_s) + RUN_MARGIN_S)
+        chaos = write_topology(tmp_path, bootstrap, start, EPSILON, None, period)
+        clean = write_topology(tmp_path, bootstrap, start, EPSILON, chaos.sources["clicks"].topic, period)
         chaos_path = tmp_path / chaos.sinks.releases.removesuffix(".releases") / "topology.yaml"
         clean_path = tmp_path / clean.sinks.releases.removesuffix(".releases") / "topology.yaml"
         sup = Supervisor(chaos_path, bootstrap, servers.ledger_url, [Slot("w1", 0), Slot("w2", 1)], rng)
