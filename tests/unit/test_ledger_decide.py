@@ -19,6 +19,8 @@ from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting
 from dpstream.topology.periods import period_id, period_start, periods_touched
 from dpstream.workers.ledger import Outcome, ReleaseRequest, open_ledger
+from dpstream.workers.ledger.allocation import Snapshot, room
+from dpstream.workers.ledger.base import budget_left
 from dpstream.workers.ledger.decision import Charge, ChargeTerms, Decision, View, decide
 from dpstream.workers.ledger.testing import ManualClock, one_scope_topology
 from dpstream.workers.ledger.types import fill_ratio
@@ -201,6 +203,26 @@ def test_decide_answers_as_the_rules_say_and_writes_only_what_its_outcome_allows
     assert d.release is not None and a.payload == d.release["payload"] == fill_ratio(c.req.payload, ratio)
     assert [e["kind"] for e in d.audit].count("charge") == len(touched)
     assert {pid for pid, _, _ in d.opened} == {pid for pid in touched if pid not in view.starts}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, CAP + 3), st.integers(0, CAP), st.booleans())
+def test_the_room_pricing_and_status_see_is_what_the_decision_charges(spent: int, grant: int, may_use: bool) -> None:
+    """The room a quote is cut to (`allocation.room`) is the largest cost `decide` charges, and the
+    status's pool and reserve left (`budget_left`) split it: one pool rule (`decision.spend_limit`)."""
+    block = {k: v for k, v in CONFIG.items() if k != "digest"} | {"spent": str(spent), "grant": str(grant)}
+    view = View(CONFIG, {}, {PIDS[0]: block | {"start": str(P0)}}, {PIDS[0]: P0}, None)
+    req = ReleaseRequest("r1", "s", PIDS[0], "m", P0 + 600, P0 + 1200, 0.0, RECORD % b"r1")
+    req = req._replace(may_use_reserve=may_use)
+
+    def charged(cost: int) -> bool:
+        return decide(view, Charge(req, cost, 0, P0, "d1", TERMS, False, 5_000)).answer.outcome == "charged"
+
+    snap = Snapshot(CAP, RESERVE, WARN, spent, grant, None, {})
+    left = room(snap, may_use)
+    assert (left == 0 or charged(left)) and not charged(left + 1)
+    pool_left, reserve_left = budget_left(CAP, RESERVE, grant, spent)
+    assert (pool_left, pool_left + reserve_left) == (room(snap, False), room(snap, True))
 
 
 def test_a_decision_on_a_known_release_answers_its_first_bytes_whatever_else_holds() -> None:

@@ -8,7 +8,7 @@ equal the static plan to the unit and the last release of a period takes exactly
 
 from __future__ import annotations
 
-__all__ = ["Snapshot", "state_of", "price", "price_in_order"]
+__all__ = ["Snapshot", "state_of", "price", "price_in_order", "room"]
 
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +27,7 @@ from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
-from dpstream.workers.ledger.decision import state_of
+from dpstream.workers.ledger.decision import spend_limit, state_of
 from dpstream.workers.ledger.types import BreakerInfo, Quote, State
 from dpstream.workers.ledger.units import chargeable_float
 
@@ -212,13 +212,13 @@ def price(
         m, top = cfg.capped[metric][0], snap.tops.get(metric, ())
         if len(top) >= m:  # m paid already: priced at the m-th largest, which raises their sum by 0
             return _quote(cfg, plan, period_id, snap, state, top[m - 1], with_ratio, paid=0)
-    pool_left = _room(snap, False)
+    pool_left = room(snap, False)
     units = _adaptive_units(cfg, snap, metric, period_start, window_end, pool_left, schedule_start, window_start)
     if plan.may_use_reserve:
         static = _units_of(
             cap - reserve, cfg.planned_shares[metric] * window_weight(cfg.shaped.get(metric), window_start)
         )
-        units = min(_room(snap, True), max(units, static))
+        units = min(room(snap, True), max(units, static))
     elif units > pool_left:
         units = pool_left
     stretched = False
@@ -233,12 +233,10 @@ def price(
     return _quote(cfg, plan, period_id, snap, state, units, with_ratio, stretched=stretched)
 
 
-def _room(snap: Snapshot, may_use_reserve: bool) -> int:
-    """What one more charge may take of the period: the pool left, min(cap, cap − reserve + grant) − spent,
-    or for a metric that may use the reserve what is left of the cap (never below 0)."""
+def room(snap: Snapshot, may_use_reserve: bool) -> int:
+    """What one more charge may take of the period: its `spend_limit` less the spend (never below 0)."""
     cap, reserve, _, spent, grant = snap[:5]
-    room = cap - spent if may_use_reserve else (cap if reserve < grant else cap - reserve + grant) - spent
-    return room if room > 0 else 0
+    return max(0, spend_limit(cap, reserve, grant, may_use_reserve) - spent)
 
 
 def _exhausted(
@@ -285,11 +283,11 @@ def price_in_order(
         if earlier.ok:
             snap = _counted_in(cfg, snap, name, earlier.cost_units)
     quote = price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)
-    return _within_room(cfg, real, metric, period_id, quote)
+    return _withinroom(cfg, real, metric, period_id, quote)
 
 
-def _within_room(cfg: ScopeConfig, real: Snapshot, metric: str, period_id: str, quote: Quote) -> Quote:
-    """`quote`, cut to what the period really has left (`_room` of the snapshot as read). Priced as if the
+def _withinroom(cfg: ScopeConfig, real: Snapshot, metric: str, period_id: str, quote: Quote) -> Quote:
+    """`quote`, cut to what the period really has left (`room` of the snapshot as read). Priced as if the
     releases of its close that come after it had not charged yet, it can ask for more than the ledger holds
     once they have, which the charge would refuse: a metric late with a backlog at a period's end, whose
     windows the others' releases (not counting them) priced the pool away from. It then gets what is left,
@@ -299,7 +297,7 @@ def _within_room(cfg: ScopeConfig, real: Snapshot, metric: str, period_id: str, 
     plan = cfg.plans.get(metric) or cfg.metric(metric)
     units = quote.cost_units
     paid = topm.raised(real.tops.get(metric, ()), cfg.capped[metric][0], units)[0] if metric in cfg.capped else units
-    over = paid - _room(real, plan.may_use_reserve)
+    over = paid - room(real, plan.may_use_reserve)
     if over <= 0:
         return quote
     if units - over <= 0:

@@ -41,7 +41,7 @@ from dpstream.topology.periods import periods_touched as _periods_touched
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
 from dpstream.workers.ledger.config import ScopeConfig
-from dpstream.workers.ledger.decision import Charge, ChargeTerms, RawCharge
+from dpstream.workers.ledger.decision import Charge, ChargeTerms, RawCharge, spend_limit
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
 from dpstream.workers.ledger.keys import LEDGER_ID_KEY, check_scope_name, version_schedule_start_key
 from dpstream.workers.ledger.reporting import iso
@@ -125,7 +125,7 @@ def budget_left(cap: int, reserve: int, grant: int, spent: int) -> tuple[int, in
     what operators granted of the reserve); the reserve left is the rest of what the cap has left,
     so the two always add up to cap − spent, however much was granted or drawn from the reserve."""
     left = max(0, cap - spent)
-    pool_left = min(left, max(0, min(cap, cap - reserve + grant) - spent))
+    pool_left = max(0, spend_limit(cap, reserve, grant, False) - spent)
     return pool_left, left - pool_left
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "writes",
     "state_of",
     "stale_reason",
+    "spend_limit",
 ]
 
 from collections.abc import Mapping
@@ -48,6 +49,13 @@ def state_of(spent_units: int, warn_units: int, is_open: bool) -> State:
     if is_open:
         return State.OPEN
     return State.WARNING if spent_units >= warn_units else State.NORMAL
+
+
+def spend_limit(cap: int, reserve: int, grant: int, may_use_reserve: bool) -> int:
+    """The most a period's spend may reach with one more charge (the one rule): the whole cap for a
+    metric that may use the reserve, else the pool, cap − reserve plus what operators granted of the
+    reserve, never above the cap."""
+    return cap if may_use_reserve or reserve <= grant else cap - reserve + grant
 
 
 def _state(spent: int, warn: int, is_open: bool) -> str:
@@ -330,9 +338,7 @@ def _refusal(view: View, c: Charge, periods: list[_Period]) -> tuple[_Period, st
                 f"budget exhausted: cost {cost} exceeds the {cap - spent} units left of the cap" + _later(p, main),
                 True,
             )
-        limit = cap - int(p.reserve_s) + p.grant
-        if may_use_reserve or limit > cap:
-            limit = cap
+        limit = spend_limit(cap, int(p.reserve_s), p.grant, may_use_reserve)
         if spent + cost > limit:
             why = (
                 f"pool exhausted: cost {cost} exceeds the {max(0, limit - spent)} units left outside the reserve "
