@@ -29,6 +29,7 @@ from dpstream.workers.pipeline.copies import position_order, source_position_of
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, UNDECLARED_KEY
 from dpstream.workers.pipeline.events import DeadLetter
 from dpstream.workers.pipeline.partition import BatchOutput, PartitionPipeline, RecordLike
+from dpstream.workers.pipeline.window_caps import unit_key
 
 
 def oracle_process_batch(pipe: PartitionPipeline, records: Iterable[RecordLike]) -> BatchOutput:
@@ -169,6 +170,8 @@ def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, 
             if st is None:
                 st = windows[s] = _WindowState(offset)
             if bounded:
+                if acc.caps is not None:  # the close reads each unit's period-state key from the window
+                    st.digests[unit] = unit_key(unit)
                 kept = st.kept
                 got = kept.get(uk)
                 if got is None:

@@ -266,6 +266,7 @@ def _state(pipe: PartitionPipeline) -> Any:
                 st.rejected,
                 st.agg,
                 st.support,
+                st.digests,
             )
             for s, st in acc.windows.items()
         }

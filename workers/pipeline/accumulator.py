@@ -93,6 +93,8 @@ class _Groups(NamedTuple):
 
     window: np.ndarray
     """Index of the group's window (into the batch's window starts)."""
+    unit: np.ndarray
+    """The group's unit, as an index into the batch's units."""
     units: list[str]
     key: np.ndarray | None
     """Key codes (into `names`); None when ungrouped."""
@@ -154,9 +156,10 @@ class _WindowState:
     key stays refused, the bar only falls), so a repeat is not hashed again, at most
     `_REJECTED_KEPT`; `agg`: the aggregate of what `kept` holds, kept up to date as contributions
     come and go; `support`: per key of a grouped sum, how many units hold a contribution to it (a
-    key none holds leaves `agg`)."""
+    key none holds leaves `agg`); `digests`: under a period rule, the `unit_key` of every unit that
+    brought a contribution (hashed once per batch, not once per window and metric at the close)."""
 
-    __slots__ = ("first_offset", "kept", "unit_keys", "priority", "rejected", "agg", "support")
+    __slots__ = ("first_offset", "kept", "unit_keys", "priority", "rejected", "agg", "support", "digests")
 
     def __init__(self, first_offset: int) -> None:
         self.first_offset = first_offset
@@ -166,6 +169,7 @@ class _WindowState:
         self.rejected: set[tuple[str, str]] = set()
         self.agg: PartialValues = {}
         self.support: dict[str, int] = {}
+        self.digests: dict[str, bytes] = {}
 
 
 class MetricAccumulator:
@@ -417,6 +421,10 @@ class MetricAccumulator:
             if present and not present.keys().isdisjoint(g.units[a:b]):  # units met in an earlier batch
                 stale = present.keys() & set(g.units[a:b])
                 fresh[a:b] &= np.fromiter((u not in stale for u in g.units[a:b]), bool, b - a)
+        if self.caps is not None:  # the units' period-state keys, for the close
+            digests = batch.unit_digests()[g.unit].tolist()
+            for w, a, b in zip(window_of, cuts, ends, strict=True):
+                states[w].digests.update(zip(g.units[a:b], digests[a:b], strict=True))
         self._insert(states, g, fresh, cuts, ends, window_of)
         if not fresh.all():
             self._merge_slow(states, starts, g, np.flatnonzero(~fresh).tolist())
@@ -489,7 +497,7 @@ class MetricAccumulator:
                 h = int(run_heads[r])
                 tuples[r] = tuple(keys[h : h + int(length[r])])
             runs = _Runs(run_heads, length, tuples, batch.unit_names()[g_unit[run_heads]].tolist())
-        return _Groups(g_window, units, g_key, keys, names, count, taken, held, pairs, sums, runs)
+        return _Groups(g_window, g_unit, units, g_key, keys, names, count, taken, held, pairs, sums, runs)
 
     def _insert(
         self,
@@ -719,7 +727,7 @@ class MetricAccumulator:
         assert isinstance(caps, WindowCaps)
         grouped = self._group is not None
         present = () if st is None else (st.unit_keys if grouped else st.kept)
-        dropped, delta = caps.close(start, present)
+        dropped, delta = caps.close(start, present, None if st is None else st.digests)
         if delta is not None:
             self.deltas.append(delta)
         if not dropped:
@@ -754,7 +762,7 @@ class MetricAccumulator:
             else:
                 for unit, got in kept.items():
                     present[unit] = [("", amount(got))]
-        cuts, delta = bound.close(start, present)
+        cuts, delta = bound.close(start, present, None if st is None else st.digests)
         if delta is not None:
             self.deltas.append(delta)
         if not cuts:

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dpstream.workers.pipeline.window_caps import unit_key
+
 _NO_KEY, _UNDECLARED = -1, -2
 """Key codes of an event without the group field, and of one whose key is not declared."""
 
@@ -66,6 +68,7 @@ class EventBatch:
     _values: dict[str, ValueColumn] = field(default_factory=dict, repr=False)
     _rank: tuple[np.ndarray, bool] | None = field(default=None, repr=False)
     _order_keys: list[Any] | None = field(default=None, repr=False)
+    _digests: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -97,6 +100,13 @@ class EventBatch:
         if self._names is None:
             self._names = objects(self.units)
         return self._names
+
+    def unit_digests(self) -> np.ndarray:
+        """Each of `units`' period-state key (`window_caps.unit_key`), as an object array; hashed once
+        per batch, whatever number of metrics and windows need them."""
+        if self._digests is None:
+            self._digests = objects(list(map(unit_key, self.units)))
+        return self._digests
 
     def keys(self, name: str, declared: frozenset[str] | None) -> KeyColumn:
         """The group-by field `name` coded over the batch (see `KeyColumn`); cached per field and key list."""
