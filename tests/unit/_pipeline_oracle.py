@@ -3,9 +3,12 @@
 `oracle_process_batch(pipe, records)` feeds records to a `PartitionPipeline`'s accumulators one event
 at a time, with the per-event rules exactly as they were written (parse, key check, unit hash, range,
 future, arrival-time inclusion, L0 by `key_priority`, L∞ by order key, fixed-point sums, skip and
-clamp tallies). It writes the same per-window state (`_WindowState`) the shipped batch path writes,
-and leaves closing to the shipped close-time code, so a test can run both on equal pipelines and
-compare partials, dead letters, counters and state after every batch.
+clamp tallies), into per-window state that follows every event (`_WindowState`), and closes windows
+with the close-time code shipped alongside it (`OracleAccumulator`: the period rules applied unit by
+unit, contributions taken out one by one). `oracle_pipeline` swaps a `PartitionPipeline`'s accumulators
+for oracle ones, so a test can run both on equal pipelines and compare partials, dead letters, count
+deltas, counters and commit points after every batch. Contributions bounding drops are tallied per
+window and counted at its close, as the shipped path counts them.
 """
 
 from __future__ import annotations
@@ -18,18 +21,186 @@ from typing import Any
 from dpstream.topology.errors import EventError
 from dpstream.workers.pipeline.accumulator import (
     _COUNT,
-    _REJECTED_KEPT,
     _SUM,
     _UNITS,
     MetricAccumulator,
-    _WindowState,
+    PartialValues,
     key_priority,
 )
 from dpstream.workers.pipeline.copies import position_order, source_position_of
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, UNDECLARED_KEY
 from dpstream.workers.pipeline.events import DeadLetter
 from dpstream.workers.pipeline.partition import BatchOutput, PartitionPipeline, RecordLike
-from dpstream.workers.pipeline.window_caps import unit_key
+from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
+from dpstream.workers.pipeline.window_caps import PeriodBound, WindowCaps, unit_key
+
+_REJECTED_KEPT = 65_536
+"""Refused (unit, key) pairs remembered per window (past that, a repeat is hashed again: same answer)."""
+
+
+class _WindowState:
+    """An open window as the per-event path held it: per (unit, key) (or unit) what is kept (a count, or the
+    (order, grid value) pair(s)), each unit's kept keys, the priorities and refusals of L0, the aggregate,
+    a grouped sum's support per key, the units' period-state keys, and the contributions dropped so far."""
+
+    __slots__ = ("first_offset", "kept", "unit_keys", "priority", "rejected", "agg", "support", "digests", "capped")
+
+    def __init__(self, first_offset: int) -> None:
+        self.first_offset = first_offset
+        self.kept: dict[Any, Any] = {}
+        self.unit_keys: dict[str, tuple[str, ...]] = {}
+        self.priority: dict[tuple[str, str], bytes] = {}
+        self.rejected: set[tuple[str, str]] = set()
+        self.agg: PartialValues = {}
+        self.support: dict[str, int] = {}
+        self.digests: dict[str, bytes] = {}
+        self.capped = 0
+
+
+class OracleAccumulator(MetricAccumulator):
+    """A `MetricAccumulator` whose windows are `_WindowState`s filled by the per-event path, closed by the
+    close-time code that went with it."""
+
+    windows: dict[int, _WindowState]  # type: ignore[assignment]  # the per-event state, not first offsets
+
+    @classmethod
+    def like(cls, acc: MetricAccumulator) -> OracleAccumulator:
+        """An oracle accumulator with `acc`'s metric, schedule, rules and tallies (nothing open)."""
+        oracle = cls.__new__(cls)
+        oracle.__dict__.update(acc.__dict__)
+        oracle.windows = {}
+        return oracle
+
+    def add_batch(self, batch: Any) -> Any:  # pragma: no cover - the oracle is fed event by event
+        raise AssertionError("the oracle takes events one by one (oracle_process_batch)")
+
+    def close_through(self, t: float, limit: int | None = None) -> list[tuple[int, PartialValues]]:
+        out: list[tuple[int, PartialValues]] = []
+        s = self.next_start
+        size, every, windows, lateness, until = self.size, self.every, self.windows, self.lateness, self.until
+        while s + size + lateness <= t and (until is None or s + size <= until):
+            if limit is not None and len(out) >= limit:
+                break
+            st = windows.pop(s, None)
+            if st is not None:
+                self.capped += st.capped
+            if self.caps is not None:
+                self._apply_caps(s, st)
+            if st is None:
+                out.append((s, {}))
+            else:
+                out.append((s, st.agg if self._candidates is None else self._quantile_cells(st)))
+            s += every
+        self.next_start = s
+        if until is not None:  # events for windows past the schedule's end are never emitted
+            for w in [w for w in windows if w + size > until]:
+                del windows[w]
+        return out
+
+    def first_open_offset(self) -> int | None:
+        if not self.windows:
+            return None
+        return min(st.first_offset for st in self.windows.values())
+
+    def _take_out(self, st: _WindowState, uk: Any, key: str) -> int:
+        """Remove what `uk` holds in a window, as if it had never come; how many contributions it held."""
+        gone = st.kept.pop(uk)
+        agg, kind = st.agg, self._kind
+        if kind == _COUNT:
+            n = gone
+            left = agg[key] = agg[key] - gone
+        elif kind == _UNITS:
+            n = gone
+            left = agg[key] = agg[key] - 1
+        else:
+            pairs = [gone] if type(gone) is tuple else gone
+            n = len(pairs)
+            if kind == _SUM:
+                agg[key] -= sum(v for _, v in pairs)
+                if self._group is None:
+                    left = len(st.kept)
+                else:
+                    left = st.support[key] = st.support[key] - 1
+                    if not left:
+                        del st.support[key]
+            else:
+                pair = agg[key]
+                pair[0] -= sum(v for _, v in pairs)
+                left = pair[1] = pair[1] - n
+        if not left:
+            del agg[key]
+        return n
+
+    def _apply_caps(self, start: int, st: _WindowState | None) -> None:
+        caps = self.caps
+        if isinstance(caps, PeriodBound):
+            self._apply_bound(caps, start, st)
+            return
+        assert isinstance(caps, WindowCaps)
+        grouped = self._group is not None
+        present = () if st is None else (st.unit_keys if grouped else st.kept)
+        dropped, delta = caps.close(start, present, None if st is None else st.digests)
+        if delta is not None:
+            self.deltas.append(delta)
+        if not dropped:
+            return
+        assert st is not None
+        self.capped_windows += len(dropped)
+        for unit in dropped:
+            if grouped:
+                for key in st.unit_keys.pop(unit):
+                    self._take_out(st, (unit, key), key)
+            else:
+                self._take_out(st, unit, "")
+
+    def _apply_bound(self, bound: PeriodBound, start: int, st: _WindowState | None) -> None:
+        grouped, kind = self._group is not None, self._kind
+        present: dict[str, list[tuple[str, int]]] = {}
+        if st is not None:
+            kept = st.kept
+
+            def amount(got: Any) -> int:
+                if kind == _COUNT:
+                    return int(got)
+                return int(got[1]) if type(got) is tuple else sum(v for _, v in got)
+
+            if grouped:
+                for unit, keys in st.unit_keys.items():
+                    present[unit] = [(key, amount(kept[(unit, key)])) for key in keys]
+            else:
+                for unit, got in kept.items():
+                    present[unit] = [("", amount(got))]
+        cuts, delta = bound.close(start, present, None if st is None else st.digests)
+        if delta is not None:
+            self.deltas.append(delta)
+        if not cuts:
+            return
+        assert st is not None
+        self.capped_period += len(cuts)
+        agg = st.agg
+        for unit, key, v, c in cuts:
+            if c == 0:
+                self._take_out(st, (unit, key) if grouped else unit, key)
+            else:
+                agg[key] -= v - c
+
+    def _quantile_cells(self, st: _WindowState) -> PartialValues:
+        if not st.kept:
+            return {}
+        candidates = self._candidates
+        assert candidates is not None
+        cells = [0] * cell_count(candidates)
+        shift = -self.exponent
+        for got in st.kept.values():
+            for _, v in (got,) if type(got) is tuple else got:
+                cells[cell_index(candidates, math.ldexp(v, shift))] += 1
+        return {"": cells}
+
+
+def oracle_pipeline(pipe: PartitionPipeline) -> PartitionPipeline:
+    """`pipe` with its accumulators swapped for oracle ones (feed it with `oracle_process_batch`)."""
+    pipe._accs = [OracleAccumulator.like(acc) for acc in pipe._accs]
+    return pipe
 
 
 def oracle_process_batch(pipe: PartitionPipeline, records: Iterable[RecordLike]) -> BatchOutput:
@@ -94,16 +265,9 @@ def oracle_process_batch(pipe: PartitionPipeline, records: Iterable[RecordLike])
     return pipe._output(pipe._close_reached(), dead)
 
 
-def oracle_add(
-    acc: MetricAccumulator, unit: str, ts: float, fields: dict[str, Any], offset: int, horizon: float, order: Any = None
-) -> bool:
-    """`MetricAccumulator.add` as it was, for one event (True when a window covering it was missed)."""
-    return _make_add(acc)(unit, ts, fields, offset, horizon, order)
-
-
-def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, verbatim but for one fix (`d`)
+def _make_add(self: OracleAccumulator):  # noqa: C901 - the old per-event code, verbatim but for one fix (`d`)
     group = self._group
-    declared = self._keys
+    declared = self._declared
     value_field = self._value
     lo, hi = self._lo, self._hi
     scale = math.ldexp(1.0, self.exponent)
@@ -183,7 +347,7 @@ def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, 
                         elif len(keys) < max_keys:
                             unit_keys[unit] = keys + (key,)
                         elif uk in st.rejected or not admit(st, s, unit, key, keys):
-                            acc.capped += 1
+                            st.capped += 1
                             continue
                         if support_keys:
                             support = st.support
@@ -199,13 +363,13 @@ def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, 
                         kept[uk] = got + 1
                         continue
                     else:
-                        acc.capped += 1
+                        st.capped += 1
                         continue
                 else:
                     o = offset if order is None else order
                     d = v  # the old code moved `v` itself here, so a hopping event's next window got a wrong value
                     if single:
-                        acc.capped += 1
+                        st.capped += 1
                         if o >= got[0]:
                             continue
                         kept[uk] = (o, v)
@@ -220,7 +384,7 @@ def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, 
                             insort(got, (o, v))
                         o = None
                     else:
-                        acc.capped += 1
+                        st.capped += 1
                         if o >= got[-1][0]:
                             continue
                         dropped = got.pop()[1]
@@ -250,7 +414,7 @@ def _make_add(self: MetricAccumulator):  # noqa: C901 - the old per-event code, 
 
 
 def _admit_key(
-    self: MetricAccumulator, st: _WindowState, start: int, unit: str, key: str, keys: tuple[str, ...]
+    self: OracleAccumulator, st: _WindowState, start: int, unit: str, key: str, keys: tuple[str, ...]
 ) -> bool:
     name, priority = self.metric.name, st.priority
     worst: tuple[bytes, str] | None = None
@@ -272,5 +436,5 @@ def _admit_key(
     del priority[(unit, evicted)]
     if len(st.rejected) < _REJECTED_KEPT:
         st.rejected.add((unit, evicted))
-    self.capped += self._take_out(st, (unit, evicted), evicted)
+    st.capped += self._take_out(st, (unit, evicted), evicted)
     return True

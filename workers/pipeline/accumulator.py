@@ -17,9 +17,10 @@ in. Per (unit, window):
   `count_units` keep only how many there were (every contribution weighs 1); sums and means keep
   the retained (order, value) pairs, so a smaller-ordered one arriving later replaces the largest.
 
-The window's aggregate follows that state (a replaced or evicted contribution is taken out
-again). With `contribution.max_windows`, each window's close then takes out, whole, the units whose
-count of windows this period has reached the cap (`window_caps`): as if their events had never come.
+Both are decided when the window closes, from all the rows it took at once (`window_rows`): the
+window's outcome is a function of the set of its rows. With `contribution.max_windows`, the close
+then takes out, whole, the units whose count of windows this period has reached the cap
+(`window_caps`): as if their events had never come.
 With a running total's `contribution.max_per_period: L`, each window's close cuts every unit's
 contributions, key by key in sorted key order, to what is left of L this period (`window_caps`): the
 aggregate moves as if only the kept part had come, and a contribution cut to nothing is taken out.
@@ -27,8 +28,10 @@ Replaying a partition from the first event of an open window feeds it the same r
 rebuilds the same partial.
 
 Events come in batches (`add_batch`, an `EventBatch`): windows and inclusion are decided on arrays,
-then the rows are grouped per (window, unit, key) and each group is bounded at once against what the
-window already holds, so per-event Python work does not grow with the number of metrics.
+and the rows wait, as arrays, for their window's close, where they are grouped per (window, unit,
+key) and bounded for all the closing windows at once; per-event Python work is none. Units and keys
+are int64 codes meanwhile (`codes`). A metric whose open windows hold many rows has them compacted
+(what L∞ would drop anyway is dropped early), so memory follows what bounding keeps, not the events.
 
 Values are clamped to `bounds` and then put on an exact integer grid (`fixed_point`).
 `count_units` counts a unit once per (window, key).
@@ -43,7 +46,6 @@ from __future__ import annotations
 __all__ = ["MetricAccumulator", "PartialValues", "key_priority"]
 
 import hashlib
-import itertools
 import math
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -53,18 +55,17 @@ import numpy as np
 from dpstream.topology.errors import InternalError
 from dpstream.topology.model import Aggregate, Metric, Source
 from dpstream.workers.pipeline.batch import EventBatch, objects
+from dpstream.workers.pipeline.codes import Codes
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
-from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
+from dpstream.workers.pipeline.quantile_cells import cell_count
 from dpstream.workers.pipeline.window_caps import CountDelta, PeriodBound, PeriodRule, WindowCaps
+from dpstream.workers.pipeline.window_rows import Groups, Pile, Piles, group_rows
 
 PartialValues = dict[str, Any]
 """key → int count, int grid-unit sum, or [grid-unit sum, count] for a mean without public denominator."""
 
 _COUNT, _UNITS, _SUM, _MEAN = 0, 1, 2, 3
-
-_REJECTED_KEPT = 65_536
-"""Refused (unit, key) pairs remembered per window (past that, a repeat is hashed again: same answer)."""
 
 _EXACT = float(1 << 52)
 """Window starts below this are computed in int64 and compared with float times exactly."""
@@ -74,48 +75,11 @@ _GRID_FITS = 1 << 43
 
 _EXACT_ROWS = 1 << 19
 
+_COMPACT_FLOOR = 1 << 16
+"""Rows a metric's open windows hold before their first compaction (then: twice what the last one kept)."""
 
-class _Runs(NamedTuple):
-    """A grouped metric's groups by unit: each run is one unit's groups in one window."""
-
-    head: np.ndarray
-    """The first group of each run."""
-    length: np.ndarray
-    """Its number of groups (keys)."""
-    keys: list[tuple[str, ...]]
-    """Its keys, as `unit_keys` holds them."""
-    units: list[str]
-    """Its unit."""
-
-
-class _Groups(NamedTuple):
-    """One metric's (window, unit, key) groups of a batch, sorted, with what each keeps when it is new."""
-
-    window: np.ndarray
-    """Index of the group's window (into the batch's window starts)."""
-    unit: np.ndarray
-    """The group's unit, as an index into the batch's units."""
-    units: list[str]
-    key: np.ndarray | None
-    """Key codes (into `names`); None when ungrouped."""
-    keys: list[str] | None
-    names: np.ndarray | None
-    size: np.ndarray
-    """Events (rows) in the group."""
-    taken: np.ndarray
-    """Of them, the ones a new group keeps (count_units: all it saw)."""
-    held: list[Any]
-    """What a new group's `kept` entry is: its kept count, or its pair(s)."""
-    pairs: list[Any] | None
-    """A sum's or mean's kept (order key, value) pairs: one as is, more as a sorted list."""
-    sums: np.ndarray | None
-    """The sum of the kept values."""
-    runs: _Runs | None
-
-
-def _as_list(pairs: Any) -> list[tuple[Any, int]]:
-    """A group's kept pairs as a list (one pair is held as is)."""
-    return [pairs] if type(pairs) is tuple else pairs
+_KEY_FLOOR = 1 << 12
+"""Key strings a metric holds before its key codes are pruned."""
 
 
 class _Rows(NamedTuple):
@@ -129,8 +93,6 @@ class _Rows(NamedTuple):
     """The row's key code (an index into `names`), None for an ungrouped metric."""
     names: np.ndarray | None
     """The batch's keys of the metric's group-by field."""
-    alone: list[tuple[str]] | None
-    """Each of them as a 1-tuple."""
     value: np.ndarray | None
     """The row's clamped value in grid units (int64, or Python ints when they may not fit), None for counts."""
 
@@ -145,33 +107,6 @@ def key_priority(metric: str, unit: str, window_start: int, key: str) -> bytes:
     return hashlib.blake2b(f"{metric}\0{unit}\0{window_start}\0{key}".encode(), digest_size=8).digest()
 
 
-class _WindowState:
-    """Open-window state: first offset (for the safe commit), the retained contributions, the aggregate.
-
-    `kept`: per (unit, key) of a grouped metric, or per unit: the number of events seen (count
-    kinds; a count keeps at most `max_per_key` of them), else the retained (order, grid value)
-    pair while there is one, a sorted list of them once there are more; `unit_keys`: per unit,
-    the tuple of its retained keys; `priority`: the `key_priority` of a retained key, computed only
-    once its unit has more keys than `max_keys`; `rejected`: (unit, key) pairs L0 refused (a refused
-    key stays refused, the bar only falls), so a repeat is not hashed again, at most
-    `_REJECTED_KEPT`; `agg`: the aggregate of what `kept` holds, kept up to date as contributions
-    come and go; `support`: per key of a grouped sum, how many units hold a contribution to it (a
-    key none holds leaves `agg`); `digests`: under a period rule, the `unit_key` of every unit that
-    brought a contribution (hashed once per batch, not once per window and metric at the close)."""
-
-    __slots__ = ("first_offset", "kept", "unit_keys", "priority", "rejected", "agg", "support", "digests")
-
-    def __init__(self, first_offset: int) -> None:
-        self.first_offset = first_offset
-        self.kept: dict[Any, Any] = {}
-        self.unit_keys: dict[str, tuple[str, ...]] = {}
-        self.priority: dict[tuple[str, str], bytes] = {}
-        self.rejected: set[tuple[str, str]] = set()
-        self.agg: PartialValues = {}
-        self.support: dict[str, int] = {}
-        self.digests: dict[str, bytes] = {}
-
-
 class MetricAccumulator:
     """Windows of one metric on one partition, from `first_start` on; `add_batch` is the hot path."""
 
@@ -183,11 +118,13 @@ class MetricAccumulator:
         *,
         until: int | None = None,
         period_s: int | None = None,
+        units: Codes | None = None,
     ) -> None:
         """`first_start`: the first window of the schedule not yet emitted here (on the grid);
         `until`: no window ending after it is ever emitted (replay's `--to`); `period_s`: the metric's
         budget period, needed by a metric with `contribution.max_windows` or `max_per_period` (their
-        per-unit state is per period)."""
+        per-unit state is per period); `units`: the unit codes shared by the partition's metrics (None:
+        this metric's own)."""
         self.metric = metric
         self.size = metric.window.size_s
         self.every = metric.window.every_s
@@ -204,7 +141,7 @@ class MetricAccumulator:
         else:
             self._kind = _SUM
         self._group = metric.group_by
-        self._keys = frozenset(metric.keys) if metric.keys is not None else None
+        self._declared = frozenset(metric.keys) if metric.keys is not None else None
         self._value = metric.value if self._kind in (_SUM, _MEAN) else None
         self._lo = metric.bounds.lower if metric.bounds is not None else -math.inf
         self._hi = metric.bounds.upper if metric.bounds is not None else math.inf
@@ -222,15 +159,27 @@ class MetricAccumulator:
         self.uses_order = self._bounded and self._kind in (_SUM, _MEAN)
         """Whether which contributions survive depends on their order key (sums and means do;
         a count keeps how many, whichever they were)."""
-        self.windows: dict[int, _WindowState] = {}
+        self.windows: dict[int, int] = {}
+        """Open windows that took a row: start → the first offset that reached it (for the safe commit)."""
+        self._sums: dict[int, PartialValues] = {}
+        """Unbounded (an event-level source, not a quantile): the aggregate of each open window."""
+        self._piles = Piles()
+        """Bounded: the rows of the open windows, bounded at their close."""
+        self._dropped: dict[int, int] = {}
+        """Rows a compaction dropped per open window (L∞ would have dropped them at the close)."""
+        self._compact_at = _COMPACT_FLOOR
+        self._units = Codes() if units is None else units
+        self._units.attach(self)
+        self._keys = Codes(_KEY_FLOOR)
+        self._keys.attach(self)
         self.first_start = first_start
         """The first window this accumulator was started at (earlier ones are never emitted here)."""
         self.next_start = first_start
         """Smallest window start not yet emitted: every earlier window is closed here."""
         self.until = until
         self.capped = 0
-        """Contributions bounding dropped (L0 or L∞; for count_units, events of keys not kept);
-        once a window closes, its share is the same in whatever order its events came."""
+        """Contributions bounding dropped (L0 or L∞; for count_units, events of keys not kept), counted
+        when their window closes: the same in whatever order its events came."""
         self.clamped = 0
         self.skips = [0] * len(SKIP_REASONS)
         """Events this metric left out, per reason (indexed as `SKIP_REASONS`): no group field, a key
@@ -293,9 +242,8 @@ class MetricAccumulator:
         event time was missed (closed on its arrival, or already emitted here).
 
         An event counts in window w iff its event time lies in w, w's end is at or after the event's
-        horizon (w had not closed on its arrival) and w is not emitted yet. The rows (event, window)
-        are then grouped per (window, unit, key) and each group is bounded and merged into its window's
-        state at once: per-event work is array work, per-group work a few dict updates.
+        horizon (w had not closed on its arrival) and w is not emitted yet. Its rows (event, window)
+        then wait for their windows' close (bounded), or add to the window's aggregate (unbounded).
         """
         late = np.zeros(len(batch), bool)
         rows = self._rows(batch, late)
@@ -305,26 +253,24 @@ class MetricAccumulator:
         window = window.reshape(-1)
         first = np.full(len(starts), len(batch), np.int64)
         np.minimum.at(first, window, rows.event)  # the first event (in record order) to reach each window
-        states = []
+        opened = self.windows
         for s, offset in zip(starts.tolist(), batch.offset[first].tolist(), strict=True):
-            st = self.windows.get(s)
-            if st is None:
-                st = self.windows[s] = _WindowState(offset)
-            states.append(st)
+            if s not in opened:
+                opened[s] = offset
         if self._bounded:
-            self._bound(batch, rows, states, starts.tolist(), window)
+            self._hold(batch, rows)
         else:
-            self._aggregate(rows, states, window)
+            self._aggregate(rows, [self._sums.setdefault(s, {}) for s in starts.tolist()], window)
         return late
 
     def _rows(self, batch: EventBatch, late: np.ndarray) -> _Rows | None:
         """The (event, window) pairs the batch adds, with each row's key code and grid value; counts the
         skips and clamps, and marks in `late` the events that missed a window. None when no row."""
         use: np.ndarray | None = None  # None: every event
-        key = names = alone = None
+        key = names = None
         skips = self.skips
         if self._group is not None:
-            key, names, alone = batch.keys(self._group, self._keys)
+            key, names = batch.keys(self._group, self._declared)
             skips[MISSING_GROUP_FIELD] += int(np.count_nonzero(key == -1))
             skips[UNDECLARED_KEY] += int(np.count_nonzero(key == -2))
             use = key >= 0
@@ -370,11 +316,10 @@ class MetricAccumulator:
             np.concatenate(starts),
             None if key is None else key[event],
             names,
-            alone,
             None if value is None else value[part],
         )
 
-    def _aggregate(self, rows: _Rows, states: list[_WindowState], window: np.ndarray) -> None:
+    def _aggregate(self, rows: _Rows, states: list[PartialValues], window: np.ndarray) -> None:
         """Unbounded (an event-level source, not a quantile): every row adds to its (window, key) aggregate."""
         names = rows.names
         cell = window if rows.key is None or names is None else window * len(names) + rows.key
@@ -390,7 +335,7 @@ class MetricAccumulator:
             sums = np.add.reduceat(value[order], heads).tolist()
         kind = self._kind
         for w, k, n, total in zip(wins, keys, counts, sums, strict=True):
-            agg = states[w].agg
+            agg = states[w]
             if kind == _MEAN:
                 pair = agg.get(k)
                 if pair is None:
@@ -401,380 +346,48 @@ class MetricAccumulator:
             else:  # a count adds its events, a sum their values
                 agg[k] = agg.get(k, 0) + total
 
-    def _bound(self, batch: EventBatch, rows: _Rows, states: list[_WindowState], starts: list[int], window) -> None:
-        """Group the rows per (window, unit, key); bound each group and merge it into its window's state.
-
-        A group is new when its unit holds nothing in the window yet (grouped: and brings at most
-        `max_keys` keys, so L0 keeps them all): it keeps its first `max_per_key` contributions (a
-        count: how many; count_units: how many it saw; a sum or mean: the pairs of smallest order key),
-        and the new groups go in with a few bulk updates per window. The others are merged one by one
-        (`_merge_unit`, `_hold`), which is rare: a unit met again in a later batch of the window."""
-        g = self._groups(batch, rows, window)
-        fresh = np.ones(len(g.window), bool)
-        if g.runs is not None:  # L0 cuts a unit bringing more than max_keys keys: merged one by one
-            fresh &= np.repeat(g.runs.length <= self._max_keys, g.runs.length)
-        cuts = np.flatnonzero(np.r_[True, g.window[1:] != g.window[:-1]]).tolist()
-        ends = [*cuts[1:], len(g.window)]
-        window_of = g.window[cuts].tolist()
-        for w, a, b in zip(window_of, cuts, ends, strict=True):
-            present = states[w].unit_keys if g.runs is not None else states[w].kept
-            if present and not present.keys().isdisjoint(g.units[a:b]):  # units met in an earlier batch
-                stale = present.keys() & set(g.units[a:b])
-                fresh[a:b] &= np.fromiter((u not in stale for u in g.units[a:b]), bool, b - a)
-        if self.caps is not None:  # the units' period-state keys, for the close
-            digests = batch.unit_digests()[g.unit].tolist()
-            for w, a, b in zip(window_of, cuts, ends, strict=True):
-                states[w].digests.update(zip(g.units[a:b], digests[a:b], strict=True))
-        self._insert(states, g, fresh, cuts, ends, window_of)
-        if not fresh.all():
-            self._merge_slow(states, starts, g, np.flatnonzero(~fresh).tolist())
-        new = np.flatnonzero(fresh)
-        if len(new):
-            if self._kind != _UNITS:
-                self.capped += int((g.size[new] - g.taken[new]).sum())
-            self._add_up(states, g, new)
-
-    def _groups(self, batch: EventBatch, rows: _Rows, window: np.ndarray) -> _Groups:
-        """The batch's (window, unit, key) groups of one metric, in (window, unit, key) order."""
-        unit = batch.unit[rows.event]
-        n_units = len(batch.units)
-        names = rows.names
-        n_keys = 1 if names is None else max(len(names), 1)
-        key = 0 if rows.key is None else rows.key
-        if (int(window.max()) + 1) * n_units * n_keys < 1 << 62:
-            group = (window * n_units + unit) * n_keys + key
-        else:  # pragma: no cover - a batch of millions of units and keys
-            stacked = np.stack([window, unit, np.broadcast_to(key, unit.shape)])
-            group = np.unique(stacked, axis=1, return_inverse=True)[1].reshape(-1)
-        value = rows.value
-        if value is not None:  # a sum's group: its rows by order key, smallest first (then by value)
-            rank, distinct = batch.order_rank()
-            ranks = rank[rows.event]
-            if distinct and (int(group.max()) + 1) * len(rank) < 1 << 62:
-                order = np.argsort(group * len(rank) + ranks)
-            else:
-                order = np.lexsort((value, ranks, group))
+    def _hold(self, batch: EventBatch, rows: _Rows) -> None:
+        """Keep a batch's rows for their windows' close, units and keys as codes (`codes`)."""
+        event = rows.event
+        unit = batch.unit_codes(self._units)[batch.unit[event]]
+        if rows.key is None or rows.names is None:
+            key = np.zeros(len(event), np.int64)
         else:
-            order = np.argsort(group, kind="stable")
-        sorted_groups = group[order]
-        heads = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-        count = np.diff(np.r_[heads, len(order)])
-        g_window = window[order][heads]
-        g_unit = unit[order][heads]
-        units = batch.unit_names()[g_unit].tolist()
-        g_key = None if rows.key is None else rows.key[order][heads]
-        keys = None if g_key is None or names is None else names[g_key].tolist()
-        m = self._max_per_key
-        taken = count if self._kind == _UNITS else np.minimum(count, m)
-        held: list[Any] = taken.tolist()  # what a new group keeps: a count, or its pairs
-        pairs: list[Any] | None = None
-        sums = None
-        if value is not None:  # the max_per_key smallest-ordered (order key, value) pairs of each group
-            kept_rows = order[np.arange(len(order)) - np.repeat(heads, count) < m]
-            kept_values = value[kept_rows]
-            flat = list(zip(batch.order_keys(rows.event[kept_rows]), kept_values.tolist(), strict=True))
-            begins = np.cumsum(taken) - taken
-            if len(kept_values) >= _EXACT_ROWS:
-                kept_values = kept_values.astype(object)
-            sums = np.add.reduceat(kept_values, begins) if len(kept_values) else kept_values
-            if m == 1:
-                pairs = flat
-            else:  # one pair as is, more as a sorted list
-                pairs = [flat[b] for b in begins.tolist()]
-                for i in np.flatnonzero(taken > 1).tolist():
-                    b = int(begins[i])
-                    pairs[i] = flat[b : b + int(taken[i])]
-            held = pairs
-        runs = None
-        if keys is not None:
-            run_heads = np.flatnonzero(np.r_[True, (g_window[1:] != g_window[:-1]) | (g_unit[1:] != g_unit[:-1])])
-            length = np.diff(np.r_[run_heads, len(heads)])
-            assert g_key is not None and rows.alone is not None
-            tuples: list[tuple[str, ...]] = list(
-                map(rows.alone.__getitem__, g_key[run_heads].tolist())
-            )  # mostly one key
-            for r in np.flatnonzero(length > 1).tolist():
-                h = int(run_heads[r])
-                tuples[r] = tuple(keys[h : h + int(length[r])])
-            runs = _Runs(run_heads, length, tuples, batch.unit_names()[g_unit[run_heads]].tolist())
-        return _Groups(g_window, g_unit, units, g_key, keys, names, count, taken, held, pairs, sums, runs)
+            key = self._keys.of(rows.names.tolist())[rows.key]
+        order: tuple[np.ndarray, ...] = ()
+        value = None
+        if self.uses_order:
+            columns = (batch.offset,) if batch.order is None else batch.order
+            order = tuple(c[event] for c in columns)
+            value = rows.value
+        elif self._candidates is not None:  # pragma: no cover - a quantile is a sum: it uses the order
+            raise InternalError("a quantile keeps its values")
+        weight = np.ones(len(event), np.int64) if self._kind == _UNITS else None
+        self._piles.add(Pile(rows.start, unit, key, order, value, weight))
+        if self._piles.rows > self._compact_at:
+            self._compact()
 
-    def _insert(
-        self,
-        states: list[_WindowState],
-        g: _Groups,
-        fresh: np.ndarray,
-        cuts: list[int],
-        ends: list[int],
-        window_of: list[int],
-    ) -> None:
-        """Put the new groups into their windows' `kept` (grouped: and their units' keys into `unit_keys`):
-        one update per window and dict, from lists of the new groups only."""
-        everyone = bool(fresh.all())
-        uk: list[Any] = g.units if g.keys is None else list(zip(g.units, g.keys, strict=True))
-        held, a_s, b_s = g.held, cuts, ends
-        if not everyone:
-            flags = fresh.tolist()
-            uk, held = list(itertools.compress(uk, flags)), list(itertools.compress(held, flags))
-            new = np.flatnonzero(fresh)
-            a_s, b_s = np.searchsorted(new, cuts).tolist(), np.searchsorted(new, ends).tolist()
-        for w, a, b in zip(window_of, a_s, b_s, strict=True):
-            if a < b:
-                states[w].kept.update(zip(uk[a:b], held[a:b], strict=True))
-        runs = g.runs
-        if runs is None:
-            return
-        units, keys, heads = runs.units, runs.keys, runs.head
-        if not everyone:
-            new_runs = fresh[heads]
-            flags = new_runs.tolist()
-            units, keys, heads = (
-                list(itertools.compress(units, flags)),
-                list(itertools.compress(keys, flags)),
-                heads[new_runs],
-            )
-        a_s, b_s = np.searchsorted(heads, cuts).tolist(), np.searchsorted(heads, ends).tolist()
-        for w, a, b in zip(window_of, a_s, b_s, strict=True):
-            if a < b:
-                states[w].unit_keys.update(zip(units[a:b], keys[a:b], strict=True))
-
-    def _add_up(self, states: list[_WindowState], g: _Groups, new: np.ndarray) -> None:
-        """Add the new groups' kept contributions to their windows' aggregates (and a grouped sum's support)."""
-        win = g.window[new]
-        n_keys = 1 if g.names is None else max(len(g.names), 1)
-        cell = win if g.key is None else win * n_keys + g.key[new]
-        order = np.argsort(cell, kind="stable")
-        cells = cell[order]
-        heads = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
-        groups = np.diff(np.r_[heads, len(cells)]).tolist()
-        taken = np.add.reduceat(g.taken[new][order], heads).tolist()
-        sums = taken if g.sums is None else np.add.reduceat(g.sums[new][order], heads).tolist()
-        wins = win[order][heads].tolist()
-        keys = [""] * len(heads) if g.key is None or g.names is None else g.names[g.key[new][order][heads]].tolist()
-        kind = self._kind
-        support = kind == _SUM and g.key is not None
-        for w, k, n, t, total in zip(wins, keys, groups, taken, sums, strict=True):
-            st = states[w]
-            agg = st.agg
-            if kind == _MEAN:
-                pair = agg.get(k)
-                if pair is None:
-                    agg[k] = [total, t]
-                else:
-                    pair[0] += total
-                    pair[1] += t
-            else:  # a count: its kept events; count_units: one per unit; a sum: the kept values
-                agg[k] = agg.get(k, 0) + (n if kind == _UNITS else total)
-                if support:
-                    st.support[k] = st.support.get(k, 0) + n
-
-    def _merge_slow(self, states: list[_WindowState], starts: list[int], g: _Groups, slow: list[int]) -> None:
-        """Merge the groups `slow` (whole units of a window, in group order) one unit at a time."""
-        count = g.size.tolist()
-        win = g.window
-        i = 0
-        while i < len(slow):
-            a = slow[i]
-            w, u = int(win[a]), g.units[a]
-            j = i + 1
-            while j < len(slow) and slow[j] == slow[j - 1] + 1 and g.units[slow[j]] == u and int(win[slow[j]]) == w:
-                j += 1
-            b = slow[j - 1] + 1
-            pairs = None if g.pairs is None else g.pairs[a:b]
-            if g.keys is None:
-                for k in range(a, b):
-                    self._hold(states[w], u, "", count[k], None if g.pairs is None else _as_list(g.pairs[k]))
-            else:
-                self._merge_unit(
-                    states[w],
-                    starts[w],
-                    u,
-                    g.keys[a:b],
-                    count[a:b],
-                    None if pairs is None else [_as_list(p) for p in pairs],
-                )
-            i = j
-
-    def _merge_unit(
-        self,
-        st: _WindowState,
-        start: int,
-        unit: str,
-        keys: list[str],
-        counts: list[int],
-        pairs: list[list[tuple[Any, int]]] | None,
-    ) -> None:
-        """One unit's keys in one window of a batch. L0: the unit keeps the `max_keys` keys of smallest
-        `key_priority` among all it has sent to the window; a key that drops out (evicted or refused)
-        stays refused (the bar only falls), and everything it held or brought counts as capped."""
-        held = st.unit_keys.get(unit, ())
-        new: list[int] = []
-        for i, key in enumerate(keys):
-            if key in held:
-                self._hold(st, (unit, key), key, counts[i], None if pairs is None else pairs[i])
-            elif (unit, key) in st.rejected:
-                self.capped += counts[i]
-            else:
-                new.append(i)
-        if not new:
-            return
-        admitted, kept_held = new, held
-        if len(held) + len(new) > self._max_keys:
-            name, priority, rejected = self.metric.name, st.priority, st.rejected
-            ranked: list[tuple[bytes, str, int]] = []
-            for k in held:
-                p = priority.get((unit, k))
-                if p is None:
-                    p = priority[(unit, k)] = key_priority(name, unit, start, k)
-                ranked.append((p, k, -1))
-            ranked.extend((key_priority(name, unit, start, keys[i]), keys[i], i) for i in new)
-            ranked.sort()  # (priority, key): keys are distinct, so the index never decides
-            admitted = []
-            for p, k, i in ranked[: self._max_keys]:
-                if i >= 0:
-                    admitted.append(i)
-                    priority[(unit, k)] = p
-            for _, k, i in ranked[self._max_keys :]:
-                if len(rejected) < _REJECTED_KEPT:
-                    rejected.add((unit, k))
-                if i >= 0:
-                    self.capped += counts[i]
-                else:  # evicted: as if its contributions had never come
-                    del priority[(unit, k)]
-                    self.capped += self._take_out(st, (unit, k), k)
-            dropped = {k for _, k, i in ranked[self._max_keys :] if i < 0}
-            kept_held = tuple(k for k in held if k not in dropped)
-        support = st.support if self._kind == _SUM else None
-        for i in admitted:
-            key = keys[i]
-            self._hold(st, (unit, key), key, counts[i], None if pairs is None else pairs[i])
-            if support is not None:
-                support[key] = support.get(key, 0) + 1
-        st.unit_keys[unit] = (*kept_held, *(keys[i] for i in sorted(admitted)))
-
-    def _hold(self, st: _WindowState, uk: Any, key: str, n: int, pairs: list[tuple[Any, int]] | None) -> None:
-        """L∞: add a group's `n` events to what `uk` ((unit, key), or the unit) holds in a window: a count
-        keeps at most `max_per_key` of them (count_units: how many it saw, counted once), a sum or mean the
-        `max_per_key` of smallest order key (`pairs`: the group's own smallest, sorted). The aggregate
-        follows; whatever is not kept counts as capped."""
-        kept, agg, kind = st.kept, st.agg, self._kind
-        got = kept.get(uk)
-        if kind == _COUNT:
-            old = 0 if got is None else got
-            now = kept[uk] = min(old + n, self._max_per_key)
-            self.capped += old + n - now
-            agg[key] = agg.get(key, 0) + now - old
-            return
-        if kind == _UNITS:
-            kept[uk] = n if got is None else got + n
-            if got is None:
-                agg[key] = agg.get(key, 0) + 1
-            return
-        assert pairs is not None
-        before: list[tuple[Any, int]] = [] if got is None else [got] if type(got) is tuple else got
-        after = sorted(before + pairs)[: self._max_per_key] if before else pairs
-        kept[uk] = after[0] if len(after) == 1 else after  # one pair as is, more as a sorted list
-        self.capped += len(before) + n - len(after)
-        delta = sum(v for _, v in after) - sum(v for _, v in before)
-        if kind == _SUM:
-            agg[key] = agg.get(key, 0) + delta
-        else:
-            pair = agg.get(key)
-            if pair is None:
-                agg[key] = [delta, len(after)]
-            else:
-                pair[0] += delta
-                pair[1] += len(after) - len(before)
-
-    def _take_out(self, st: _WindowState, uk: Any, key: str) -> int:
-        """Remove what `uk` ((unit, key), or the unit of an ungrouped metric) holds in a window, as if it
-        had never come: the aggregate moves back, and a key no unit holds any more leaves it. Returns
-        how many contributions (count_units: events seen) it held."""
-        gone = st.kept.pop(uk)
-        agg, kind = st.agg, self._kind
-        if kind == _COUNT:
-            n = gone
-            left = agg[key] = agg[key] - gone
-        elif kind == _UNITS:
-            n = gone
-            left = agg[key] = agg[key] - 1
-        else:
-            pairs = [gone] if type(gone) is tuple else gone  # max_per_key 1: the pair itself
-            n = len(pairs)
-            if kind == _SUM:
-                agg[key] -= sum(v for _, v in pairs)
-                if self._group is None:  # the one key is held while any unit is
-                    left = len(st.kept)
-                else:
-                    left = st.support[key] = st.support[key] - 1
-                    if not left:
-                        del st.support[key]
-            else:
-                pair = agg[key]
-                pair[0] -= sum(v for _, v in pairs)
-                left = pair[1] = pair[1] - n
-        if not left:  # no unit holds the key any more: as if it had never come
-            del agg[key]
-        return n
-
-    def _apply_caps(self, start: int, st: _WindowState | None) -> None:
-        """`contribution.max_windows` at the close of window `start`: drop the units present whose
-        count has reached the cap (`WindowCaps.close`) and keep the delta of those included."""
-        caps = self.caps
-        if isinstance(caps, PeriodBound):
-            self._apply_bound(caps, start, st)
-            return
-        assert isinstance(caps, WindowCaps)
-        grouped = self._group is not None
-        present = () if st is None else (st.unit_keys if grouped else st.kept)
-        dropped, delta = caps.close(start, present, None if st is None else st.digests)
-        if delta is not None:
-            self.deltas.append(delta)
-        if not dropped:
-            return
-        assert st is not None  # someone was present
-        self.capped_windows += len(dropped)
-        for unit in dropped:
-            if grouped:
-                for key in st.unit_keys.pop(unit):
-                    self._take_out(st, (unit, key), key)
-            else:
-                self._take_out(st, unit, "")
-
-    def _apply_bound(self, bound: PeriodBound, start: int, st: _WindowState | None) -> None:
-        """`contribution.max_per_period` at the close of window `start`: cut each present unit's final
-        per-key contributions to what is left of its bound (`PeriodBound.close`) and keep the delta of
-        what they used. A cut moves the aggregate by v - c, as if only c had come; a contribution cut to
-        0 is taken out (`_take_out`), so a key nobody holds any more leaves the partial."""
-        grouped, kind = self._group is not None, self._kind
-        present: dict[str, list[tuple[str, int]]] = {}
-        if st is not None:
-            kept = st.kept
-
-            def amount(got: Any) -> int:
-                if kind == _COUNT:
-                    return int(got)
-                return int(got[1]) if type(got) is tuple else sum(v for _, v in got)
-
-            if grouped:
-                for unit, keys in st.unit_keys.items():
-                    present[unit] = [(key, amount(kept[(unit, key)])) for key in keys]
-            else:
-                for unit, got in kept.items():
-                    present[unit] = [("", amount(got))]
-        cuts, delta = bound.close(start, present, None if st is None else st.digests)
-        if delta is not None:
-            self.deltas.append(delta)
-        if not cuts:
-            return
-        assert st is not None  # someone was present
-        self.capped_period += len(cuts)
-        agg = st.agg
-        for unit, key, v, c in cuts:
-            if c == 0:
-                self._take_out(st, (unit, key) if grouped else unit, key)
-            else:
-                agg[key] -= v - c
+    def _compact(self) -> None:
+        """Drop, in every open window, the rows L∞ drops anyway: a group's rows past its max_per_key of
+        smallest (order key, value) (count_units: all but one, which then weighs them all). Only these
+        can go before the close: a group's later rows never bring back a row its earlier ones outranked."""
+        pile = self._piles.all()
+        assert pile is not None
+        starts, window = np.unique(pile.start, return_inverse=True)
+        window = window.reshape(-1)
+        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1))
+        kept = pile.take(g.kept_rows)
+        if self._kind == _UNITS:
+            kept = kept._replace(weight=g.size)
+        else:  # counted as capped when their window closes
+            dropped = np.zeros(len(starts), np.int64)
+            np.add.at(dropped, g.window, g.size - g.kept)
+            for s, n in zip(starts.tolist(), dropped.tolist(), strict=True):
+                if n:
+                    self._dropped[s] = self._dropped.get(s, 0) + n
+        self._piles = Piles()
+        self._piles.add(kept)
+        self._compact_at = max(_COMPACT_FLOOR, 2 * kept.length)
 
     def take_deltas(self) -> list[CountDelta]:
         """The count deltas of the windows closed since the last call (the driver persists them before it
@@ -800,42 +413,200 @@ class MetricAccumulator:
         The caller guarantees that every record appended up to t has been consumed: nothing can
         join these windows any more.
         """
-        out: list[tuple[int, PartialValues]] = []
+        closing: list[int] = []
         s = self.next_start
-        size, every, windows, lateness, until = self.size, self.every, self.windows, self.lateness, self.until
+        size, every, lateness, until = self.size, self.every, self.lateness, self.until
         while s + size + lateness <= t and (until is None or s + size <= until):
-            if limit is not None and len(out) >= limit:
+            if limit is not None and len(closing) >= limit:
                 break
-            st = windows.pop(s, None)
-            if self.caps is not None:
-                self._apply_caps(s, st)
-            if st is None:
-                out.append((s, {}))
-            else:
-                out.append((s, st.agg if self._candidates is None else self._quantile_cells(st)))
+            closing.append(s)
             s += every
+        out = list(zip(closing, self._close(closing), strict=True)) if closing else []
         self.next_start = s
         if until is not None:  # events for windows past the schedule's end are never emitted
-            for w in [w for w in windows if w + size > until]:
-                del windows[w]
+            beyond = [w for w in self.windows if w + size > until]
+            for w in beyond:
+                del self.windows[w]
+                self._sums.pop(w, None)
+                self._dropped.pop(w, None)
+            if beyond and self._bounded:
+                self._piles.drop_after(until - size)
+        if closing:
+            self._units.prune()
+            self._keys.prune()
         return out
 
-    def _quantile_cells(self, st: _WindowState) -> PartialValues:
-        """A quantile window's partial: {'': counts per grid cell} of the retained contributions (the
-        sum path's bounding keeps them, so the counts follow the same L0/L∞ rules); {} when empty."""
-        if not st.kept:
-            return {}
+    def _close(self, closing: list[int]) -> list[PartialValues]:
+        """The partials of the windows `closing` (consecutive, in order): their rows bounded at once, then
+        the period rule applied window by window."""
+        for s in closing:
+            self.windows.pop(s, None)
+        if not self._bounded:  # no per-unit state: each close still moves the period rule on
+            if self.caps is not None:
+                self._period_close(closing, None, np.zeros(0, bool), np.zeros(0, np.int64))
+            return [self._sums.pop(s, {}) for s in closing]
+        self.capped += sum(self._dropped.pop(s, 0) for s in closing)
+        pile = self._piles.take_through(closing[-1])
+        if pile is None:
+            if self.caps is not None:
+                self._period_close(closing, None, np.zeros(0, bool), np.zeros(0, np.int64))
+            return [{} for _ in closing]
+        starts = objects(closing) if pile.start.dtype == object else np.array(closing, np.int64)
+        window = np.searchsorted(starts, pile.start)
+        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1))
+        alive = self._l0(g, closing)
+        if self._kind == _UNITS:
+            self.capped += int(g.size[~alive].sum())
+        else:
+            self.capped += int(g.size.sum() - g.kept[alive].sum())
+        amount = g.amount
+        if self.caps is not None:
+            amount = amount.copy()
+            self._period_close(closing, g, alive, amount)
+        if self._candidates is not None:
+            return self._quantile_partials(len(closing), pile, g, alive)
+        return self._partials(len(closing), g, alive, amount)
+
+    def _l0(self, g: Groups, closing: list[int]) -> np.ndarray:
+        """Per group, whether L0 keeps it: a unit with more than `max_keys` keys in a window keeps those of
+        smallest (`key_priority`, key)."""
+        alive = np.ones(len(g.size), bool)
+        if self._group is None or len(alive) <= self._max_keys:
+            return alive
+        w, u = g.window, g.unit
+        heads = np.flatnonzero(np.r_[True, (w[1:] != w[:-1]) | (u[1:] != u[:-1])])
+        length = np.diff(np.r_[heads, len(w)])
+        over = np.flatnonzero(length > self._max_keys)
+        if not len(over):
+            return alive
+        units, keys, name, m = self._units.names, self._keys.names, self.metric.name, self._max_keys
+        for h, n in zip(heads[over].tolist(), length[over].tolist(), strict=True):
+            unit, start = units[int(u[h])], closing[int(w[h])]
+            ranked = sorted(
+                (key_priority(name, unit, start, keys[c]), keys[c], h + i)
+                for i, c in enumerate(g.key[h : h + n].tolist())
+            )
+            for _, _, i in ranked[m:]:
+                alive[i] = False
+        return alive
+
+    def _period_close(self, closing: list[int], g: Groups | None, alive: np.ndarray, amount: np.ndarray) -> None:
+        """The period rule at the close of the windows `closing`, for their groups still alive:
+        `max_windows` takes out, whole, the units whose count reached the cap; `max_per_period` cuts each
+        unit's per-key amounts to what is left of its bound (a cut to 0 takes the group out). Every
+        window closes through the rule, with or without groups; the deltas are kept."""
+        caps = self.caps
+        assert caps is not None
+        at = np.flatnonzero(alive)
+        if g is None or not len(at):
+            none = np.zeros(0, np.int64)
+            if isinstance(caps, WindowCaps):
+                deltas = caps.decide(closing, none, none, objects([]))[1]
+            else:
+                assert isinstance(caps, PeriodBound)
+                deltas = caps.decide(closing, none, none, objects([]), none)[1]
+            self.deltas += deltas
+            return
+        if isinstance(caps, WindowCaps):
+            w, u = g.window[at], g.unit[at]
+            heads = np.flatnonzero(np.concatenate(([True], (w[1:] != w[:-1]) | (u[1:] != u[:-1]))))
+            drop, deltas = caps.decide(closing, w[heads], u[heads], self._units.digests(u[heads]))
+            if drop.any():
+                self.capped_windows += int(np.count_nonzero(drop))
+                alive[at[np.repeat(drop, np.diff(np.append(heads, len(at))))]] = False
+        else:
+            assert isinstance(caps, PeriodBound)
+            if self._group is not None:  # within a window, each unit's keys in sorted key order
+                at = at[np.lexsort((self._key_ranks()[g.key[at]], g.unit[at], g.window[at]))]
+            asked, unit = amount[at], g.unit[at]
+            kept, deltas = caps.decide(closing, g.window[at], unit, self._units.digests(unit), asked)
+            cut = kept != asked
+            if cut.any():
+                self.capped_period += int(np.count_nonzero(cut))
+                alive[at[cut & (kept == 0)]] = False
+                amount[at[cut]] = kept[cut]
+        self.deltas += deltas
+
+    def _key_ranks(self) -> np.ndarray:
+        """Each key code's rank among the metric's keys in string order."""
+        names = self._keys.names
+        rank = np.empty(len(names), np.int64)
+        rank[np.argsort(objects(names), kind="stable")] = np.arange(len(names))
+        return rank
+
+    def _partials(self, windows: int, g: Groups, alive: np.ndarray, amount: np.ndarray) -> list[PartialValues]:
+        """Each closing window's partial from its groups still alive: per key, the kept contributions
+        (count), the units (count_units), the sum of the kept values (sum), or [sum, count] (mean)."""
+        out: list[PartialValues] = [{} for _ in range(windows)]
+        live = np.flatnonzero(alive)
+        if not len(live):
+            return out
+        n_keys = max(len(self._keys), 1)
+        cell = g.window[live] * n_keys + g.key[live]
+        order = np.argsort(cell, kind="stable")
+        cells = cell[order]
+        heads = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
+        wins = (cells[heads] // n_keys).tolist()
+        if self._group is None:
+            keys = [""] * len(heads)
+        else:
+            names = self._keys.names
+            keys = [names[c] for c in (cells[heads] % n_keys).tolist()]
+        kind = self._kind
+        if kind == _UNITS:
+            totals = np.diff(np.r_[heads, len(cells)]).tolist()
+        else:
+            picked = amount[live][order]
+            if len(picked) >= _EXACT_ROWS and picked.dtype != object:
+                picked = picked.astype(object)
+            totals = np.add.reduceat(picked, heads).tolist()
+        if kind == _MEAN:
+            counts = np.add.reduceat(g.kept[live][order], heads).tolist()
+            for w, k, total, n in zip(wins, keys, totals, counts, strict=True):
+                out[w][k] = [total, n]
+        else:
+            for w, k, total in zip(wins, keys, totals, strict=True):
+                out[w][k] = total
+        return out
+
+    def _quantile_partials(self, windows: int, pile: Pile, g: Groups, alive: np.ndarray) -> list[PartialValues]:
+        """A quantile window's partial: {'': counts per cell of its public grid} of the kept contributions
+        of the groups still alive (the same L0/L∞ rules as a sum); {} when none is left."""
+        out: list[PartialValues] = [{} for _ in range(windows)]
+        survives = np.repeat(alive, g.kept)
+        rows = g.kept_rows[survives]
+        if not len(rows):
+            return out
+        owner = np.repeat(g.window, g.kept)[survives]
         candidates = self._candidates
-        assert candidates is not None
-        cells = [0] * cell_count(candidates)
-        shift = -self.exponent
-        for got in st.kept.values():
-            for _, v in (got,) if type(got) is tuple else got:
-                cells[cell_index(candidates, math.ldexp(v, shift))] += 1
-        return {"": cells}
+        assert candidates is not None and pile.value is not None
+        grid = np.asarray(candidates, np.float64)
+        values = pile.value[rows]
+        if values.dtype == object:
+            value = np.array([math.ldexp(v, -self.exponent) for v in values.tolist()], np.float64)
+        else:  # exact: grid values are below 2^43, and the scale a power of two
+            value = values.astype(np.float64) * math.ldexp(1.0, -self.exponent)
+        i = np.searchsorted(grid, value, side="left")
+        at = (i < len(grid)) & (grid[np.minimum(i, len(grid) - 1)] == value)
+        counts = np.zeros((windows, cell_count(candidates)), np.int64)
+        np.add.at(counts, (owner, 2 * i + at), 1)
+        for w in np.unique(owner).tolist():
+            out[w] = {"": counts[w].tolist()}
+        return out
 
     def first_open_offset(self) -> int | None:
         """Smallest first-offset among windows not yet emitted (None if none is open)."""
-        if not self.windows:
-            return None
-        return min(st.first_offset for st in self.windows.values())
+        return min(self.windows.values()) if self.windows else None
+
+    # -- codes (`codes.CodeUser`) --------------------------------------------------------
+    def held_codes(self, codes: Codes) -> list[np.ndarray]:
+        """The unit or key codes the open windows' rows hold."""
+        column = 0 if codes is self._units else 1
+        return [(c.unit, c.key)[column] for c in self._piles.chunks]
+
+    def renumber(self, codes: Codes, mapping: np.ndarray) -> None:
+        """Renumber the rows' unit or key codes after `codes` was pruned (`mapping`: old code → new)."""
+        if codes is self._units:
+            self._piles.chunks = [c._replace(unit=mapping[c.unit]) for c in self._piles.chunks]
+        else:
+            self._piles.chunks = [c._replace(key=mapping[c.key]) for c in self._piles.chunks]

@@ -5,7 +5,7 @@ ids), the event time, the horizon (arrival time − allowed lateness: a window e
 when the event arrived), the record offset, and the L∞ order key (source append time, source partition,
 source offset), or the offset itself when the driver gives none. Group-by and value fields are read
 from the decoded objects once per batch and field, whatever number of metrics use them, and so are the
-order keys' ranks and Python values.
+units' codes in a partition's code table (`codes`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpstream.workers.pipeline.window_caps import unit_key
+from dpstream.workers.pipeline.codes import Codes
 
 _NO_KEY, _UNDECLARED = -1, -2
 """Key codes of an event without the group field, and of one whose key is not declared."""
@@ -31,8 +31,6 @@ class KeyColumn(NamedTuple):
     code: np.ndarray
     keys: np.ndarray
     """The distinct keys (object array of str)."""
-    alone: list[tuple[str]]
-    """Each key as a 1-tuple (a unit's only key in a window, shared rather than built per unit)."""
 
 
 class ValueColumn(NamedTuple):
@@ -66,9 +64,7 @@ class EventBatch:
     _names: np.ndarray | None = field(default=None, repr=False)
     _keys: dict[tuple[str, frozenset[str] | None], KeyColumn] = field(default_factory=dict, repr=False)
     _values: dict[str, ValueColumn] = field(default_factory=dict, repr=False)
-    _rank: tuple[np.ndarray, bool] | None = field(default=None, repr=False)
-    _order_keys: list[Any] | None = field(default=None, repr=False)
-    _digests: np.ndarray | None = field(default=None, repr=False)
+    _codes: tuple[Codes, int, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -101,12 +97,12 @@ class EventBatch:
             self._names = objects(self.units)
         return self._names
 
-    def unit_digests(self) -> np.ndarray:
-        """Each of `units`' period-state key (`window_caps.unit_key`), as an object array; hashed once
-        per batch, whatever number of metrics and windows need them."""
-        if self._digests is None:
-            self._digests = objects(list(map(unit_key, self.units)))
-        return self._digests
+    def unit_codes(self, codes: Codes) -> np.ndarray:
+        """The code of each of `units` in `codes` (int64, aligned with `units`); once per batch and table."""
+        got = self._codes
+        if got is None or got[0] is not codes or got[1] != codes.generation:
+            got = self._codes = (codes, codes.generation, codes.of(self.units))
+        return got[2]
 
     def keys(self, name: str, declared: frozenset[str] | None) -> KeyColumn:
         """The group-by field `name` coded over the batch (see `KeyColumn`); cached per field and key list."""
@@ -131,7 +127,7 @@ class EventBatch:
                 keys.append(key)
             raw_code[raw] = c
         code = np.fromiter(map(raw_code.__getitem__, column), np.int64, len(column))
-        got = self._keys[(name, declared)] = KeyColumn(code, objects(keys), [(k,) for k in keys])
+        got = self._keys[(name, declared)] = KeyColumn(code, objects(keys))
         return got
 
     def values(self, name: str) -> ValueColumn:
@@ -148,41 +144,6 @@ class EventBatch:
         value = np.fromiter(map(float, column), np.float64, len(column))
         got = self._values[name] = ValueColumn(present, value)
         return got
-
-    def order_rank(self) -> tuple[np.ndarray, bool]:
-        """Each event's L∞ order key as a dense rank over the batch (int64; equal keys, equal ranks), and
-        whether the keys are distinct. Keys already increasing in record order (a partition read in order)
-        rank as their positions."""
-        if self._rank is None:
-            n = len(self)
-            columns = (self.offset,) if self.order is None else self.order  # most significant first
-            greater = np.zeros(max(n - 1, 0), bool)
-            tied = np.ones(max(n - 1, 0), bool)
-            for c in columns:
-                greater |= tied & (c[1:] > c[:-1])
-                tied &= c[1:] == c[:-1]
-            if greater.all():
-                self._rank = (np.arange(n, dtype=np.int64), True)
-            else:
-                by = np.lexsort(columns[::-1])
-                step = np.zeros(n, np.int64)
-                for c in columns:
-                    ordered = c[by]
-                    step[1:] |= ordered[1:] != ordered[:-1]
-                rank = np.empty(n, np.int64)
-                rank[by] = np.cumsum(step)
-                self._rank = (rank, bool(step[1:].all()))
-        return self._rank
-
-    def order_keys(self, rows: np.ndarray) -> list[Any]:
-        """The L∞ order keys of events `rows` as Python values: tuples (e.g. (append time, partition,
-        offset)), or the offsets when the batch has no order columns. Built once per batch."""
-        if self._order_keys is None:
-            if self.order is None:
-                self._order_keys = self.offset.tolist()
-            else:
-                self._order_keys = list(zip(*(c.tolist() for c in self.order), strict=True))
-        return list(map(self._order_keys.__getitem__, rows.tolist()))
 
 
 _NAN = float("nan")

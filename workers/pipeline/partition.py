@@ -34,6 +34,7 @@ from dpstream.topology.model import Topology
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.batch import EventBatch
+from dpstream.workers.pipeline.codes import Codes
 from dpstream.workers.pipeline.colocation import home_partition
 from dpstream.workers.pipeline.copies import SeenCopies, position_order, source_position_of
 from dpstream.workers.pipeline.counters import EventCounts
@@ -106,6 +107,8 @@ class PartitionPipeline:
         self.schedule_start = int(schedule_start)
         metrics = [m for m in topology.metrics.values() if m.source == source]
         resume = resume or {}
+        self._units = Codes()
+        """The partition's unit codes, shared by its metrics' open windows."""
         self._accs = [
             MetricAccumulator(
                 m,
@@ -114,6 +117,7 @@ class PartitionPipeline:
                 int(max(Schedule.of(m, schedule_start).first_window(), resume.get(m.name, -math.inf))),
                 until=until,
                 period_s=topology.budgets[m.budget].period_s,
+                units=self._units,
             )
             for m in metrics
         ]

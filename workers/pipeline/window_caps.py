@@ -5,6 +5,9 @@ metric simply window order), for the units *present* in the window (holding a co
 survived per-window L0/L∞ bounding). Each reads the units' state as it stood before the window, so the
 outcome does not depend on the order units are visited in; what a unit keeps is a function of its own
 records only (windows never straddle a period: the loader refuses it). A new period starts from zero.
+`decide` takes every window of one close call at once, on arrays: a unit's windows follow one another
+in it as they would one close at a time (its count or amount carried from one to the next), so closing
+windows one by one or many at once gives the same result.
 
 - `WindowCaps` (`max_windows: m`): a unit whose count of windows this period is below m is included
   and its count goes up by one, whatever that window's release does; the others' contributions to the
@@ -45,11 +48,18 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import add
+
+import numpy as np
 
 from dpstream.topology.errors import InternalError
 
 UNIT_KEY_BYTES = 16
 """Size of a unit's state key: 128 bits, so a collision joining two units' state is out of reach."""
+
+_NARROW = 1 << 62
+"""A `max_per_period` bound below this is decided in int64 (a sum's amounts are at most the bound)."""
 
 _PERSON = b"dpstream-maxwin"
 """BLAKE2b personalisation: these digests match no other hash of a unit in dpstream."""
@@ -160,16 +170,62 @@ class PeriodRule:
         self.last_start = window_start
         return period
 
-    def _commit(self, period: int, window_start: int, spent: dict[bytes, int]) -> CountDelta | None:
-        """Add what each unit used in the window to its amount; the window's delta (None if none used any)."""
-        if not spent:
-            return None
+    def _periods(self, starts: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+        """The windows `starts` (consecutive closes, in order) period by period: (period start, first,
+        end) index ranges, each entered only when the one before it has been decided."""
+        lo = 0
+        while lo < len(starts):
+            period = self._enter(starts[lo])
+            hi = lo + 1
+            while hi < len(starts) and starts[hi] // self.period_s * self.period_s == period:
+                self._enter(starts[hi])
+                hi += 1
+            yield period, lo, hi
+            lo = hi
+
+    def _window_deltas(
+        self,
+        period: int,
+        starts: Sequence[int],
+        window: np.ndarray,
+        keys: np.ndarray,
+        use: np.ndarray,
+        amounts: np.ndarray,
+    ) -> list[CountDelta]:
+        """One delta per window with entries `use`d: the keys of their units, sorted (units sharing a key
+        are one), and the amounts each used."""
+        picked = np.flatnonzero(use)
+        if not len(picked):
+            return []
+        w, k, n = window[picked], keys[picked], amounts[picked]
+        raw = np.frombuffer(b"".join(k.tolist()), dtype=">u8").reshape(len(picked), -1)
+        order = np.lexsort((*(raw[:, i] for i in reversed(range(raw.shape[1]))), w))
+        w, k, n, raw = w[order], k[order], n[order], raw[order]
+        new = np.concatenate(([True], (w[1:] != w[:-1]) | (raw[1:] != raw[:-1]).any(axis=1)))
+        heads = np.flatnonzero(new)
+        if len(heads) < len(w):  # units sharing a key: one unit's amounts
+            w, k, n = w[heads], k[heads], np.add.reduceat(n, heads)
+        cuts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))).tolist() + [len(w)]
+        keys_out, amounts_out, windows = k.tolist(), [int(x) for x in n.tolist()], w.tolist()
+        return [
+            CountDelta(
+                self.metric,
+                period,
+                starts[windows[i]],
+                tuple(keys_out[i:j]),
+                tuple(amounts_out[i:j]) if self.amounts else None,
+            )
+            for i, j in zip(cuts[:-1], cuts[1:], strict=True)
+        ]
+
+    def _add(self, keys: list[bytes], used: list[int]) -> None:
+        """Add `used` (each > 0) to the units' amounts (units sharing a key add up)."""
         counts = self.counts
-        for key, amount in spent.items():
-            counts[key] = counts.get(key, 0) + amount
-        keys = tuple(sorted(spent))
-        amounts = tuple(spent[k] for k in keys) if self.amounts else None
-        return CountDelta(self.metric, period, window_start, keys, amounts)
+        if len(set(keys)) < len(keys):
+            for key, amount in zip(keys, used, strict=True):
+                counts[key] = counts.get(key, 0) + amount
+            return
+        counts.update(zip(keys, map(add, map(counts.get, keys, repeat(0)), used), strict=True))
 
     def restore(self, deltas: Iterable[CountDelta], next_start: int) -> None:
         """Rebuild the amounts a clean run has just before window `next_start` closes, from the deltas
@@ -192,6 +248,23 @@ class PeriodRule:
         self.last_start = last
 
 
+def _units_of(unit: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """The entries' units as dense ids 0..n-1 (by `unit`, the caller's unit ids), and each one's key."""
+    distinct, first, ids = np.unique(unit, return_index=True, return_inverse=True)
+    del distinct
+    return ids.reshape(-1), first, keys[first].tolist()
+
+
+def _by_unit(ids: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries by unit then window (stable: a window's own order kept): the order, where each unit's run
+    starts, and for each entry in that order whether it opens a new window of its unit."""
+    order = np.argsort(ids, kind="stable")
+    u, w = ids[order], window[order]
+    unit_head = np.flatnonzero(np.concatenate(([True], u[1:] != u[:-1])))
+    new_window = np.concatenate(([True], (u[1:] != u[:-1]) | (w[1:] != w[:-1])))
+    return order, unit_head, new_window
+
+
 class WindowCaps(PeriodRule):
     """`contribution.max_windows`: the per-unit window counts of one metric in the current period."""
 
@@ -209,20 +282,41 @@ class WindowCaps(PeriodRule):
     def close(
         self, window_start: int, present: Iterable[str], keys: Mapping[str, bytes] | None = None
     ) -> tuple[list[str], CountDelta | None]:
-        """Decide window `window_start` for the units `present` in it: return the units to drop (their
-        count had reached max_windows) and the delta of the included ones (None when none was).
-        `keys`: each present unit's `unit_key`, when the caller holds them (None: hashed here)."""
-        period = self._enter(window_start)
-        counts, cap = self.counts, self.max_windows
-        included: dict[bytes, int] = {}
-        dropped: list[str] = []
-        for unit in present:
-            key = unit_key(unit) if keys is None else keys[unit]
-            if counts.get(key, 0) < cap:  # counts as they stood before this window: order-free
-                included[key] = 1
-            else:
-                dropped.append(unit)
-        return dropped, self._commit(period, window_start, included)
+        """`decide` one window for the units `present` by id (`keys`: their `unit_key`s, when the caller
+        holds them): the units dropped, and the window's delta (None when none was included)."""
+        units = list(present)
+        digests = _objects([unit_key(u) for u in units] if keys is None else [keys[u] for u in units])
+        every = np.arange(len(units))
+        drop, deltas = self.decide([window_start], np.zeros(len(units), np.int64), every, digests)
+        return list(compress(units, drop.tolist())), deltas[0] if deltas else None
+
+    def decide(
+        self, starts: Sequence[int], window: np.ndarray, unit: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, list[CountDelta]]:
+        """Decide the windows `starts` (consecutive closes, in order) for the units present in them: one
+        entry per (window, unit), `window` its index into `starts` (ascending), `unit` the caller's id of
+        its unit and `keys` that unit's key (`unit_key`). A unit is included in its windows while its count
+        stays below max_windows: in its first max_windows − count of them, its count as it stood before
+        these windows. Returns which entries are dropped, and the deltas of the windows that included some."""
+        drop = np.zeros(len(unit), bool)
+        deltas: list[CountDelta] = []
+        for period, lo, hi in self._periods(starts):
+            a, b = np.searchsorted(window, [lo, hi]).tolist()
+            if a == b:
+                continue
+            ids, first, digests = _units_of(unit[a:b], keys[a:b])
+            order, heads, new_window = _by_unit(ids, window[a:b])
+            seen = np.cumsum(new_window)  # the unit's windows up to each entry
+            rank = seen - np.repeat(seen[heads], np.diff(np.append(heads, len(order))))
+            used = np.fromiter(map(self.counts.get, digests, repeat(0)), np.int64, len(digests))
+            out = np.empty(b - a, bool)
+            out[order] = used[ids[order]] + rank >= self.max_windows
+            drop[a:b] = out
+            taken = np.bincount(ids[~out], minlength=len(digests))
+            self._add([digests[i] for i in np.flatnonzero(taken).tolist()], taken[taken > 0].tolist())
+            ones = np.ones(b - a, np.int64)
+            deltas += self._window_deltas(period, starts, window[a:b], keys[a:b], ~out, ones)
+        return drop, deltas
 
 
 class PeriodBound(PeriodRule):
@@ -246,24 +340,67 @@ class PeriodBound(PeriodRule):
         present: Mapping[str, Sequence[tuple[str, int]]],
         keys: Mapping[str, bytes] | None = None,
     ) -> tuple[list[tuple[str, str, int, int]], CountDelta | None]:
-        """Decide window `window_start` for the units `present` in it (unit → its (key, v) contributions,
-        v a count or a sum in grid units): return the contributions cut, as (unit, key, v, c) with c the
-        part kept (0: dropped whole), and the delta of the amounts used (None when none was). `keys`:
-        each present unit's `unit_key`, when the caller holds them (None: hashed here)."""
-        period = self._enter(window_start)
-        counts, bound = self.counts, self.bound
-        spent: dict[bytes, int] = {}
-        cuts: list[tuple[str, str, int, int]] = []
-        for unit, contributions in present.items():
-            key = unit_key(unit) if keys is None else keys[unit]
-            left = max(0, bound - counts.get(key, 0))  # as it stood before this window: order-free
-            used = 0
-            for k, v in sorted(contributions):
-                c = v if -left <= v <= left else (left if v > 0 else -left)
-                if c != v:
-                    cuts.append((unit, k, v, c))
-                left -= abs(c)
-                used += abs(c)
-            if used:
-                spent[key] = spent.get(key, 0) + used
-        return cuts, self._commit(period, window_start, spent)
+        """`decide` one window for the units `present` by id (unit → its (key, v) contributions; `keys`:
+        their `unit_key`s, when the caller holds them): the contributions cut, as (unit, key, v, c) with c
+        the part kept (0: dropped whole), and the window's delta (None when none used any)."""
+        units = list(present)
+        flat = [(i, k, v) for i, u in enumerate(units) for k, v in sorted(present[u])]
+        digests = [unit_key(u) for u in units] if keys is None else [keys[u] for u in units]
+        ids = np.fromiter((i for i, _, _ in flat), np.int64, len(flat))
+        kept, deltas = self.decide(
+            [window_start],
+            np.zeros(len(flat), np.int64),
+            ids,
+            _objects([digests[i] for i, _, _ in flat]),
+            _objects([v for _, _, v in flat]),
+        )
+        cuts = [(units[i], k, v, c) for (i, k, v), c in zip(flat, kept.tolist(), strict=True) if c != v]
+        return cuts, deltas[0] if deltas else None
+
+    def decide(
+        self, starts: Sequence[int], window: np.ndarray, unit: np.ndarray, keys: np.ndarray, amounts: np.ndarray
+    ) -> tuple[np.ndarray, list[CountDelta]]:
+        """Decide the windows `starts` (consecutive closes, in order) for the contributions present in them:
+        one entry per (window, unit, key), in window order and, within a window, a unit's keys together in
+        sorted key order; `window` is its index into `starts`, `unit` the caller's id of its unit, `keys`
+        that unit's key (`unit_key`) and `amounts` its v (a count, or a sum in grid units). Each unit's
+        entries, window by window and key by key, are cut to what is left of L: c = sign(v)·min(|v|, r),
+        then r −= |c|, r starting from L less what the unit used before these windows. Returns each entry's
+        c (0: dropped whole), and the deltas of the windows in which some unit used an amount."""
+        kept_all = np.zeros(len(unit), object if amounts.dtype == object else np.int64)
+        deltas: list[CountDelta] = []
+        for period, lo, hi in self._periods(starts):
+            a, b = np.searchsorted(window, [lo, hi]).tolist()
+            if a == b:
+                continue
+            ids, first, digests = _units_of(unit[a:b], keys[a:b])
+            asked = amounts[a:b]
+            wide = asked.dtype == object or self.bound >= _NARROW
+            if not wide and int(np.abs(asked).max()) * len(asked) >= _NARROW:
+                asked, wide = asked.astype(object), True  # their running sums might not fit in int64
+            order, heads, _ = _by_unit(ids, window[a:b])
+            runs = np.diff(np.append(heads, len(order)))
+            used = np.fromiter(map(self.counts.get, digests, repeat(0)), object if wide else np.int64, len(digests))
+            left = np.maximum(self.bound - used, 0)
+            size = np.abs(asked[order])
+            before = np.cumsum(size) - size  # what the unit's earlier entries asked for
+            before = before - np.repeat(before[heads], runs)
+            kept_size = np.minimum(size, np.maximum(np.repeat(left[ids[order][heads]], runs) - before, 0))
+            kept = np.empty(b - a, object if wide else np.int64)
+            kept[order] = np.where(asked[order] < 0, -kept_size, kept_size)
+            kept_all[a:b] = kept
+            spent = np.add.reduceat(kept_size, heads)
+            used_any = np.flatnonzero(spent != 0)
+            self._add(
+                [digests[i] for i in ids[order][heads][used_any].tolist()], [int(x) for x in spent[used_any].tolist()]
+            )
+            magnitude = np.abs(kept)
+            deltas += self._window_deltas(period, starts, window[a:b], keys[a:b], magnitude != 0, magnitude)
+        return kept_all, deltas
+
+
+def _objects(items: list) -> np.ndarray:
+    """A 1-d object array of `items`."""
+    out = np.empty(len(items), object)
+    out[:] = items
+    return out
