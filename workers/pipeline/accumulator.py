@@ -249,18 +249,28 @@ class MetricAccumulator:
         rows = self._rows(batch, late)
         if rows is None:
             return late
-        starts, window = np.unique(rows.start, return_inverse=True)
-        window = window.reshape(-1)
-        first = np.full(len(starts), len(batch), np.int64)
-        np.minimum.at(first, window, rows.event)  # the first event (in record order) to reach each window
+        start = rows.start
+        if len(start) > 1 and not bool((start[1:] >= start[:-1]).all()):  # by window (stable: record order)
+            order = np.argsort(start, kind="stable")
+            rows = rows._replace(
+                event=rows.event[order],
+                start=start[order],
+                key=None if rows.key is None else rows.key[order],
+                value=None if rows.value is None else rows.value[order],
+            )
+            start = rows.start
+        heads = np.flatnonzero(np.concatenate(([True], start[1:] != start[:-1])))
+        first = np.minimum.reduceat(rows.event, heads)  # the first event (in record order) to reach each window
+        starts = start[heads].tolist()
         opened = self.windows
-        for s, offset in zip(starts.tolist(), batch.offset[first].tolist(), strict=True):
+        for s, offset in zip(starts, batch.offset[first].tolist(), strict=True):
             if s not in opened:
                 opened[s] = offset
         if self._bounded:
             self._hold(batch, rows)
         else:
-            self._aggregate(rows, [self._sums.setdefault(s, {}) for s in starts.tolist()], window)
+            window = np.repeat(np.arange(len(heads)), np.diff(np.append(heads, len(start))))
+            self._aggregate(rows, [self._sums.setdefault(s, {}) for s in starts], window)
         return late
 
     def _rows(self, batch: EventBatch, late: np.ndarray) -> _Rows | None:

@@ -80,8 +80,11 @@ class Codes:
         strings some user still holds, renumbered densely in their old order."""
         if len(self.names) < self._prune_at:
             return
-        arrays = [a for user in self._users for a in user.held_codes(self)]
-        live = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
+        held = np.zeros(len(self.names), bool)
+        for user in self._users:
+            for codes in user.held_codes(self):
+                held[codes] = True
+        live = np.flatnonzero(held)
         mapping = np.full(len(self.names), -1, np.int64)
         mapping[live] = np.arange(len(live), dtype=np.int64)
         kept = live.tolist()

@@ -147,7 +147,7 @@ def group_rows(window: np.ndarray, pile: Pile, max_per_key: int, units: int, key
     else:  # pragma: no cover - millions of windows, units and keys at once
         stacked = np.stack([window, pile.unit, pile.key])
         group = np.unique(stacked, axis=1, return_inverse=True)[1].reshape(-1)
-    order = np.argsort(group, kind="stable")
+    order = np.argsort(group)  # (a group's rows in any order: L∞ sorts those it must choose among)
     ordered = group[order]
     heads = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     count = np.diff(np.r_[heads, n_rows])
