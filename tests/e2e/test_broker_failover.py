@@ -98,7 +98,10 @@ def _changelog(bootstrap: str) -> str | None:
 
 @pytest.fixture
 def deployment(tmp_path: Path, cluster: KafkaCluster, fresh_redis) -> Iterator[Deployment]:
-    """A fresh topology (unique topics) on the cluster and an emptied Redis; workers stopped after."""
+    """A fresh topology (unique topics) on the cluster and an emptied Redis; workers stopped after. The
+    topics are created once every node lists all three brokers again: a node that a loaded machine kept
+    from its heartbeats drops out for a moment, and a topic created then gets fewer replicas."""
+    cluster.wait_brokers(3)
     dep = deploy(tmp_path, cluster.bootstrap, fresh_redis.url)
     yield dep
     dep.stop_all()
