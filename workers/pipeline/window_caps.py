@@ -7,7 +7,9 @@ outcome does not depend on the order units are visited in; what a unit keeps is 
 records only (windows never straddle a period: the loader refuses it). A new period starts from zero.
 `decide` takes every window of one close call at once, on arrays: a unit's windows follow one another
 in it as they would one close at a time (its count or amount carried from one to the next), so closing
-windows one by one or many at once gives the same result.
+windows one by one or many at once gives the same result, unless two units of one close share a key
+(about 2^-64 even with 2^32 units): each then reads the shared state as it stood before the call, and
+stays within its own bound.
 
 - `WindowCaps` (`max_windows: m`): a unit whose count of windows this period is below m is included
   and its count goes up by one, whatever that window's release does; the others' contributions to the
@@ -183,6 +185,17 @@ class PeriodRule:
             yield period, lo, hi
             lo = hi
 
+    def _segments(
+        self, starts: Sequence[int], window: np.ndarray, unit: np.ndarray, keys: np.ndarray
+    ) -> Iterator[tuple[int, int, int, np.ndarray, list[bytes]]]:
+        """The entries of `decide`, period by period (`_periods`), skipping periods without any: (period
+        start, first entry, end entry, each entry's unit as a dense id, each id's key)."""
+        for period, lo, hi in self._periods(starts):
+            a, b = np.searchsorted(window, [lo, hi]).tolist()
+            if a < b:
+                ids, digests = _units_of(unit[a:b], keys[a:b])
+                yield period, a, b, ids, digests
+
     def _window_deltas(
         self,
         period: int,
@@ -248,11 +261,10 @@ class PeriodRule:
         self.last_start = last
 
 
-def _units_of(unit: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
-    """The entries' units as dense ids 0..n-1 (by `unit`, the caller's unit ids), and each one's key."""
-    distinct, first, ids = np.unique(unit, return_index=True, return_inverse=True)
-    del distinct
-    return ids.reshape(-1), first, keys[first].tolist()
+def _units_of(unit: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    """The entries' units as dense ids 0..n-1 (by `unit`, the caller's unit ids), and each id's key."""
+    _, first, ids = np.unique(unit, return_index=True, return_inverse=True)
+    return ids.reshape(-1), keys[first].tolist()
 
 
 def _by_unit(ids: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -300,11 +312,7 @@ class WindowCaps(PeriodRule):
         these windows. Returns which entries are dropped, and the deltas of the windows that included some."""
         drop = np.zeros(len(unit), bool)
         deltas: list[CountDelta] = []
-        for period, lo, hi in self._periods(starts):
-            a, b = np.searchsorted(window, [lo, hi]).tolist()
-            if a == b:
-                continue
-            ids, first, digests = _units_of(unit[a:b], keys[a:b])
+        for period, a, b, ids, digests in self._segments(starts, window, unit, keys):
             order, heads, new_window = _by_unit(ids, window[a:b])
             seen = np.cumsum(new_window)  # the unit's windows up to each entry
             rank = seen - np.repeat(seen[heads], np.diff(np.append(heads, len(order))))
@@ -369,11 +377,7 @@ class PeriodBound(PeriodRule):
         c (0: dropped whole), and the deltas of the windows in which some unit used an amount."""
         kept_all = np.zeros(len(unit), object if amounts.dtype == object else np.int64)
         deltas: list[CountDelta] = []
-        for period, lo, hi in self._periods(starts):
-            a, b = np.searchsorted(window, [lo, hi]).tolist()
-            if a == b:
-                continue
-            ids, first, digests = _units_of(unit[a:b], keys[a:b])
+        for period, a, b, ids, digests in self._segments(starts, window, unit, keys):
             asked = amounts[a:b]
             wide = asked.dtype == object or self.bound >= _NARROW
             if not wide and int(np.abs(asked).max()) * len(asked) >= _NARROW:
