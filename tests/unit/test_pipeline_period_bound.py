@@ -11,6 +11,7 @@ import tracemalloc
 from typing import NamedTuple
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -473,3 +474,43 @@ def test_the_worker_serves_cut_contributions_per_metric_to_the_curator_only() ->
     got = samples(collector)
     assert set(got) == set(_BOUNDED) and got["total"] == 2 == pipe.refresh_counts().capped_period["total"]
     assert samples(ClassFilter(collector, curator=False)) == {}
+
+
+_KEY_POOL = [bytes(UNIT_KEY_BYTES), b"\x00" * 15 + b"\x01", b"\x80" + b"\x00" * 15, b"\x80" + b"\x00" * 14 + b"\x02"]
+"""State keys with equal leading bytes (so the delta order must look past them) and one all-zero."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=3),
+            st.sampled_from(_KEY_POOL) | st.binary(min_size=UNIT_KEY_BYTES, max_size=UNIT_KEY_BYTES),
+            st.integers(min_value=-9, max_value=9),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([1, 30_000]),
+)
+def test_deltas_list_each_windows_keys_sorted_with_what_each_used(entries, spread):
+    """Whatever the keys (equal leading bytes, shared by two units), each window's delta lists its keys in
+    byte order once, with the sum of what the units holding it used: the model, a dict per window.
+    `spread` puts the windows far apart, past what the one-sort ordering packs."""
+    entries.sort(key=lambda e: e[0])
+    window = np.array([w * spread for w, _, _ in entries], np.int64)
+    starts = list(range(T0, T0 + 60 * (int(window.max()) + 1), 60))
+    keys = np.empty(len(entries), object)
+    keys[:] = [k for _, k, _ in entries]
+    unit = np.arange(len(entries))  # each entry its own unit: shared keys are collisions
+    rule = PeriodBound("m", 10**6, 10**9)
+    kept, deltas = rule.decide(starts, window, unit, keys, np.array([v for _, _, v in entries], np.int64))
+    model: dict[int, dict[bytes, int]] = {}
+    for (w, k, v), c in zip(entries, kept.tolist(), strict=True):
+        assert c == v  # far below the bound: nothing is cut
+        if v:
+            used = model.setdefault(starts[w * spread], {})
+            used[k] = used.get(k, 0) + abs(v)
+    assert [(d.window_start, d.keys, d.amounts) for d in deltas] == [
+        (s, tuple(sorted(used)), tuple(used[k] for k in sorted(used))) for s, used in sorted(model.items())
+    ]
