@@ -1,5 +1,7 @@
 """`EventParser.parse` against a slow, plainly written model of the event rules: the same event, or the
-same dead-letter reason, on random objects with right, wrong and missing fields."""
+same dead-letter reason, on random objects with right, wrong and missing fields. The model decodes the
+whole object with orjson and keeps the fields the topology reads; `parse` decodes only those (their
+values must be what orjson gives; the rest must only be JSON, see the tests at the end)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from dpstream.topology.errors import EventError
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import EventParser
-from dpstream.workers.pipeline.events import decode_json
+from dpstream.workers.pipeline.events import REASONS, decode_json
 
 pytestmark = pytest.mark.unit
 
@@ -111,20 +113,27 @@ def _model(parser: EventParser, raw: bytes, record_time_ms: int | None, offset: 
         k = obj.get(name)
         if k is not None and (isinstance(k, bool) or not isinstance(k, (str, int))):
             return "bad_key"
-    return unit, ts, obj
+    read = ("user_id", "ts", "eur", "page") if parser is _PARSER else ()
+    return unit, ts, {name: obj[name] for name in read if obj.get(name) is not None}
 
 
 def _check(parser: EventParser, raw: bytes, record_time_ms: int | None = None, offset: int = 7) -> bool:
     """True when the model accepts `raw`; asserts `parse` gave the model's event or raised its reason."""
     expected = _model(parser, raw, record_time_ms, offset)
+    batch = parser.parse_batch([raw], [record_time_ms], [offset])  # the batch path, on a batch of one
     if isinstance(expected, str):
         with pytest.raises(EventError) as error:
             parser.parse(raw, record_time_ms, offset)
         assert error.value.reason == expected
+        assert batch.invalid == [(0, expected)]
         return False
     unit, ts, fields = parser.parse(raw, record_time_ms, offset)
     assert (unit, ts, fields) == expected
     assert type(unit) is str and type(ts) is float and math.isfinite(ts)
+    assert (batch.units, batch.time.tolist(), batch.invalid) == ([unit], [ts], [])
+    assert {name: column[0] for name, column in batch.columns.items() if column[0] is not None} == {
+        name: v for name, v in fields.items() if name in batch.columns
+    }
     return True
 
 
@@ -218,10 +227,139 @@ def test_boundaries_answer_as_the_model(ts, unit):
 def test_the_model_is_not_vacuous():
     """The everyday event is accepted (float seconds kept, integer milliseconds divided), others refused."""
     assert _check(_PARSER, _encode({"user_id": "u1", "ts": 1_790_000_000.25, "eur": 12.5, "page": "a"}))
-    assert _PARSER.parse(_encode({"user_id": 5, "ts": 1_790_000_000_000})) == (
+    assert _PARSER.parse(_encode({"user_id": 5, "ts": 1_790_000_000_000, "other": [1]})) == (
         "5",
         1_790_000_000.0,
         {"user_id": 5, "ts": 1_790_000_000_000},
     )
     assert _check(_PARSER, _encode({"user_id": "u1", "ts": "2026-11-30T12:00:00Z"}))
     assert not _check(_PARSER, _encode({"user_id": "u1", "ts": 1.0, "eur": True}))
+
+
+def test_fields_no_metric_reads_only_need_to_be_json():
+    """An unread field is never decoded: a number past the float range or bytes that are not UTF-8 in
+    one do not refuse the event; what is not JSON at all still does, wherever it is."""
+    head = b'{"user_id": "u1", "ts": 1790000000, "other": '
+    assert _PARSER.parse(head + b"1e999}").fields == {"user_id": "u1", "ts": 1790000000}
+    assert _PARSER.parse(head + b'"\xff\xfe"}').unit == "u1"
+    for other in (b"NaN", b'"\\ud800"', b'"\\x"', b"[" * 2000 + b"]" * 2000, b"01", b"[1,]"):
+        with pytest.raises(EventError) as error:
+            _PARSER.parse(head + other + b"}")
+        assert error.value.reason == "not_json", other
+
+
+@pytest.mark.parametrize(
+    ("field", "literal", "expected"),
+    [
+        ("user_id", b"18446744073709551615", "18446744073709551615"),  # the largest orjson integer
+        ("user_id", b"18446744073709551616", "bad_unit"),  # orjson: a float
+        ("user_id", b"-9223372036854775809", "bad_unit"),
+        ("page", b"18446744073709551616", "bad_key"),
+        ("page", b"-9223372036854775808", -(2**63)),
+        ("eur", b"18446744073709551616", 1.8446744073709552e19),
+        ("eur", b"1" + b"0" * 400, "not_json"),  # past the float range
+        ("eur", b"1e999", "not_json"),
+        ("ts", b"1" + b"0" * 400, "not_json"),
+    ],
+)
+def test_read_numbers_are_what_orjson_gives(field, literal, expected):
+    """A read field's integer is kept within [-2^63, 2^64) and is the nearest float past it, as orjson
+    decodes it (so a unit or key that large is refused); a number past the float range is not JSON."""
+    doc = {"user_id": "u1", "ts": 1_790_000_000}
+    doc.pop(field, None)
+    raw = json.dumps(doc)[:-1].encode() + b', "' + field.encode() + b'": ' + literal + b"}"
+    if expected in REASONS:
+        with pytest.raises(EventError) as error:
+            _PARSER.parse(raw)
+        assert error.value.reason == expected
+        return
+    event = _PARSER.parse(raw)
+    got = event.unit if field == "user_id" else event.fields[field]
+    assert got == expected and type(got) is type(expected)
+    if field == "page":
+        assert _PARSER.parse_batch([raw], [None], [0]).columns["page"] == [expected]
+
+
+_TAILS = [
+    b', "other": 1e999}',
+    b', "eur": 1e999}',
+    b', "other": "\xff"}',
+    b', "user_id": 18446744073709551616}',
+    b', "user_id": 9223372036854775808}',
+    b', "page": -9223372036854775809}',
+    b', "eur": 99999999999999999999}',
+    b', "ts": true}',
+    b', "page": "\xc3\xa9"}',
+    b"} x",
+]
+"""Endings that make the two decoders' edges meet: past int64, past the float range, not UTF-8."""
+
+_hostile = st.one_of(
+    st.builds(_encode, _docs),
+    st.binary(max_size=24),
+    st.builds(lambda d, tail: _encode(d)[:-1] + tail, _docs.filter(bool), st.sampled_from(_TAILS)),
+    st.none(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_hostile, _record_times), max_size=12))
+def test_a_batch_is_parsed_as_each_of_its_events_alone(events):
+    """`parse_batch` on hostile batches (bytes that are no JSON, tombstones, integers past int64, numbers
+    past the float range, non-UTF-8 bytes, read and unread): the events `parse` accepts, with its unit,
+    time and read fields, and the others with its reasons, in order."""
+    raws = [raw for raw, _ in events]
+    stamps = [stamp for _, stamp in events]
+    offsets = list(range(100, 100 + len(events)))
+    batch = _PARSER.parse_batch(raws, stamps, offsets)  # type: ignore[arg-type]  # tombstones: None
+    accepted, refused = [], []
+    for i, (raw, stamp) in enumerate(events):
+        try:
+            unit, ts, fields = _PARSER.parse(raw, stamp, offsets[i])  # type: ignore[arg-type]
+        except EventError as exc:
+            refused.append((i, exc.reason))
+            continue
+        accepted.append((i, unit, ts, fields.get("eur"), fields.get("page")))
+    assert batch.invalid == refused
+    assert [
+        (i, unit, ts, eur, page)
+        for i, unit, ts, eur, page in zip(
+            batch.valid.tolist(),
+            batch.units,
+            batch.time.tolist(),
+            batch.columns["eur"],
+            batch.columns["page"],
+            strict=True,
+        )
+    ] == accepted
+
+
+def _nested(depth: int) -> bytes:
+    """An event whose unread field nests `depth` arrays."""
+    return b'{"user_id": "u1", "ts": 1790000000, "other": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def _verdict(raw: bytes) -> str:
+    try:
+        _PARSER.parse(raw)
+    except EventError as exc:
+        return exc.reason
+    return "accepted"
+
+
+def _frames_below(frames: int, call: Any) -> Any:
+    """`call()` with `frames` more Python frames on the stack."""
+    return call() if frames == 0 else _frames_below(frames - 1, call)
+
+
+def test_a_deep_event_gets_one_verdict_whatever_the_stack_or_batch():
+    """How deep a document msgspec decodes follows what the stack leaves of the recursion limit; the
+    verdict on an event must not: the same with 400 more frames on the stack, and in a batch whose
+    other event sends the whole batch down the slow path."""
+    depths = range(50, 1200, 50)
+    verdicts = {d: _verdict(_nested(d)) for d in depths}
+    assert set(verdicts.values()) == {"accepted", "not_json"}  # the limit lies in the range
+    for d in depths:
+        assert _frames_below(400, lambda d=d: _verdict(_nested(d))) == verdicts[d], d
+        batch = _frames_below(300, lambda d=d: _PARSER.parse_batch([_nested(d), b"{"], [None, None], [0, 1]))
+        assert batch.invalid == ([(1, "not_json")] if verdicts[d] == "accepted" else [(0, "not_json"), (1, "not_json")])

@@ -129,22 +129,35 @@ def test_the_pipeline_refuses_to_start_without_the_secret(monkeypatch: pytest.Mo
 def test_hashed_copy_replaces_the_unit_and_keys_by_the_hash() -> None:
     """The hop's copy carries the hash as unit field and key; ids the parser refuses are not rewritten."""
     h = UnitHasher(SECRET.encode())
+    parser = EventParser(_topology(hashed=True).sources["clicks"])
     raw = json.dumps({"user_id": "alice", "ts": 5, "page": "a", "eur": 2.5}).encode()
-    got = hashed_copy(raw, "user_id", h, orjson.loads, orjson.dumps)
+    got = hashed_copy(raw, parser, h, orjson.loads, orjson.dumps)
     assert got is not None
     value, key = got
     assert b"alice" not in value and key == h("alice").encode()
     assert json.loads(value) == {"user_id": h("alice"), "ts": 5, "page": "a", "eur": 2.5}
-    assert hashed_copy(json.dumps({"user_id": 42}).encode(), "user_id", h, orjson.loads, orjson.dumps) == (
+    assert hashed_copy(json.dumps({"user_id": 42}).encode(), parser, h, orjson.loads, orjson.dumps) == (
         json.dumps({"user_id": h("42")}, separators=(",", ":")).encode(),
         h("42").encode(),
     )
     for refused in (b"{", b"[1]", b'{"user_id": ""}', b'{"user_id": true}', b'{"ts": 1}'):
-        assert hashed_copy(refused, "user_id", h, orjson.loads, orjson.dumps) is None
+        assert hashed_copy(refused, parser, h, orjson.loads, orjson.dumps) is None
     too_long = json.dumps({"user_id": "x" * (MAX_UNIT_LENGTH + 1)}).encode()
-    assert hashed_copy(too_long, "user_id", h, orjson.loads, orjson.dumps) is None
-    parser = EventParser(_topology(hashed=True).sources["clicks"])
+    assert hashed_copy(too_long, parser, h, orjson.loads, orjson.dumps) is None
     assert parser.parse(value).unit == h("alice")
+
+
+def test_an_event_the_hop_cannot_re_encode_is_dead_lettered_as_not_json() -> None:
+    """A field the parser never reads needs only to be JSON, but the hop re-encodes a hashed event whole:
+    one that orjson refuses (a number past the float range) is dead-lettered by the hop, as not_json;
+    the other refusals keep the ingest's reason."""
+    h = UnitHasher(SECRET.encode())
+    parser = EventParser(_topology(hashed=True).sources["clicks"])
+    raw = b'{"user_id": "alice", "ts": 5, "note": 1e999}'
+    assert parser.parse(raw).unit == "alice"
+    assert hashed_copy(raw, parser, h, orjson.loads, orjson.dumps) is None
+    assert refusal_reason(raw, parser) == "not_json"
+    assert refusal_reason(b'{"user_id": true}', parser) == "bad_unit"
 
 
 _UNITS = st.sampled_from(["alice", "bob", "carol", "ünï", "用户", "42"]) | st.integers(0, 3)
@@ -200,7 +213,7 @@ def test_refusal_reason_names_what_the_ingest_would_say() -> None:
     cases[json.dumps({"user_id": "x" * (MAX_UNIT_LENGTH + 1)}).encode()] = "bad_unit"
     h = UnitHasher(SECRET.encode())
     for raw, reason in cases.items():
-        assert raw is None or hashed_copy(raw, "user_id", h, orjson.loads, orjson.dumps) is None
+        assert raw is None or hashed_copy(raw, parser, h, orjson.loads, orjson.dumps) is None
         assert refusal_reason(raw, parser) == reason, raw
 
 

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dpstream.topology.errors import InternalError
 from dpstream.workers.pipeline.codes import Codes
 
 _NO_KEY, _UNDECLARED = -1, -2
@@ -55,7 +56,7 @@ class EventBatch:
     offset: np.ndarray
     """int64: the record offset (a window's first offset, for the safe commit)."""
     fields: Sequence[dict[str, Any]]
-    """The decoded objects."""
+    """The decoded objects (empty when `columns` holds every field read)."""
     order: tuple[np.ndarray, ...] | None = None
     """The L∞ order key as columns, most significant first (the pipeline's: source append time, source
     partition, source offset); None: the offset."""
@@ -89,7 +90,11 @@ class EventBatch:
     def column(self, name: str) -> list[Any]:
         """The field `name` of every event (None where absent)."""
         got = self.columns.get(name)
-        return got if got is not None else [f.get(name) for f in self.fields]
+        if got is not None:
+            return got
+        if len(self.fields) != len(self.unit):  # pragma: no cover - a batch built without a field it needs
+            raise InternalError(f"field {name!r} was not read for this batch")
+        return [f.get(name) for f in self.fields]
 
     def unit_names(self) -> np.ndarray:
         """`units` as an object array (so a column of unit indexes maps to ids in one step)."""

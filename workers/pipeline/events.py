@@ -2,6 +2,11 @@
 
 Failures carry a reason from a fixed vocabulary (`REASONS`) so the dead-letter topic and the
 `invalid` counter never need the raw value; messages name the field, never its content.
+
+An event is decoded into the fields the topology reads (its projection, with msgspec), so a field no
+metric reads costs no decoding: it must be JSON (syntax, escapes, nesting), and is never looked at
+again. A field that is read holds what orjson would give: an integer outside [-2^63, 2^64) becomes the
+nearest float, and a number past the float range makes the event `not_json`.
 """
 
 from __future__ import annotations
@@ -22,26 +27,21 @@ import base64
 import json
 import math
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from operator import attrgetter
+from typing import Annotated, Any, NamedTuple
 
+import msgspec
 import numpy as np
+import orjson
 
 from dpstream.topology.errors import EventError
 from dpstream.topology.model import Source
 
-try:  # optional: 3-4× faster decoding on the hot path; the stdlib is the fallback
-    import orjson as _orjson
-
-    decode_json: Callable[[bytes], Any] = _orjson.loads
-    _DECODE_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError)
-    _FINITE_FLOATS = True
-    """orjson refuses NaN, Infinity and numbers past the float range: every float it gives is finite."""
-except ImportError:  # pragma: no cover - depends on the environment
-    decode_json = json.loads
-    _DECODE_ERRORS = (ValueError, TypeError, UnicodeDecodeError, RecursionError)
-    _FINITE_FLOATS = False
+decode_json: Callable[[bytes], Any] = orjson.loads
+"""A whole JSON document, as the read fields of an event decode (see the module docstring)."""
 
 REASONS = (
     "not_json",
@@ -156,22 +156,47 @@ def _parse_iso(raw: str) -> float:
     return ts
 
 
+_INT_RANGE = (-(1 << 63), 1 << 64)
+"""Integers orjson decodes as integers: [-2^63, 2^64). Past them it gives the nearest float."""
+
+_INT64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+_BATCH_FIELD = _INT64 | float | str | bool | list | dict | None
+"""A read field in the batch decoder: any JSON value, but an integer only within int64 (one outside it
+refuses the event there, and `parse` decides it, as orjson would)."""
+_BATCH_UNIT = (
+    _INT64 | Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_UNIT_LENGTH)] | float | bool | list | dict | None
+)
+"""The unit field in the batch decoder: a string only when `unit_of` would take it as it is."""
+
 _NUMBER = frozenset({int, float})
 _NUMBER_OR_NONE = frozenset({int, float, type(None)})
 _KEY_OR_NONE = frozenset({str, int, type(None)})
 
 
-def _decoded_or_none(raw: bytes | None) -> Any:
-    """The decoded event, or None when it is no JSON (`parse` then says so)."""
-    try:
-        return decode_json(raw)  # type: ignore[arg-type]
-    except _DECODE_ERRORS:
-        return None
-
-
 def _plain_number(v: object) -> bool:
     """A value field as the common shape has it: absent, an integer or a finite float."""
     return v is None or type(v) is int or (type(v) is float and math.isfinite(v))
+
+
+def _decode(decode: Callable[[Any], Any], raw: bytes | None) -> Any:
+    """`decode(raw)`; a document nested too deep for the stack it ran on is decoded again at a fixed,
+    shallow stack (`_decode_afresh`), so whether it decodes depends on the document alone."""
+    try:
+        return decode(raw)
+    except RecursionError:
+        return _decode_afresh(decode, raw)
+
+
+_afresh: ThreadPoolExecutor | None = None
+
+
+def _decode_afresh(decode: Callable[[Any], Any], raw: bytes | None) -> Any:
+    """`decode(raw)` on a thread of its own, its stack the same shallow one every time: msgspec refuses
+    a document as deep as what is left of the recursion limit, which the caller's stack would set."""
+    global _afresh  # noqa: PLW0603 - one thread, started the first time a document needs it
+    if _afresh is None:
+        _afresh = ThreadPoolExecutor(1, thread_name_prefix="dpstream-deep-json")
+    return _afresh.submit(decode, raw).result()
 
 
 class ParsedBatch(NamedTuple):
@@ -183,10 +208,8 @@ class ParsedBatch(NamedTuple):
     """Their privacy units."""
     time: np.ndarray
     """float64: their event times (epoch s)."""
-    fields: list[dict[str, Any]]
-    """Their decoded objects."""
     columns: dict[str, list[Any]]
-    """Their value and key fields (name → one value per valid event, None where absent)."""
+    """Their value and key fields (name → one value per valid event, None where absent or null)."""
     invalid: list[tuple[int, str]]
     """(position, reason) of every invalid event, ascending."""
 
@@ -207,15 +230,29 @@ class EventParser:
         self._ts_field = source.timestamp
         self._value_fields = tuple(sorted(set(value_fields)))
         self._key_fields = tuple(sorted(set(key_fields)))
+        unit = () if self._event_level else (self._unit_field,)
+        stamp = () if self._ts_field is None else (self._ts_field,)
+        self._read = tuple(dict.fromkeys((*unit, *stamp, *self._value_fields, *self._key_fields)))
+        """The fields the topology reads, each once (a field can be both a unit and a key, say)."""
+        attrs = [f"f{i}" for i in range(len(self._read))]
+        rename = dict(zip(attrs, self._read, strict=True))
+        one = msgspec.defstruct("Event", [(a, Any, None) for a in attrs], rename=rename, gc=False)
+        kinds = [
+            _BATCH_UNIT if name == self._unit_field and not self._event_level else _BATCH_FIELD for name in self._read
+        ]
+        batch = msgspec.defstruct(
+            "BatchEvent", [(a, kind, None) for a, kind in zip(attrs, kinds, strict=True)], rename=rename, gc=False
+        )
+        self._decode_one = msgspec.json.Decoder(one).decode
+        self._decode_batch = msgspec.json.Decoder(batch).decode
+        self._getters = {name: attrgetter(a) for a, name in rename.items()}
+        self._absent = batch()
+        """Stands in for an event the batch decoder refused (`parse` decides it)."""
 
     def parse(self, raw: bytes, record_time_ms: int | None = None, offset: int = 0) -> Event:
-        """The validated event, or raise EventError(reason). `offset` names event-level units."""
-        try:
-            obj = decode_json(raw)
-        except _DECODE_ERRORS:
-            raise EventError("not_json") from None
-        if type(obj) is not dict:
-            raise EventError("not_object")
+        """The validated event, or raise EventError(reason). `offset` names event-level units. Its
+        `fields` are the fields the topology reads that the event has (not null)."""
+        obj = self._read_fields(raw)
         unit = f"#{offset}" if self._event_level else unit_of(obj.get(self._unit_field), self._unit_field)
         ts_raw = obj.get(self._ts_field) if self._ts_field is not None else None
         if ts_raw is not None:
@@ -234,57 +271,86 @@ class EventParser:
                 raise EventError("bad_key", f"{name} is not a string or integer")
         return Event(unit, ts, obj)
 
+    def unit(self, raw: bytes | None) -> str | None:
+        """The event's privacy unit as `parse` reads it (None for an event-level source, which has no
+        unit field), or EventError when it has none; for routing an event to its unit's partition."""
+        if self._event_level:
+            return None
+        return unit_of(self._read_fields(raw).get(self._unit_field), self._unit_field)
+
+    def _read_fields(self, raw: bytes | None) -> dict[str, Any]:
+        """The fields the topology reads, decoded (absent and null ones left out), or EventError:
+        `not_json` (bytes that are no JSON, or a read number past the float range), `not_object`."""
+        try:
+            decoded = _decode(self._decode_one, raw)
+        except msgspec.ValidationError:  # JSON, but not an object, or a number past the float range
+            try:
+                _decode(msgspec.json.decode, raw)
+            except (msgspec.DecodeError, RecursionError):
+                raise EventError("not_json") from None
+            raise EventError("not_object") from None
+        except (msgspec.DecodeError, TypeError, RecursionError):  # (a ValidationError is caught above)
+            raise EventError("not_json") from None
+        out: dict[str, Any] = {}
+        for name, get in self._getters.items():
+            v = get(decoded)
+            if v is None:
+                continue
+            if type(v) is int and not _INT_RANGE[0] <= v < _INT_RANGE[1]:
+                try:
+                    v = float(v)  # as orjson decodes it
+                except OverflowError:
+                    raise EventError("not_json") from None
+            out[name] = v
+        return out
+
     def parse_batch(
         self, raws: list[bytes | None], record_times_ms: list[int | None], offsets: list[int]
     ) -> ParsedBatch:
         """`parse` over a batch, decided column by column: the events of the common shape (a JSON
         object whose unit is a non-empty string or an integer, whose time is a number or absent with a
-        record time, whose values are numbers and keys strings or integers) are checked at once; every
-        other event goes through `parse` itself, which gives its reason (or accepts it). Same events,
-        same reasons, in the same order as `parse` one by one."""
+        record time, whose values are numbers and keys strings or integers, every integer within int64)
+        are checked at once; every other event goes through `parse` itself, which gives its reason (or
+        accepts it). Same events, same reasons, in the same order as `parse` one by one."""
         n = len(raws)
+        decode = self._decode_batch
         try:
-            objs: list[Any] = list(map(decode_json, raws))  # type: ignore[arg-type]  # None: not_json, below
-        except _DECODE_ERRORS:
-            objs = [_decoded_or_none(raw) for raw in raws]
+            objs: list[Any] = list(map(decode, raws))  # type: ignore[arg-type]  # None: refused, below
+        except (msgspec.MsgspecError, TypeError, RecursionError):
+            objs = [self._batch_or_none(raw) for raw in raws]
         odd = np.zeros(n, bool)  # events `parse` decides one by one
-        if set(map(type, objs)) != {dict}:
-            odd |= np.fromiter((type(o) is not dict for o in objs), bool, n)
-            objs = [o if type(o) is dict else {} for o in objs]
+        if None in objs:
+            odd |= np.fromiter((o is None for o in objs), bool, n)
+            absent = self._absent
+            objs = [absent if o is None else o for o in objs]
+        columns = {name: list(map(get, objs)) for name, get in self._getters.items()}
         if self._event_level:
             units = [f"#{o}" for o in offsets]
         else:
-            units = [o.get(self._unit_field) for o in objs]
+            units = columns[self._unit_field]  # a str here is 1 to MAX_UNIT_LENGTH characters (_BATCH_UNIT)
             if set(map(type, units)) != {str}:
                 odd |= np.fromiter((type(u) is not str and type(u) is not int for u in units), bool, n)
                 units = [str(u) if type(u) is int else u if type(u) is str else "" for u in units]
-            lengths = np.fromiter(map(len, units), np.int64, n)
-            odd |= (lengths == 0) | (lengths > MAX_UNIT_LENGTH)
-        time = self._times(objs, record_times_ms, odd)
-        columns: dict[str, list[Any]] = {}
+        time = self._times(columns, record_times_ms, odd)
         for name in self._value_fields:
-            column = columns[name] = [o.get(name) for o in objs]
-            kinds = set(map(type, column))
-            if not kinds <= _NUMBER_OR_NONE or (
-                float in kinds
-                and not _FINITE_FLOATS
-                and not np.isfinite(np.fromiter((v for v in column if type(v) is float), float)).all()
-            ):
-                odd |= np.fromiter((not _plain_number(v) for v in column), bool, n)
+            if not set(map(type, columns[name])) <= _NUMBER_OR_NONE:
+                odd |= np.fromiter((not _plain_number(v) for v in columns[name]), bool, n)
         for name in self._key_fields:
-            column = columns[name] = [o.get(name) for o in objs]
-            if not set(map(type, column)) <= _KEY_OR_NONE:
-                odd |= np.fromiter((type(k) not in _KEY_OR_NONE for k in column), bool, n)
+            if not set(map(type, columns[name])) <= _KEY_OR_NONE:
+                odd |= np.fromiter((type(k) not in _KEY_OR_NONE for k in columns[name]), bool, n)
+        wanted = {name: columns[name] for name in (*self._value_fields, *self._key_fields)}
         if not odd.any():
-            return ParsedBatch(np.arange(n), units, time, objs, columns, [])
+            return ParsedBatch(np.arange(n), units, time, wanted, [])
         invalid: list[tuple[int, str]] = []
         for i in np.flatnonzero(odd).tolist():
             try:
-                unit, ts, obj = self.parse(raws[i], record_times_ms[i], offsets[i])  # type: ignore[arg-type]
+                unit, ts, fields = self.parse(raws[i], record_times_ms[i], offsets[i])  # type: ignore[arg-type]
             except EventError as exc:
                 invalid.append((i, exc.reason))
                 continue
-            units[i], time[i] = unit, ts  # obj is the object decoded above: its columns hold
+            units[i], time[i] = unit, ts
+            for name, column in wanted.items():
+                column[i] = fields.get(name)
             odd[i] = False
         good = np.flatnonzero(~odd)
         keep = good.tolist()
@@ -292,17 +358,23 @@ class EventParser:
             good,
             [units[i] for i in keep],
             time[good],
-            [objs[i] for i in keep],
-            {name: [column[i] for i in keep] for name, column in columns.items()},
+            {name: [column[i] for i in keep] for name, column in wanted.items()},
             invalid,
         )
 
-    def _times(self, objs: list[dict[str, Any]], record_times_ms: list[int | None], odd: np.ndarray) -> np.ndarray:
+    def _batch_or_none(self, raw: bytes | None) -> Any:
+        """The event as the batch decoder reads it, or None when it refuses it (`parse` then decides)."""
+        try:
+            return _decode(self._decode_batch, raw)
+        except (msgspec.MsgspecError, TypeError, RecursionError):
+            return None
+
+    def _times(self, columns: dict[str, list[Any]], record_times_ms: list[int | None], odd: np.ndarray) -> np.ndarray:
         """Event times of a batch (epoch s) as `parse` reads them; marks in `odd` the events whose time
         `parse` must decide: not a number (an ISO-8601 string, say), not a finite time after 1970, or
         absent without a record time."""
-        n = len(objs)
-        column: list[Any] = [o.get(self._ts_field) for o in objs] if self._ts_field is not None else [None] * n
+        n = len(record_times_ms)
+        column: list[Any] = columns[self._ts_field] if self._ts_field is not None else [None] * n
         if set(map(type, column)) <= _NUMBER:  # the common shape: a number each
             raw = np.fromiter(map(float, column), np.float64, n)
             odd |= ~((raw >= 0.0) & (raw < math.inf))  # NaN fails this too

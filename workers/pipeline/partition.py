@@ -229,14 +229,14 @@ class PartitionPipeline:
                 order = self._order(
                     arrival[picked], offset, None if positions is None else [positions[i] for i in rows.tolist()]
                 )
-            everyone = len(picked) == len(parsed.fields)
+            everyone = len(picked) == len(units)
             chosen = picked.tolist()
             batch = EventBatch.of(
                 units if everyone else [units[j] for j in chosen],
                 ts[picked],
                 arrival[picked] - self._lateness,
                 offset,
-                parsed.fields if everyone else [parsed.fields[j] for j in chosen],
+                (),
                 order,
                 parsed.columns if everyone else {k: [c[j] for j in chosen] for k, c in parsed.columns.items()},
             )

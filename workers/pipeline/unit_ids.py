@@ -28,7 +28,7 @@ from typing import Any
 
 from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Source, Topology, UnitHash
-from dpstream.workers.pipeline.events import EventParser, unit_of
+from dpstream.workers.pipeline.events import EventParser
 
 UNIT_HMAC_KEY_ENV = "DPSTREAM_UNIT_HMAC_KEY"
 """The environment variable holding the HMAC secret (the same value on every worker of a deployment)."""
@@ -91,30 +91,28 @@ def check_unit_hashing(topology: Topology, environ: Mapping[str, str] | None = N
 
 
 def hashed_copy(
-    raw: bytes, field_name: str, hasher: UnitHasher, loads: Callable[[bytes], Any], dumps: Callable[[Any], bytes]
+    raw: bytes, parser: EventParser, hasher: UnitHasher, loads: Callable[[bytes], Any], dumps: Callable[[Any], bytes]
 ) -> tuple[bytes, bytes] | None:
     """The event re-encoded with its unit field replaced by the hash, and the hash as Kafka key; None when
-    the event has no unit the parser would accept (forwarded as it is, the ingest dead-letters it)."""
+    the event has no unit the parser would accept, or cannot be re-encoded (a field the parser never
+    reads that `loads` refuses): the hop then dead-letters it (`refusal_reason`)."""
     try:
+        unit = parser.unit(raw)
         obj = loads(raw)
-    except (ValueError, TypeError):
+    except (EventError, ValueError, TypeError):
         return None
-    if type(obj) is not dict:
+    if unit is None or type(obj) is not dict:  # pragma: no cover - the parser refused those already
         return None
-    try:
-        unit = unit_of(obj.get(field_name), field_name)
-    except EventError:
-        return None
-    hashed = hasher(unit)
-    obj[field_name] = hashed
+    obj[parser.source.privacy_unit] = hashed = hasher(unit)
     return dumps(obj), hashed.encode()
 
 
 def refusal_reason(raw: bytes | None, parser: EventParser) -> str:
-    """Why the ingest would refuse an event `hashed_copy` could not rewrite (not_json, not_object,
-    missing_unit or bad_unit): the hop dead-letters it itself, so its raw id stays out of the by-unit topic."""
+    """Why the hop refuses an event `hashed_copy` could not rewrite: the ingest's reason (not_json,
+    not_object, missing_unit or bad_unit), or not_json when only its re-encoding failed. The hop
+    dead-letters it itself, so its raw id stays out of the by-unit topic."""
     try:
-        parser.parse(raw or b"")
+        parser.unit(raw or b"")
     except EventError as exc:
         return exc.reason
-    return "bad_unit"  # pragma: no cover - hashed_copy refuses only what the parser refuses
+    return "not_json"

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
-from dpstream.topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Source, Topology
 from dpstream.workers.pipeline.copies import SOURCE_POSITION_HEADER, source_position
 from dpstream.workers.pipeline.counters import EventCounts
@@ -45,17 +45,14 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _unit_key(raw: bytes, field: str) -> bytes | None:
+def _unit_key(raw: bytes | None, parser: EventParser) -> bytes | None:
+    """The event's unit as the by-unit pipeline will read it, as the copy's Kafka key; None when it has
+    none (forwarded under its own key, the ingest dead-letters it)."""
     try:
-        obj = _loads(raw)
-    except (ValueError, TypeError):
+        unit = parser.unit(raw)
+    except EventError:
         return None
-    unit = obj.get(field) if type(obj) is dict else None
-    if type(unit) is str and unit:
-        return unit.encode()
-    if type(unit) is int:
-        return str(unit).encode()
-    return None
+    return None if unit is None else unit.encode()
 
 
 class RepartitionService(Service):
@@ -73,7 +70,7 @@ class RepartitionService(Service):
         self.topology = topology
         self.counts = {} if counts is None else counts
         self.settings = settings
-        self._targets = {s.topic: (repartition_topic(s), s.privacy_unit) for s in sources}
+        self._targets = {s.topic: repartition_topic(s) for s in sources}
         self._hashers = {s.topic: unit_hasher(s) for s in sources}
         """Sources with `privacy_unit_hash`: the hop forwards the keyed hash, never the raw unit id."""
         self._parsers = {s.topic: EventParser(s) for s in sources}
@@ -134,16 +131,15 @@ class RepartitionService(Service):
                 continue
             sends, copies = [], []
             for tp, records in batches.items():
-                target, field = self._targets[tp.topic]
+                target, parser = self._targets[tp.topic], self._parsers[tp.topic]
                 hasher = self._hashers[tp.topic]
                 for rec in records:
                     value, key = rec.value, None
                     if hasher is None:
-                        key = _unit_key(rec.value, field)
-                    elif (hashed := hashed_copy(rec.value, field, hasher, _loads, _dumps)) is not None:
+                        key = _unit_key(rec.value, parser)
+                    elif (hashed := hashed_copy(rec.value, parser, hasher, _loads, _dumps)) is not None:
                         value, key = hashed
                     else:  # no unit to hash: dead-lettered here, so no raw id reaches the by-unit topic
-                        parser = self._parsers[tp.topic]
                         letter = DeadLetter(
                             refusal_reason(rec.value, parser),
                             parser.source.name,

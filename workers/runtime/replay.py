@@ -22,12 +22,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from dpstream.topology.errors import ConfigError
+from dpstream.topology.errors import ConfigError, EventError
 from dpstream.topology.model import Topology
 from dpstream.workers.ledger import Ledger
 from dpstream.workers.pipeline import BatchOutput, MergedWindow, PartialMerger, PartitionPipeline
 from dpstream.workers.pipeline.counters import EventCounts
-from dpstream.workers.pipeline.events import decode_json
+from dpstream.workers.pipeline.events import EventParser
 from dpstream.workers.release import Publish, ReleaseCounts, Releaser, ReleaseResult
 from dpstream.workers.release.releaser import MechanismFactory
 
@@ -74,18 +74,16 @@ CURATOR_ONLY_NOTE = "curator-only: exact counts of the input, not for publicatio
 """What the replay summary's event line is: un-noised whole-input counts, for the curator's eyes only."""
 
 
-def _partition_of(raw: bytes, unit_field: str, partitions: int) -> int:
-    """Partition by crc32 of the privacy unit; unparsable lines go to 0 (they dead-letter there)."""
+def _partition_of(raw: bytes, parser: EventParser, partitions: int) -> int:
+    """Partition by crc32 of the privacy unit, read as the pipeline reads it; an event without a usable
+    unit goes to 0 (it dead-letters there)."""
     if partitions == 1:
         return 0
     try:
-        obj = decode_json(raw)
-        unit = obj.get(unit_field) if isinstance(obj, dict) else None
-    except (ValueError, TypeError):
-        unit = None
-    if unit is None:
+        unit = parser.unit(raw)
+    except EventError:
         return 0
-    return zlib.crc32(str(unit).encode()) % partitions
+    return 0 if unit is None else zlib.crc32(unit.encode()) % partitions
 
 
 async def replay_lines(
@@ -122,7 +120,7 @@ async def replay_lines(
     mergers = {m.name: PartialMerger(m.name, range(partitions)) for m in metrics}
     releaser = Releaser(topology, ledger, mechanism_factory=mechanism_factory, actor=actor)
     summary = ReplaySummary(releases=releaser.counts)
-    unit_field = topology.sources[src].privacy_unit
+    router = EventParser(topology.sources[src])
     offsets = [0] * partitions
     dead_letters = 0
 
@@ -148,7 +146,7 @@ async def replay_lines(
         raw = raw.rstrip(b"\r\n")
         if not raw or raw.isspace():  # a blank line
             continue
-        batches[0 if partitions == 1 else _partition_of(raw, unit_field, partitions)].append(raw)
+        batches[0 if partitions == 1 else _partition_of(raw, router, partitions)].append(raw)
         pending += 1
         if pending >= _BATCH_LINES:
             for p in range(partitions):
