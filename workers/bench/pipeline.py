@@ -212,12 +212,21 @@ def _naive_rate(bootstrap: str, topic: str, count: int, workdir: Path) -> float:
 
 
 def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """CPU seconds the process used; 0 once it has exited (the bench then reports the worker's exit)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_hwm_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    """Peak RSS of the process in MB; 0 once it has exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0.0
+    for line in status.splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
@@ -381,6 +390,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
     roles = ("all",) if args.single_process else ("release", "ingest")
     nice = {"ingest": ["--nice", str(args.ingest_nice)]} if args.ingest_nice else {}
     procs: list[subprocess.Popen] = []
+    exited: dict[str, int | None] = {}
     log_path = workdir / "worker.log"
     try:  # every started worker is stopped below, whatever fails first
         for role in roles:
@@ -419,6 +429,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
             )
         )
         rss = sum(_proc_hwm_mb(p.pid) for p in procs)
+        exited = {f"bench-{role}": p.poll() for role, p in zip(roles, procs, strict=False)}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -464,6 +475,7 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         "live_rate_per_s": args.live_rate,
         "live_windows_released": len(live),
         "live_all_released": timings.live_done,
+        "workers_exited_early": {name: code for name, code in exited.items() if code is not None},
         "close_to_publish_ms_p50": pct(partial_lat, 0.5),
         "close_to_publish_ms_p90": pct(partial_lat, 0.9),
         "close_to_publish_ms_p99": pct(partial_lat, 0.99),
