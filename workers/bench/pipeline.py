@@ -250,16 +250,20 @@ class _Releases:
     async def stop(self) -> None:
         await self._consumer.stop()
 
+    async def poll(self) -> None:
+        """Take the releases that arrived (waiting at most 200 ms), each stamped when received."""
+        for records in (await self._consumer.getmany(timeout_ms=200)).values():
+            for rec in records:
+                doc = json.loads(rec.value)
+                # received now: the record's own timestamp is its public time P(w), not when it was ready
+                self.seen.setdefault((doc["metric"], doc["window"]["start_epoch"]), time.time())
+
     async def until(self, expected: set[tuple[str, int]], alive: Callable[[], bool]) -> float | None:
         """perf_counter() once every expected window was released; None if a worker died or time ran out."""
         while not expected <= self.seen.keys():
             if not alive():
                 return None
-            for records in (await self._consumer.getmany(timeout_ms=200)).values():
-                for rec in records:
-                    doc = json.loads(rec.value)
-                    # received now: the record's own timestamp is its public time P(w), not when it was ready
-                    self.seen.setdefault((doc["metric"], doc["window"]["start_epoch"]), time.time())
+            await self.poll()
         return time.perf_counter()
 
 
@@ -330,7 +334,10 @@ async def _worker_phases(
         if timings.backlog_end is None or args.live_seconds <= 0:
             return timings, releases.seen
         timings.live_from = time.time()
-        timings.live_events = await _feed(bootstrap, source_topic, args.live_rate, args.live_seconds)
+        feed = asyncio.create_task(_feed(bootstrap, source_topic, args.live_rate, args.live_seconds))
+        while not feed.done():  # releases are stamped when received, so they are read while the tail runs
+            await releases.poll()
+        timings.live_events = await feed
         timings.live_to = time.time()
         last = int(timings.live_to // _WINDOW_S) * _WINDOW_S
         live = {(m, s) for m in metrics for s in range(_live_first(timings.live_from), last + 1, _WINDOW_S)}
