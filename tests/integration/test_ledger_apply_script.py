@@ -151,3 +151,24 @@ def test_apply_refuses_a_running_total_step_before_its_lump(fresh_redis: Any) ->
         await ledger.close()
 
     asyncio.run(body())
+
+
+def test_a_payload_of_any_bytes_is_stored_and_answered_byte_for_byte(fresh_redis: Any) -> None:
+    """The ops travel to apply.lua as one MessagePack argument: a payload of any bytes (not UTF-8, NUL,
+    longer than 64 KiB) is stored as it was given, and a second charge of its release id answers it."""
+
+    async def body() -> None:
+        ledger = await open_ledger(fresh_redis.url, one_scope_topology(epsilon=1.0, reserve=0.0))
+        try:
+            for n, size in enumerate((0, 31, 300, 70_000)):
+                rid = f"bytes-{n}"
+                payload = bytes(range(256)) * (size // 256) + b"\xff\x00\xfe"[: size % 256 or 3]
+                req = ReleaseRequest(rid, "s", PID, "m", P0, P0 + DAY, 0.001, payload)
+                first = await ledger.charge(req)
+                assert first.outcome is Outcome.CHARGED and first.payload == payload
+                again = await ledger.charge(req)
+                assert again.outcome is Outcome.DUPLICATE and again.payload == payload
+        finally:
+            await ledger.close()
+
+    asyncio.run(body())

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
@@ -50,6 +51,21 @@ from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease,
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
+
+
+def _packed_str(raw: bytes) -> msgspec.Raw:
+    """`raw` as a MessagePack str, byte for byte (Redis's cmsgpack reads no bin type, which msgspec
+    gives bytes; a str holds any bytes there)."""
+    n = len(raw)
+    if n < 32:
+        head = bytes((0xA0 | n,))
+    elif n < 1 << 8:
+        head = b"\xd9" + n.to_bytes(1, "big")
+    elif n < 1 << 16:
+        head = b"\xda" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdb" + n.to_bytes(4, "big")
+    return msgspec.Raw(head + raw)
 
 
 def _s(value: Any) -> str:
@@ -437,10 +453,21 @@ class RedisLedger(Ledger):
     def _encode_ops(
         self, k: ScopeKeys, ops: Sequence[Op], keys: list[str], index: dict[Key, int], args: list[str | bytes]
     ) -> None:
-        """Append apply.lua's ops section for `ops` to `args` (their keys to `keys`)."""
-        for command, key, values in ops:
-            args += [command, self._key_index(k, key, keys, index), str(len(values))]
-            args += [v if isinstance(v, bytes) else str(v) for v in values]
+        """Append apply.lua's ops argument for `ops` to `args` (their keys to `keys`): one MessagePack
+        array of [command, key index, [values as str or bytes]]."""
+        if ops:
+            args.append(
+                msgspec.msgpack.encode(
+                    [
+                        [
+                            command,
+                            int(self._key_index(k, key, keys, index)),
+                            [_packed_str(v) if isinstance(v, bytes) else str(v) for v in values],
+                        ]
+                        for command, key, values in ops
+                    ]
+                )
+            )
 
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int:
         k = self._keys(scope)

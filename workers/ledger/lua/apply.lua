@@ -15,8 +15,10 @@
 --         pays, delta units, the caller's accounting, cap units and period length (s), and under
 --         `contribution.max_windows` m (else 0; -m for a running total's step after its period's
 --         first), the block's field of the metric's largest charges and the release's cost (units)
--- ARGV[5 + 9g ..] ops, each: command, key index, argument count, arguments; commands HSET,
---         HINCRBY (field, by, ...), HDEL, ZADD, ZADDNX (the member must be new), XADD, EXPIRE
+-- ARGV[5 + 9g] the ops, one MessagePack array (absent: none), each op {command, key index,
+--         {arguments}}; commands HSET, HINCRBY (field, by, ...), HDEL, ZADD, ZADDNX (the member must
+--         be new), XADD, EXPIRE. One packed argument, not one per value: the client encodes each
+--         argument of a call on its own, and a charge's ops hold about 80 values.
 -- Returns {'duplicate', payload} for a known release id, {'stale', seq} when the scope moved since
 -- the decision, each writing nothing, else {'ok', seq after}.
 -- Invariants, checked before the first write: a known release id is never charged again; a step
@@ -69,21 +71,24 @@ end
 
 local COMMANDS = {HSET = true, HINCRBY = true, HDEL = true, ZADD = true, ZADDNX = true, XADD = true, EXPIRE = true}
 local ops = {}
-while at <= #ARGV do
-  local n, key = tonumber(ARGV[at + 2]), KEYS[tonumber(ARGV[at + 1])]
-  if not COMMANDS[ARGV[at]] or not key or not n then return fail('bad op at argument ' .. at) end
-  ops[#ops + 1] = {ARGV[at], key, at + 3, n}
-  at = at + 3 + n
+if at < #ARGV then return fail('arguments past the ops') end
+for i, op in ipairs(ARGV[at] and cmsgpack.unpack(ARGV[at]) or {}) do
+  local cmd, key, args = op[1], KEYS[tonumber(op[2])], op[3]
+  if not COMMANDS[cmd] or not key or type(args) ~= 'table' then return fail('bad op ' .. i) end
+  for _, v in ipairs(args) do
+    if type(v) ~= 'string' then return fail('bad argument of op ' .. i) end
+  end
+  ops[#ops + 1] = {cmd, key, args}
 end
 for _, op in ipairs(ops) do  -- the one check that needs the op itself: a block opens once
-  if op[1] == 'ZADDNX' and redis.call('ZSCORE', op[2], ARGV[op[3] + 1]) then
-    return fail('block ' .. ARGV[op[3] + 1] .. ' is open already')
+  if op[1] == 'ZADDNX' and redis.call('ZSCORE', op[2], op[3][2]) then
+    return fail('block ' .. op[3][2] .. ' is open already')
   end
 end
 if #ops == 0 then return {'ok', now[1] or '0'} end
 
 for _, op in ipairs(ops) do
-  local cmd, key, args = op[1], op[2], {unpack(ARGV, op[3], op[3] + op[4] - 1)}
+  local cmd, key, args = op[1], op[2], op[3]
   if cmd == 'XADD' then
     redis.call('XADD', key, '*', unpack(args))
   elseif cmd == 'HINCRBY' then  -- field, by, field, by, ...
