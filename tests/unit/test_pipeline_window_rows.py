@@ -7,12 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
-from dpstream.workers.pipeline.window_rows import Pile, _group_order, group_rows
+from dpstream.workers.pipeline.window_rows import Pile, group_rows
 
 pytestmark = pytest.mark.unit
 
@@ -72,35 +70,3 @@ sinks: {releases: r, dead_letter: d}
     assert len(values) == 1 and counts.capped == n - 6
     kept = {k: v for k, v in values[0].items()}
     assert len(kept) == 2 and all(v > 0 for v in kept.values())
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.integers(min_value=0, max_value=30), max_size=40),
-    st.lists(st.integers(min_value=0, max_value=30), max_size=40),
-)
-def test_rows_in_group_order_are_merged_with_the_others_into_group_order(head, tail):
-    """Rows a compaction left in group order, then unsorted ones: the order `group_rows` uses sorts
-    them all by group, each row once."""
-    group = np.array(sorted(head) + tail, np.int64)
-    order = _group_order(group, len(head))
-    assert sorted(order.tolist()) == list(range(len(group)))
-    assert group[order].tolist() == sorted(group.tolist())
-
-
-def test_group_rows_gives_the_same_groups_with_a_grouped_head_or_without() -> None:
-    """`grouped` only saves a sort: the groups and what L∞ keeps of them are the same either way."""
-    rng = np.random.default_rng(3)
-    n = 400
-    window, unit, key = rng.integers(0, 3, n), rng.integers(0, 20, n), rng.integers(0, 4, n)
-    head = np.lexsort((key, unit, window))[:250]  # a compaction's rows come first, in group order
-    rows = np.concatenate([head, np.setdiff1d(np.arange(n), head)])
-    order = (rng.integers(0, 5, n).astype(np.float64), np.zeros(n, np.int64), rng.integers(0, 9, n))
-    pile = Pile(window * 60, unit, key, order, rng.integers(-5, 5, n), None).take(rows)
-    plain = group_rows(window[rows], pile, 2, 20, 4)
-    merged = group_rows(window[rows], pile, 2, 20, 4, grouped=250)
-    for got, want in zip(merged, plain, strict=True):
-        if got is merged.kept_rows:
-            continue  # a group's rows are chosen alike, listed in either order
-        assert got.tolist() == want.tolist()
-    assert sorted(pile.value[merged.kept_rows].tolist()) == sorted(pile.value[plain.kept_rows].tolist())

@@ -382,34 +382,23 @@ class MetricAccumulator:
         """Drop, in every open window, the rows L∞ drops anyway: a group's rows past its max_per_key of
         smallest (order key, value) (count_units: all but one, which then weighs them all). Only these
         can go before the close: a group's later rows never bring back a row its earlier ones outranked."""
-        pile, grouped = self._piles.all()
+        pile = self._piles.all()
         assert pile is not None
-        starts, window = self._window_index(pile.start)
-        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1), grouped)
+        starts, window = np.unique(pile.start, return_inverse=True)
+        window = window.reshape(-1)
+        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1))
         kept = pile.take(g.kept_rows)
         if self._kind == _UNITS:
             kept = kept._replace(weight=g.size)
         else:  # counted as capped when their window closes
             dropped = np.zeros(len(starts), np.int64)
             np.add.at(dropped, g.window, g.size - g.kept)
-            for w in np.flatnonzero(dropped).tolist():
-                s = int(starts[w])
-                self._dropped[s] = self._dropped.get(s, 0) + int(dropped[w])
-        self._piles = Piles(grouped=kept)
+            for s, n in zip(starts.tolist(), dropped.tolist(), strict=True):
+                if n:
+                    self._dropped[s] = self._dropped.get(s, 0) + n
+        self._piles = Piles()
+        self._piles.add(kept)
         self._compact_at = max(_COMPACT_FLOOR, 4 * kept.length)
-
-    def _window_index(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The window starts the rows hold, ascending, and each row's index into them (ascending with the
-        start, as `group_rows` needs): by arithmetic on the metric's grid when it is dense enough, else
-        by a sort."""
-        if start.dtype != object:
-            first = int(start.min())
-            index = (start - first) // self.every
-            width = int(index.max()) + 1
-            if width <= 4 * len(start) + 64:
-                return first + self.every * np.arange(width, dtype=np.int64), index
-        starts, index = np.unique(start, return_inverse=True)
-        return starts, index.reshape(-1)
 
     def take_deltas(self) -> list[CountDelta]:
         """The count deltas of the windows closed since the last call (the driver persists them before it
@@ -468,14 +457,14 @@ class MetricAccumulator:
                 self._period_close(closing, None, np.zeros(0, bool), np.zeros(0, np.int64))
             return [self._sums.pop(s, {}) for s in closing]
         self.capped += sum(self._dropped.pop(s, 0) for s in closing)
-        pile, grouped = self._piles.take_through(closing[-1])
+        pile = self._piles.take_through(closing[-1])
         if pile is None:
             if self.caps is not None:
                 self._period_close(closing, None, np.zeros(0, bool), np.zeros(0, np.int64))
             return [{} for _ in closing]
         starts = objects(closing) if pile.start.dtype == object else np.array(closing, np.int64)
         window = np.searchsorted(starts, pile.start)
-        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1), grouped)
+        g = group_rows(window, pile, self._max_per_key, len(self._units), max(len(self._keys), 1))
         alive = self._l0(g, closing)
         if self._kind == _UNITS:
             self.capped += int(g.size[~alive].sum())

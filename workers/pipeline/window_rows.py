@@ -74,59 +74,49 @@ class Pile(NamedTuple):
 
 
 class Piles:
-    """The rows of open windows: one chunk per batch, each sorted by window start; the first chunk may
-    be in group order, (start, unit, key), as a compaction leaves its rows (`grouped`)."""
+    """The rows of open windows: one chunk per batch, each sorted by window start."""
 
-    __slots__ = ("chunks", "rows", "grouped")
+    __slots__ = ("chunks", "rows")
 
-    def __init__(self, grouped: Pile | None = None) -> None:
-        """`grouped`: rows in (start, unit, key) order to begin with (a compaction's)."""
+    def __init__(self) -> None:
         self.chunks: list[Pile] = []
         self.rows = 0
         """Rows held."""
-        self.grouped = False
-        """Whether the first chunk is in (start, unit, key) order: `group_rows` then merges the other
-        rows into it instead of sorting them all."""
-        if grouped is not None and grouped.length:
-            self.chunks, self.rows, self.grouped = [grouped], grouped.length, True
 
     def add(self, pile: Pile) -> None:
         if pile.length:
             self.chunks.append(pile.by_start())
             self.rows += pile.length
 
-    def take_through(self, last_start: int) -> tuple[Pile | None, int]:
-        """Remove and return the rows of windows starting at or before `last_start` (None: none), and how
-        many of them, first, are in group order."""
+    def take_through(self, last_start: int) -> Pile | None:
+        """Remove and return the rows of windows starting at or before `last_start` (None: none)."""
         out, keep = [], []
-        grouped = 0
-        for n, chunk in enumerate(self.chunks):
+        for chunk in self.chunks:
             i = int(np.searchsorted(chunk.start, last_start, side="right"))
             if i:
                 out.append(chunk.take(slice(0, i)))
             if i < chunk.length:
                 keep.append(chunk if not i else chunk.take(slice(i, None)))
-            if n == 0 and self.grouped:  # both parts of a chunk in group order are in group order
-                grouped, self.grouped = i, i < chunk.length
         self.chunks = keep
         if not out:
-            return None, 0
+            return None
         taken = Pile.concat(out)
         self.rows -= taken.length
-        return taken, grouped
+        return taken
 
     def drop_after(self, last_start: int) -> None:
         """Forget the rows of windows starting after `last_start`."""
-        kept, grouped = self.take_through(last_start)
+        kept = self.take_through(last_start)
         self.chunks = [] if kept is None else [kept]
         self.rows = 0 if kept is None else kept.length
-        self.grouped = kept is not None and grouped == kept.length
 
-    def all(self) -> tuple[Pile | None, int]:
-        """Every row held, as one pile, and how many of its first rows are in group order."""
+    def all(self) -> Pile | None:
+        """Every row held, as one pile (the chunks are joined into it)."""
         if not self.chunks:
-            return None, 0
-        return Pile.concat(self.chunks), self.chunks[0].length if self.grouped else 0
+            return None
+        joined = Pile.concat(self.chunks)
+        self.chunks = [joined.by_start()]
+        return self.chunks[0]
 
 
 class Groups(NamedTuple):
@@ -146,11 +136,10 @@ class Groups(NamedTuple):
     """What the group brings: its kept rows (counts), 1 (count_units), the sum of its kept values."""
 
 
-def group_rows(window: np.ndarray, pile: Pile, max_per_key: int, units: int, keys: int, grouped: int = 0) -> Groups:
-    """Group a non-empty `pile` per (window, unit, key) (`window`: each row's window index, ascending
-    with the window start; `units`, `keys`: bounds of the codes) and keep, per group, the `max_per_key`
-    rows of smallest (order key, value): for counts any that many, for count_units one. The first
-    `grouped` rows are in group order already (`Piles.grouped`)."""
+def group_rows(window: np.ndarray, pile: Pile, max_per_key: int, units: int, keys: int) -> Groups:
+    """Group a non-empty `pile` per (window, unit, key) (`window`: each row's window index; `units`,
+    `keys`: bounds of the codes) and keep, per group, the `max_per_key` rows of smallest (order key,
+    value): for counts any that many, for count_units one."""
     n_rows = pile.length
     width = int(window.max()) + 1
     if width * units * keys < 1 << 62:
@@ -158,7 +147,7 @@ def group_rows(window: np.ndarray, pile: Pile, max_per_key: int, units: int, key
     else:  # pragma: no cover - millions of windows, units and keys at once
         stacked = np.stack([window, pile.unit, pile.key])
         group = np.unique(stacked, axis=1, return_inverse=True)[1].reshape(-1)
-    order = _group_order(group, grouped)  # (a group's rows in any order: L∞ sorts those it must choose among)
+    order = np.argsort(group)  # (a group's rows in any order: L∞ sorts those it must choose among)
     ordered = group[order]
     heads = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     count = np.diff(np.r_[heads, n_rows])
@@ -185,21 +174,3 @@ def group_rows(window: np.ndarray, pile: Pile, max_per_key: int, units: int, key
         values = values.astype(object)
     amount = np.add.reduceat(values, np.cumsum(kept) - kept)
     return Groups(g_window, g_unit, g_key, count, kept, kept_rows, amount)
-
-
-def _group_order(group: np.ndarray, grouped: int) -> np.ndarray:
-    """An order of the rows by `group`. When the first `grouped` rows are in it already, the others are
-    sorted alone and merged in (a compaction's rows are not sorted again at every compaction and close).
-    A group's rows may come in any order."""
-    if grouped < 2 or not bool((group[1:grouped] >= group[: grouped - 1]).all()):
-        return np.argsort(group)
-    if grouped == len(group):
-        return np.arange(grouped)
-    tail = np.argsort(group[grouped:]) + grouped
-    at = np.searchsorted(group[:grouped], group[tail], side="right") + np.arange(len(tail))
-    order = np.empty(len(group), np.int64)
-    order[at] = tail
-    head = np.ones(len(group), bool)
-    head[at] = False
-    order[head] = np.arange(grouped)
-    return order
