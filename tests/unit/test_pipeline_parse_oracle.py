@@ -237,15 +237,17 @@ def test_the_model_is_not_vacuous():
 
 
 def test_fields_no_metric_reads_only_need_to_be_json():
-    """An unread field is never decoded: a number past the float range or bytes that are not UTF-8 in
-    one do not refuse the event; what is not JSON at all still does, wherever it is."""
+    """An unread field is never decoded: a number past the float range in one does not refuse the
+    event; what is not JSON in UTF-8 still does, wherever it is (a field's name included)."""
     head = b'{"user_id": "u1", "ts": 1790000000, "other": '
     assert _PARSER.parse(head + b"1e999}").fields == {"user_id": "u1", "ts": 1790000000}
-    assert _PARSER.parse(head + b'"\xff\xfe"}').unit == "u1"
-    for other in (b"NaN", b'"\\ud800"', b'"\\x"', b"[" * 2000 + b"]" * 2000, b"01", b"[1,]"):
+    assert _PARSER.parse(head + '"é用"}'.encode()).unit == "u1"
+    for other in (b'"\xff\xfe"', b"NaN", b'"\\ud800"', b'"\\x"', b"[" * 2000 + b"]" * 2000, b"01", b"[1,]"):
         with pytest.raises(EventError) as error:
             _PARSER.parse(head + other + b"}")
         assert error.value.reason == "not_json", other
+    named = b'{"\xffuser_id": "u1", "user_id": "u2", "ts": 1790000000}'  # not UTF-8 in a field's name
+    assert _PARSER.parse_batch([named, head + b"1}"], [None, None], [0, 1]).invalid == [(0, "not_json")]
 
 
 @pytest.mark.parametrize(

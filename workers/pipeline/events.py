@@ -4,9 +4,10 @@ Failures carry a reason from a fixed vocabulary (`REASONS`) so the dead-letter t
 `invalid` counter never need the raw value; messages name the field, never its content.
 
 An event is decoded into the fields the topology reads (its projection, with msgspec), so a field no
-metric reads costs no decoding: it must be JSON (syntax, escapes, nesting), and is never looked at
-again. A field that is read holds what orjson would give: an integer outside [-2^63, 2^64) becomes the
-nearest float, and a number past the float range makes the event `not_json`.
+metric reads costs no decoding: it must be JSON in UTF-8 (syntax, escapes, nesting), and is never
+looked at again (its numbers' range is not checked). A field that is read holds what orjson would
+give: an integer outside [-2^63, 2^64) becomes the nearest float, and a number past the float range
+makes the event `not_json`.
 """
 
 from __future__ import annotations
@@ -178,6 +179,17 @@ def _plain_number(v: object) -> bool:
     return v is None or type(v) is int or (type(v) is float and math.isfinite(v))
 
 
+def _utf8(raw: bytes) -> bool:
+    """Whether `raw` is UTF-8 (msgspec checks only the strings it decodes)."""
+    if raw.isascii():
+        return True
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _decode(decode: Callable[[Any], Any], raw: bytes | None) -> Any:
     """`decode(raw)`; a document nested too deep for the stack it ran on is decoded again at a fixed,
     shallow stack (`_decode_afresh`), so whether it decodes depends on the document alone."""
@@ -281,6 +293,8 @@ class EventParser:
     def _read_fields(self, raw: bytes | None) -> dict[str, Any]:
         """The fields the topology reads, decoded (absent and null ones left out), or EventError:
         `not_json` (bytes that are no JSON, or a read number past the float range), `not_object`."""
+        if raw is not None and not _utf8(raw):
+            raise EventError("not_json")
         try:
             decoded = _decode(self._decode_one, raw)
         except msgspec.ValidationError:  # JSON, but not an object, or a number past the float range
@@ -318,6 +332,12 @@ class EventParser:
             objs: list[Any] = list(map(decode, raws))  # type: ignore[arg-type]  # None: refused, below
         except (msgspec.MsgspecError, TypeError, RecursionError):
             objs = [self._batch_or_none(raw) for raw in raws]
+        try:
+            utf8 = all(map(bytes.isascii, raws))  # type: ignore[arg-type]  # None: TypeError, below
+        except TypeError:  # a tombstone
+            utf8 = False
+        if not utf8:  # msgspec checks no UTF-8 in what it skips: `parse` refuses what is not UTF-8
+            objs = [o if raw is not None and _utf8(raw) else None for o, raw in zip(objs, raws, strict=True)]
         odd = np.zeros(n, bool)  # events `parse` decides one by one
         if None in objs:
             odd |= np.fromiter((o is None for o in objs), bool, n)
