@@ -245,6 +245,7 @@ def test_concurrent_releases_are_priced_as_if_in_turn(topo):
         rel = Releaser(topo, ledger)
         day_end = (_T0 // 86_400 + 1) * 86_400
         starts = [day_end - 3 * 3600, day_end - 2 * 3600, day_end - 3600]
+        ledger.use_schedule_start(starts[0])  # deployed three hours before the day's end
         before = await ledger.quote("hist", starts[0], starts[0] + 3600)
         sink = _Sink()
         results = await asyncio.gather(*(rel.release("hist", (s, s + 3600), {"a": 1, "b": 1}, sink) for s in starts))

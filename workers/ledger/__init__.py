@@ -35,7 +35,10 @@ invariants (known release id, no overspend, fixed terms) itself, before its firs
 is durable before anything is published (AOF `appendfsync always`, `WAIT` for a replica).
 Allocation is adaptive: what is left,
 cap − reserve − spent, is re-divided at every release over the releases still to come (from the
-schedule start S), in proportion to each metric's planned remaining spend; the reserve is drawn
+schedule start S), in proportion to each metric's planned remaining spend, as in the public order
+of the period's releases whichever order they were charged in (`allocation.price_in_order`: a
+quote says when the period's charges are out of that order, and is priced again with its
+`Backlog`, read with `charged_ends`); the reserve is drawn
 only by an audited operator action or a metric marked `may_use_reserve`. States: normal → warning
 (ratio ≥ warn_at: the policy stretches noise or thins releases) → open (the next release cannot
 fit, or an operator opened it). A new period is a new block, never a reset; it closes an

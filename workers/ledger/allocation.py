@@ -8,10 +8,11 @@ equal the static plan to the unit and the last release of a period takes exactly
 
 from __future__ import annotations
 
-__all__ = ["Snapshot", "state_of", "price", "price_in_order", "room"]
+__all__ = ["Backlog", "Snapshot", "out_of_order", "state_of", "price", "price_in_order", "room"]
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Callable, Collection, Mapping
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
@@ -51,6 +52,34 @@ class Snapshot(NamedTuple):
     """The period block's spend version (bumped by every charge and grant of the period)."""
     tops: Mapping[str, tuple[int, ...]] = {}
     """Per metric under `max_windows`: its largest charges this period, largest first (`topm`)."""
+    charged_before: Mapping[str, int] = {}
+    """Per metric: releases already charged this period whose window ends before the priced one."""
+    charged_at: Mapping[str, int] = {}
+    """Per metric: releases already charged this period whose window ends where the priced one does."""
+
+
+class Backlog(NamedTuple):
+    """A period's charges out of the canonical order (window end, P(w), metric), seen from one priced
+    release: what `price_in_order` needs to price it as if every release had been charged in order.
+
+    The timeline starts at the first release of the schedule before the priced one that is not charged
+    yet (a gap), or at the priced release when there is none. Every charge after that start is taken out
+    of the snapshot; the steps then replay the timeline up to the priced release: a charge at what it
+    was charged (under `max_windows`, what it raises the m largest by at its place), a gap priced at its own
+    window end from the steps before it."""
+
+    taken_out: tuple[tuple[str, int, int], ...]
+    """(metric, own units, units the period paid) of every charge after the timeline's start, the latest first."""
+    kept_own: Mapping[str, tuple[int, ...]]
+    """Per metric under `max_windows` (or a running total's steps: `ScopeConfig.capped`): the own units of
+    its charges before the timeline's start. What the period paid for a charge of such a metric depends on
+    the charges before it, so its largest charges at the start are rebuilt from these."""
+    steps: tuple[tuple[str, int, int, int | None, int | None], ...]
+    """(metric, window start, window end, own units, paid units) from the timeline's start up to the
+    priced release (excluded), in canonical order; own and paid are None for a gap."""
+    ends: Mapping[str, tuple[int, ...]]
+    """Per metric, in order: the window ends of its charges of the period left in the snapshot (before the
+    timeline's start)."""
 
 
 def _units_of(pool_units: int, share: Fraction) -> int:
@@ -69,6 +98,39 @@ def _schedules_of(
     """(name, `Schedule.left` of the metric's schedule from S) per metric (the bound method, so the
     quote's loop looks nothing up); one S per deployment, so a few entries."""
     return tuple((name, Schedule.of_window(window, schedule_start).left) for name, window in windows)
+
+
+@lru_cache(maxsize=256)
+def _grids_of(
+    windows: tuple[tuple[str, Window], ...], schedule_start: int | None
+) -> tuple[tuple[str, int, Schedule], ...]:
+    """(name, window size, schedule from S) per metric, for `out_of_order`."""
+    return tuple((name, w.size_s, Schedule.of_window(w, schedule_start)) for name, w in windows)
+
+
+def out_of_order(
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    period_start: int,
+    window_end: int,
+    schedule_start: int | None,
+    before: Collection[str] = (),
+) -> bool:
+    """True unless the period's charges are exactly the releases of the schedule that come before this
+    one in the canonical order (window end, P(w), metric): every window ending earlier, and of this
+    close the ones of `before` (the metrics whose release of this close comes first), none after.
+    Otherwise (partials of one metric late behind another's, a window retried after a failure, a
+    window thinned or refused, another process ahead) the release is priced with the period's
+    `Backlog`, which the caller reads."""
+    charged_before, charged_at, charged_after = snap.charged_before, snap.charged_at, snap.charged_after
+    for name, size, grid in _grids_of(cfg.pricing_windows, schedule_start):
+        # the windows touching the period (a straddling one is charged to each period) ending before this one
+        if charged_before.get(name, 0) != grid.starts_in(period_start - size + 1, window_end - size):
+            return True
+        at = charged_at.get(name, 0)
+        if at != (1 if name in before else 0) or charged_after.get(name, 0) != at:
+            return True
+    return False
 
 
 def _releases_left(
@@ -260,30 +322,59 @@ def price_in_order(
     window_start: int,
     window_end: int,
     schedule_start: int | None = None,
-    before: Sequence[tuple[str, int]] = (),
-    charged: Mapping[str, tuple[int, int]] | None = None,
+    backlog: Backlog | None = None,
 ) -> Quote:
-    """`price` with the releases of one close time in their canonical (P(w), metric) order, so
-    what a release costs never depends on which of them happened to be charged first.
+    """`price` in the canonical order of the period's releases (window end, then P(w), then metric), so
+    what a release costs never depends on which releases happened to be charged first.
 
-    `charged` (metric → (its own cost, what its period paid for it), in units) are the releases of this
-    close (same scope, period and window end) already charged, in whatever order they ran: they are
-    taken out of the snapshot. `before` ((metric, window start), in canonical order) are the releases
-    of this close that come before this one: each is priced from the snapshot so far and, if it would
-    be charged, counted in it as the ledger would count it (under `max_windows` and for a running
-    total's later steps, by what it raises the metric's largest charges by: `topm`). Then this release
-    is priced. The quote's `ratio_after` is the period's spend after it over the cap, in that order
-    (the record's `budget.ratio_after`). The spend version is the snapshot's, so a charge that landed
-    since still answers STALE_QUOTE."""
+    Without a `backlog` the snapshot is taken to hold exactly the charges that come before this release
+    (`out_of_order` tells when it does not). With one, the snapshot is first brought to that state: the
+    charges after the backlog's start taken out, then its steps replayed in order, the releases not
+    charged yet priced as if they were (`Backlog`). The quote's `ratio_after` is the period's spend
+    after it over the cap, in that order (the record's `budget.ratio_after`). The spend version is the
+    snapshot's, so a charge that landed since still answers STALE_QUOTE."""
     real = snap
-    if charged:
-        snap = _taken_out(cfg, snap, charged)
-    for name, start in before:
-        earlier = price(cfg, snap, name, period_id, period_start, start, window_end, schedule_start)
-        if earlier.ok:
-            snap = _counted_in(cfg, snap, name, earlier.cost_units)
+    if backlog is not None:
+        snap = _replayed(cfg, snap, period_id, period_start, window_end, schedule_start, backlog)
     quote = price(cfg, snap, metric, period_id, period_start, window_start, window_end, schedule_start, with_ratio=True)
     return _withinroom(cfg, real, metric, period_id, quote)
+
+
+def _ends_at_or_after(ends: Mapping[str, list[int]], end: int) -> dict[str, int]:
+    """Per metric, how many of `ends` (sorted) are at or after `end`: a snapshot's `charged_after` there."""
+    return {name: len(e) - bisect_left(e, end) for name, e in ends.items()}
+
+
+def _replayed(
+    cfg: ScopeConfig,
+    snap: Snapshot,
+    period_id: str,
+    period_start: int,
+    window_end: int,
+    schedule_start: int | None,
+    backlog: Backlog,
+) -> Snapshot:
+    """The snapshot as the canonical order has it when the release ending at `window_end` is priced: the
+    charges after the timeline's start taken out, then its steps replayed (see `Backlog`)."""
+    capped = cfg.capped
+    spent = snap.spent_units - sum(paid for name, _, paid in backlog.taken_out if name not in capped)
+    tops = dict(snap.tops)
+    for name, (m, _) in capped.items():  # the m largest at the start, and the spend they made
+        start_top = tuple(sorted(backlog.kept_own.get(name, ()), reverse=True)[:m])
+        spent -= sum(tops.get(name, ())) - sum(start_top)
+        tops[name] = start_top
+    snap = snap._replace(spent_units=max(0, spent), tops=tops)
+    ends = {name: list(e) for name, e in backlog.ends.items()}
+    for name, start, end, own, _paid in backlog.steps:
+        if own is None:
+            at = snap._replace(charged_after=_ends_at_or_after(ends, end))
+            quote = price(cfg, at, name, period_id, period_start, start, end, schedule_start)
+            if not quote.ok:
+                continue
+            own = quote.cost_units
+        snap = _counted_in(cfg, snap, name, own)  # under max_windows: what it raises the m largest by, in order
+        insort(ends.setdefault(name, []), end)
+    return snap._replace(charged_after=_ends_at_or_after(ends, window_end))
 
 
 def _withinroom(cfg: ScopeConfig, real: Snapshot, metric: str, period_id: str, quote: Quote) -> Quote:
@@ -314,14 +405,3 @@ def _counted_in(cfg: ScopeConfig, snap: Snapshot, name: str, units: int) -> Snap
         return snap._replace(spent_units=snap.spent_units + units, charged_after=counts)
     paid, top = topm.raised(snap.tops.get(name, ()), cfg.capped[name][0], units)
     return snap._replace(spent_units=snap.spent_units + paid, charged_after=counts, tops={**snap.tops, name: top})
-
-
-def _taken_out(cfg: ScopeConfig, snap: Snapshot, charged: Mapping[str, tuple[int, int]]) -> Snapshot:
-    """The snapshot before the charges of `charged` (metric → (own units, units its period paid))."""
-    counts, tops, spent = dict(snap.charged_after), dict(snap.tops), snap.spent_units
-    for name, (own, paid) in charged.items():
-        counts[name] = max(0, counts.get(name, 0) - 1)
-        spent -= paid
-        if name in tops:
-            tops[name] = topm.lowered(tops[name], own, paid)
-    return snap._replace(spent_units=max(0, spent), charged_after=counts, tops=tops)

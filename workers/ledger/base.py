@@ -28,7 +28,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from calendar import timegm
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache, partial
 from typing import TypeVar
@@ -39,7 +39,7 @@ from dpstream.topology.periods import period_id as _period_id_uncached
 from dpstream.topology.periods import period_start as _period_start
 from dpstream.topology.periods import periods_touched as _periods_touched
 from dpstream.workers.ledger import topm
-from dpstream.workers.ledger.allocation import Snapshot, price_in_order, state_of
+from dpstream.workers.ledger.allocation import Backlog, Snapshot, out_of_order, price_in_order, state_of
 from dpstream.workers.ledger.config import ScopeConfig
 from dpstream.workers.ledger.decision import Charge, ChargeTerms, RawCharge, spend_limit
 from dpstream.workers.ledger.identity import check_ledger_id, new_ledger_id
@@ -320,13 +320,16 @@ class Ledger(ABC):
         window_start: int,
         window_end: int,
         *,
-        before: Sequence[tuple[str, int]] = (),
-        charged: Mapping[str, tuple[int, int]] | None = None,
+        before: Collection[str] = (),
+        backlog: Backlog | None = None,
     ) -> Quote:
-        """The adaptive allowance for the next release of `metric` (adaptive allocation), warning policy applied.
+        """The adaptive allowance for the next release of `metric` (adaptive allocation), warning policy applied,
+        priced in the canonical order of the period's releases (`allocation.price_in_order`).
 
-        `before` and `charged` put the releases of the same close time in their canonical order
-        (`allocation.price_in_order`): the ones that come first, and those already charged."""
+        `before` names the metrics whose release of the same close comes first in that order. When the
+        period's charges are not exactly those that come before this release (`allocation.out_of_order`)
+        and no `backlog` is given, the quote says so (`Quote.out_of_order`): read the period's charges
+        (`charged_ends`), build its `Backlog` and quote again with it."""
         cfg = self._metric_scope.get(metric) or self.scope_of(metric)
         period_s = cfg.period_s
         if type(window_start) is int and type(period_s) is int and period_s > 0:
@@ -341,10 +344,21 @@ class Ledger(ABC):
         # priced at the snapshot's spend version: a charge passing it back is refused as stale
         # (writing nothing) if any charge or grant of this period landed since, in any process
         ws = window_start if type(window_start) is int else int(window_start)
-        quote = price_in_order(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start, before, charged)
+        quote = price_in_order(cfg, snap, metric, pid, pstart, ws, we, self._schedule_start, backlog)
+        if backlog is None:
+            start_s = self._schedule_start
+            if start_s is not None and ws < start_s:
+                start_s = None  # a window before S (a warm-up quote) is priced as in a whole period
+            if out_of_order(cfg, snap, pstart, we, start_s, before):
+                quote = quote._replace(out_of_order=True)
         if self.past_horizon(we, self._clock()):
             return quote._replace(cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
         return quote
+
+    async def charged_ends(self, scope: str, period_id: str) -> tuple[int, dict[str, dict[str, int]]]:
+        """(the period's spend version, per metric of the scope: release_id → window end of each release
+        charged to the period), in one read: what a `Backlog` is built from."""
+        return await self._charged_ends(scope, period_id, self._scope_metrics[scope])
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing),
@@ -683,7 +697,7 @@ class Ledger(ABC):
         """What `quote` prices from, in one consistent read; None when the scope is not registered.
 
         Built from `_snapshot`'s hashes; a backend may answer it directly (without copying them)."""
-        stored, breaker, period, counts = await self._snapshot(scope, pid, metrics, window_end)
+        stored, breaker, period, counts, before, at = await self._snapshot(scope, pid, metrics, window_end)
         if not stored:
             return None
         cap, reserve, warn = _terms(stored, period)
@@ -698,13 +712,23 @@ class Ledger(ABC):
             counts,
             int(period.get("version", 0)),
             {name: topm.parse(period.get(field)) for name, (_, field) in capped.items()} if capped else {},
+            before,
+            at,
         )
 
     @abstractmethod
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
-    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
-        """(config, breaker, period, charged-after counts) in one consistent read."""
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int], dict[str, int], dict[str, int]]:
+        """(config, breaker, period, and per metric the counts of its charges of the period ending at or
+        after `window_end`, before it, and at it) in one consistent read."""
+
+    @abstractmethod
+    async def _charged_ends(
+        self, scope: str, pid: str, metrics: Sequence[str]
+    ) -> tuple[int, dict[str, dict[str, int]]]:
+        """(the period's spend version, per metric: release_id → window end of its charges of the
+        period) in one consistent read."""
 
     @abstractmethod
     async def _charge(self, charge: Charge) -> RawCharge:

@@ -113,11 +113,21 @@ class MemoryLedger(Ledger):
 
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
-    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int], dict[str, int], dict[str, int]]:
         with self._lock:
             s = self._scope(scope)
             counts = {m: zcount_from(s, (pid, m), window_end) for m in metrics}
-            return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts
+            before = {m: len(s.ends_sorted.get((pid, m), ())) - counts[m] for m in metrics}
+            at = {m: counts[m] - zcount_from(s, (pid, m), window_end + 1) for m in metrics}
+            return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts, before, at
+
+    async def _charged_ends(
+        self, scope: str, pid: str, metrics: Sequence[str]
+    ) -> tuple[int, dict[str, dict[str, int]]]:
+        with self._lock:
+            s = self._scope(scope)
+            version = int(s.periods.get(pid, {}).get("version", 0))
+            return version, {m: dict(s.ends.get((pid, m), {})) for m in metrics}
 
     async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
         with self._lock:

@@ -507,7 +507,7 @@ class RedisLedger(Ledger):
 
     async def _snapshot(
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
-    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int]]:
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int], dict[str, int], dict[str, int]]:
         k = self._keys(scope)
         pipe = self._client.pipeline(transaction=True)
         pipe.hgetall(k.config)
@@ -515,9 +515,25 @@ class RedisLedger(Ledger):
         pipe.hgetall(k.period(pid))
         for m in metrics:
             pipe.zcount(k.ends(pid, m), window_end, "+inf")
+            pipe.zcount(k.ends(pid, m), "-inf", f"({window_end}")
+            pipe.zcount(k.ends(pid, m), window_end, window_end)
         out = await self._guard(pipe.execute())
-        counts = {m: int(c) for m, c in zip(metrics, out[3:], strict=True)}
-        return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts
+        counts = {m: int(c) for m, c in zip(metrics, out[3::3], strict=True)}
+        before = {m: int(c) for m, c in zip(metrics, out[4::3], strict=True)}
+        at = {m: int(c) for m, c in zip(metrics, out[5::3], strict=True)}
+        return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts, before, at
+
+    async def _charged_ends(
+        self, scope: str, pid: str, metrics: Sequence[str]
+    ) -> tuple[int, dict[str, dict[str, int]]]:
+        k = self._keys(scope)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hget(k.period(pid), "version")
+        for m in metrics:
+            pipe.zrange(k.ends(pid, m), 0, -1, withscores=True)
+        out = await self._guard(pipe.execute())
+        ends = {m: {_s(rid): int(end) for rid, end in pairs} for m, pairs in zip(metrics, out[1:], strict=True)}
+        return int(_s(out[0]) if out[0] is not None else 0), ends
 
     async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
         raw, paid = await self._guard(self._client.hmget(self._keys(scope).release(release_id), ["payload", "cost"]))

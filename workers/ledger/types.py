@@ -158,6 +158,9 @@ class Quote(NamedTuple):
     """spent / cap of the period after a charge at this quote, with the releases of the same close
     counted in their canonical (P(w), metric) order (None when not priced from a snapshot): what the
     record's `budget.ratio_after` says, whichever order the charges ran in."""
+    out_of_order: bool = False
+    """True when the period's charges are not those of the canonical order up to this release
+    (`allocation.out_of_order`) and no backlog was given: quote again with the period's `Backlog`."""
 
     @property
     def ok(self) -> bool:

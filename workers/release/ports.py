@@ -6,10 +6,11 @@ from __future__ import annotations
 
 __all__ = ["ReleaseLedger", "ReleaseMechanism", "MechanismFactory"]
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
 from dpstream.topology.model import Accounting, Metric
+from dpstream.workers.ledger.allocation import Backlog
 from dpstream.workers.ledger.types import ChargeResult, PendingRelease, Quote, ReleaseRequest, StoredCharge
 
 
@@ -27,9 +28,11 @@ class ReleaseLedger(Protocol):
         window_start: int,
         window_end: int,
         *,
-        before: Sequence[tuple[str, int]] = (),
-        charged: Mapping[str, tuple[int, int]] | None = None,
+        before: Collection[str] = (),
+        backlog: Backlog | None = None,
     ) -> Quote: ...
+
+    async def charged_ends(self, scope: str, period_id: str) -> tuple[int, dict[str, dict[str, int]]]: ...
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult: ...
 

@@ -27,7 +27,9 @@ from dpstream.topology.model import Budget, Metric, Topology
 from dpstream.topology.periods import period_id, periods_touched
 from dpstream.topology.plan import build_plan
 from dpstream.topology.running_total import steps_per_period
+from dpstream.topology.schedule import Schedule
 from dpstream.topology.selection import conversion_delta, selection_delta_per_release
+from dpstream.workers.ledger.allocation import Backlog
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.types import ChargeResult, Outcome, Quote, ReleaseRequest, fill_ratio
 from dpstream.workers.ledger.units import cost_to_units, ledger_delta
@@ -78,7 +80,7 @@ class Releaser:
         self._mechanisms: dict[tuple[str, float], ReleaseMechanism] = {}
         self._selection_deltas: dict[str, float] = {}
         self._scope_metrics = {b: topology.metrics_of(b) for b in topology.budgets}
-        self._closes: dict[tuple[str, int, int], tuple[list[tuple[str, int]], list[tuple[str, int]]]] = {}
+        self._closes: dict[tuple[str, int, int], tuple[str, ...]] = {}
         """(metric, start, end) → `_same_close`'s answer (it depends on the topology and S only)."""
         self._histories: dict[tuple[str, str], running.PeriodHistory] = {}
         """(running-total metric, period id) → the steps this releaser holds (`running.PeriodHistory`)."""
@@ -223,15 +225,12 @@ class Releaser:
             "(other processes kept charging this scope); retried later"
         )
 
-    def _same_close(
-        self, m: Metric, budget: Budget, start: int, end: int
-    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-        """The other releases of this close time that are priced together with [start, end) of `m`:
-        (those before it in the canonical (P(w), metric) order, all of them), as (metric, window
-        start). They are the scope's windows in the public schedule that end at `end` and start in
-        the same period (windows of one period share its snapshot of what is charged after `end`)."""
+    def _same_close(self, m: Metric, budget: Budget, start: int, end: int) -> tuple[str, ...]:
+        """The metrics of the scope whose release of this close time (a window of the public schedule
+        ending at `end`, starting in the same period) comes before [start, end) of `m` in the canonical
+        (window end, P(w), metric) order."""
         if len(self._scope_metrics[budget.name]) < 2:
-            return _NO_CLOSE  # the scope's only metric: no other release shares its close
+            return ()  # the scope's only metric: no other release shares its close
         key = (m.name, start, end)
         cached = self._closes.get(key)
         if cached is not None:
@@ -239,53 +238,94 @@ class Releaser:
         period_s = budget.period_s
         schedule_start = getattr(self.ledger, "schedule_start", None)
         mine = (self.topology.publish_time(m, end), m.name)
-        before: list[tuple[tuple[int, str], str, int]] = []
-        others: list[tuple[str, int]] = []
+        before: list[str] = []
         for other in self._scope_metrics[budget.name]:
-            if other.name == m.name:
-                continue
             s = end - other.window.size_s
-            if s % other.window.every_s or s // period_s != start // period_s:
+            if other.name == m.name or s % other.window.every_s or s // period_s != start // period_s:
                 continue
             if schedule_start is not None and s < schedule_start:
                 continue  # not in the public schedule: never released
-            others.append((other.name, s))
-            order = (self.topology.publish_time(other, end), other.name)
-            if order < mine:
-                before.append((order, other.name, s))
-        found = ([(name, s) for _, name, s in sorted(before)], others)
+            if (self.topology.publish_time(other, end), other.name) < mine:
+                before.append(other.name)
+        found = tuple(before)
         if len(self._closes) >= 4096:
             self._closes.clear()
         self._closes[key] = found
         return found
 
-    async def _charged_of(self, scope: str, end: int, others: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
-        """The releases of `others` (ending at `end`) already charged, by metric: (their own cost, what their
-        period paid for them), in units."""
-        charged: dict[str, tuple[int, int]] = {}
-        for name, s in others:
-            stored = await self.ledger.stored_charge(scope, self.release_id(name, s, end))
-            if stored is not None:
-                charged[name] = (cost_to_units(charged_cost_of(stored.payload)), stored.paid_units)
-        return charged
-
     async def _quote(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:
-        """The ledger's quote for [start, end) of `m`, priced in the canonical (P(w), metric) order of
-        its close time: as if the releases that come before it were charged first and the ones after
-        it not yet, whichever of them did run first (so a charge that differs from its quote, as
-        under `stretch`, moves no other release's cost). Which of them are charged is read before
-        and after the quote; a change in between prices again."""
-        before, others = self._same_close(m, budget, start, end)
-        if not others:
-            return await self.ledger.quote(m.name, start, end)
+        """The ledger's quote for [start, end) of `m`, priced in the canonical (window end, P(w), metric)
+        order of its period: as if the releases that come before it were charged first and the ones
+        after it not yet, whichever of them did run first (so a charge that differs from its quote, as
+        under `stretch`, moves no other release's cost). When the period's charges are not exactly those
+        that come before it (`Quote.out_of_order`), it is priced again with the period's backlog."""
+        quote = await self.ledger.quote(m.name, start, end, before=self._same_close(m, budget, start, end))
+        return await self._quote_in_order(m, budget, start, end) if quote.out_of_order else quote
+
+    async def _quote_in_order(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:
+        """The quote with the period's `Backlog` (`allocation.price_in_order`), read at one spend version:
+        priced again when a charge landed between that read and the quote's."""
         for _ in range(MAX_STALE_QUOTES):
-            charged = await self._charged_of(budget.name, end, others)
-            quote = await self.ledger.quote(m.name, start, end, before=before, charged=charged)
-            if await self._charged_of(budget.name, end, others) == charged:
+            version, backlog = await self._backlog(m, budget, start, end)
+            quote = await self.ledger.quote(m.name, start, end, backlog=backlog)
+            if quote.version == version:
                 return quote
-        raise InternalError(
-            f"release of {m.name} [{start}, {end}): the releases of its close kept changing; retried later"
+        raise InternalError(f"release of {m.name} [{start}, {end}): its period's charges kept changing; retried later")
+
+    async def _backlog(self, m: Metric, budget: Budget, start: int, end: int) -> tuple[int, Backlog]:
+        """(the period's spend version, its `Backlog` seen from the release of `m` over [start, end)): the
+        timeline from the first release of the schedule before it not charged yet, in canonical (window
+        end, P(w), metric) order, with the charges after that start and what each was charged."""
+        pstart = start - start % budget.period_s
+        version, charged = await self.ledger.charged_ends(budget.name, period_id(budget.period_s, pstart))
+        schedule_start = getattr(self.ledger, "schedule_start", None)
+        if schedule_start is not None and start < schedule_start:
+            schedule_start = None  # a window before S is priced as in a whole period (`allocation.price`)
+        mine = (end, self.topology.publish_time(m, end), m.name)
+        gaps: list[tuple[tuple[int, int, str], tuple[str, int, int, int | None, int | None]]] = []
+        made: list[tuple[tuple[int, int, str], str, int, int, str]] = []
+        for other in self._scope_metrics[budget.name]:
+            size, ends = other.window.size_s, charged.get(other.name, {})
+            for rid, e in ends.items():
+                made.append(((e, self.topology.publish_time(other, e), other.name), other.name, e - size, e, rid))
+            seen = set(ends.values())
+            for s in Schedule.of(other, schedule_start).starts(since=pstart):
+                key = (s + size, self.topology.publish_time(other, s + size), other.name)
+                if key >= mine:
+                    break
+                if s + size not in seen:
+                    gaps.append((key, (other.name, s, s + size, None, None)))
+        first = min(gaps)[0] if gaps else mine
+        steps = list(gaps)
+        taken: list[tuple[tuple[int, int, str], tuple[str, int, int]]] = []
+        ends_left: dict[str, list[int]] = {}
+        kept_own: dict[str, list[int]] = {}
+        capped = {other.name for other in self._scope_metrics[budget.name] if other.paid_windows is not None}
+        for key, name, s, e, rid in made:
+            mine_too = rid == self.release_id(name, s, e)  # another topology version's charge stays as it is
+            if key < first or not mine_too:
+                ends_left.setdefault(name, []).append(e)
+                if name not in capped or not mine_too:
+                    continue
+            stored = await self.ledger.stored_charge(budget.name, rid)
+            if stored is None:  # past its retention: gone from the period too
+                continue
+            own, paid = cost_to_units(charged_cost_of(stored.payload)), stored.paid_units
+            if key < first:
+                kept_own.setdefault(name, []).append(own)
+                continue
+            taken.append((key, (name, own, paid)))
+            if key < mine:
+                steps.append((key, (name, s, e, own, paid)))
+        steps.sort()
+        taken.sort(reverse=True)
+        backlog = Backlog(
+            tuple(t for _, t in taken),
+            {n: tuple(o) for n, o in kept_own.items()},
+            tuple(t for _, t in steps),
+            {n: tuple(sorted(e)) for n, e in ends_left.items()},
         )
+        return version, backlog
 
     async def _quote_draw_charge(
         self,
@@ -408,10 +448,6 @@ class Releaser:
             cost = history.lump if history.lump is not None else self._planned_cost[m.name]
         step, x, y = running.running_step(m, budget, start, cost, true_values, history)
         return cost, start != first, step.noise_fields, step.state, (history, x, y)
-
-
-_NO_CLOSE: tuple[list[tuple[str, int]], list[tuple[str, int]]] = ([], [])
-"""`_same_close`'s answer in a scope of one metric (never mutated: read only by `_quote`)."""
 
 
 def _later_periods(period_s: int, start: int, end: int) -> tuple[tuple[str, int], ...]:
