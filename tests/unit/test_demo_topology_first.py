@@ -17,12 +17,12 @@ def test_a_bad_topology_is_one_line_and_starts_nothing(
     path = tmp_path / "topology.yaml"
     if content is not None:
         path.write_text(content)
-    ports = [
-        "--kafka-port", str(free_port()), "--kafka-controller-port", str(free_port()),
-        "--redis-port", str(free_port()), "--prometheus-port", str(free_port()),
-        "--alertmanager-port", str(free_port()), "--worker-web-port", str(free_port()),
-        "--exporter-port", str(free_port()), "--webhook-port", str(free_port()),
-    ]  # fmt: skip
+    flags = ["--kafka-port", "--kafka-controller-port", "--redis-port", "--prometheus-port", "--alertmanager-port"]
+    flags += ["--worker-web-port", "--exporter-port", "--webhook-port"]
+    picked: set[int] = set()
+    for _ in flags:  # distinct: the OS may hand a port just closed out again
+        picked.add(free_port(avoid=frozenset(picked)))
+    ports = [arg for flag, port in zip(flags, sorted(picked), strict=True) for arg in (flag, str(port))]
     home = tmp_path / "home"
     assert main(["demo", "--duration", "5", "--topology", str(path), "--home", str(home), *ports]) == 2
     captured = capsys.readouterr()
