@@ -12,7 +12,7 @@ __all__ = ["Backlog", "Snapshot", "out_of_order", "state_of", "price", "price_in
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
@@ -24,7 +24,6 @@ from dpstream.topology.allocation import (
     weighted_windows,
     window_weight,
 )
-from dpstream.topology.model import Window
 from dpstream.topology.schedule import Schedule
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.config import MetricShare, ScopeConfig
@@ -91,23 +90,6 @@ _chargeable = lru_cache(maxsize=4096)(chargeable_float)
 """`chargeable_float(units)`, memoised (on plan a period's releases are allowed one or two unit counts)."""
 
 
-@lru_cache(maxsize=256)
-def _schedules_of(
-    windows: tuple[tuple[str, Window], ...], schedule_start: int | None
-) -> tuple[tuple[str, Callable[[int, int, int], int]], ...]:
-    """(name, `Schedule.left` of the metric's schedule from S) per metric (the bound method, so the
-    quote's loop looks nothing up); one S per deployment, so a few entries."""
-    return tuple((name, Schedule.of_window(window, schedule_start).left) for name, window in windows)
-
-
-@lru_cache(maxsize=256)
-def _grids_of(
-    windows: tuple[tuple[str, Window], ...], schedule_start: int | None
-) -> tuple[tuple[str, int, Schedule], ...]:
-    """(name, window size, schedule from S) per metric, for `out_of_order`."""
-    return tuple((name, w.size_s, Schedule.of_window(w, schedule_start)) for name, w in windows)
-
-
 def out_of_order(
     cfg: ScopeConfig,
     snap: Snapshot,
@@ -123,7 +105,7 @@ def out_of_order(
     window thinned or refused, another process ahead) the release is priced with the period's
     `Backlog`, which the caller reads."""
     charged_before, charged_at, charged_after = snap.charged_before, snap.charged_at, snap.charged_after
-    for name, size, grid in _grids_of(cfg.pricing_windows, schedule_start):
+    for name, size, grid in cfg.schedules(schedule_start):
         # the windows touching the period (a straddling one is charged to each period) ending before this one
         if charged_before.get(name, 0) != grid.starts_in(period_start - size + 1, window_end - size):
             return True
@@ -148,8 +130,8 @@ def _releases_left(
     charged = snap.charged_after
     period_s = cfg.period_s
     left = {
-        name: windows_left(period_start, period_s, window_end) - charged.get(name, 0)
-        for name, windows_left in _schedules_of(cfg.pricing_windows, schedule_start)
+        name: schedule.left(period_start, period_s, window_end) - charged.get(name, 0)
+        for name, _, schedule in cfg.schedules(schedule_start)
     }
     for name, (m, _) in cfg.capped.items():  # under max_windows only the first m charges are paid
         left[name] = min(left[name], m - len(snap.tops.get(name, ())))

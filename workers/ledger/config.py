@@ -24,6 +24,7 @@ from dpstream.topology.allocation import (
 )
 from dpstream.topology.errors import ConfigError
 from dpstream.topology.model import Accounting, Budget, Metric, Topology, WarningPolicy, Window, charged_windows
+from dpstream.topology.schedule import Schedule
 from dpstream.topology.selection import scope_cap, selection_delta_total
 from dpstream.workers.ledger import topm
 from dpstream.workers.ledger.keys import check_scope_name
@@ -160,6 +161,19 @@ class ScopeConfig:
             for name, p in self.plans.items()
             if p.max_windows is not None
         }
+
+    @cached_property
+    def _schedules(self) -> dict[int | None, tuple[tuple[str, int, Schedule], ...]]:
+        return {}
+
+    def schedules(self, schedule_start: int | None) -> tuple[tuple[str, int, Schedule], ...]:
+        """(name, window size, its `Schedule` from S) of each metric `pricing_rates` prices, kept per S
+        (one S per deployment: a few entries), so a quote builds and hashes nothing."""
+        found = self._schedules.get(schedule_start)
+        if found is None:
+            found = tuple((n, w.size_s, Schedule.of_window(w, schedule_start)) for n, w in self.pricing_windows)
+            self._schedules[schedule_start] = found
+        return found
 
     @cached_property
     def pricing_windows(self) -> tuple[tuple[str, Window], ...]:
