@@ -1,29 +1,39 @@
 """`CanonicalOrder`: a scope's releases pending in this process are priced one at a time, in the
-public (P(w), metric, window start) order, whichever of them was ready first.
+public order (`order_key`: window end, P(w), metric), whichever of them was ready first.
 
 Adaptive pricing reads what the period has spent so far, so a release priced before an earlier one
 of the same scope costs something else than it would in order: a worker catching up on a backlog
 after a restart, or two metrics whose partials arrive in a different interleaving, would otherwise
 turn processing timing into prices. Every release is registered when it enters the protocol
 (before its first await) and takes its turn only when no earlier registered release of its scope
-is still pending; one that fails leaves the queue, so the later ones are not held by it.
+is still pending; one that fails leaves the queue, so the later ones are not held by it. The
+ledger prices in the same order whatever ran (`allocation.price_in_order`): this queue only spares
+it the backlog's extra read when the releases ready together are all in this process.
 """
 
 from __future__ import annotations
 
-__all__ = ["CanonicalOrder", "OrderKey", "Ticket"]
+__all__ = ["CanonicalOrder", "OrderKey", "Ticket", "order_key"]
 
 import asyncio
 import heapq
 from typing import NamedTuple
 
+from dpstream.topology.model import Metric, Topology
+
 
 class OrderKey(NamedTuple):
-    """A release's place in the public order: its publish time P(w), its metric, its window start."""
+    """A release's place in the public order of its period: its window end, its publish time P(w),
+    its metric (one window of a metric ends at a given time)."""
 
+    window_end: int
     publish_time: int
     metric: str
-    window_start: int
+
+
+def order_key(topology: Topology, metric: Metric, window_end: int) -> OrderKey:
+    """The place of `metric`'s release of the window ending at `window_end` in the public order."""
+    return OrderKey(window_end, topology.publish_time(metric, window_end), metric.name)
 
 
 class Ticket:

@@ -36,7 +36,7 @@ from dpstream.workers.ledger.units import cost_to_units, ledger_delta
 from dpstream.workers.pipeline.merger import MergedWindow
 from dpstream.workers.release import faults, running
 from dpstream.workers.release.ids import release_id as make_release_id
-from dpstream.workers.release.ordering import CanonicalOrder, OrderKey, Ticket
+from dpstream.workers.release.ordering import CanonicalOrder, OrderKey, Ticket, order_key
 from dpstream.workers.release.outcomes import ReleaseCounts, ReleaseOutcome, ReleaseResult, refusal_outcome
 from dpstream.workers.release.ports import MechanismFactory, ReleaseLedger, ReleaseMechanism
 from dpstream.workers.release.record import charged_cost_of, record_bytes, true_values_for
@@ -140,7 +140,7 @@ class Releaser:
         start, end = window
         rid = self.release_id(m.name, start, end)
         order = self._order_of(m.budget)
-        key = OrderKey(self.topology.publish_time(m, end), m.name, start)
+        key = order_key(self.topology, m, end)
         ticket = order.enter(key)  # before the first await: releases ready together are priced in order
         try:
             result = await self._release(m, start, end, rid, true_values, publish, order, ticket)
@@ -237,7 +237,7 @@ class Releaser:
             return cached
         period_s = budget.period_s
         schedule_start = getattr(self.ledger, "schedule_start", None)
-        mine = (self.topology.publish_time(m, end), m.name)
+        mine = order_key(self.topology, m, end)
         before: list[str] = []
         for other in self._scope_metrics[budget.name]:
             s = end - other.window.size_s
@@ -245,7 +245,7 @@ class Releaser:
                 continue
             if schedule_start is not None and s < schedule_start:
                 continue  # not in the public schedule: never released
-            if (self.topology.publish_time(other, end), other.name) < mine:
+            if order_key(self.topology, other, end) < mine:
                 before.append(other.name)
         found = tuple(before)
         if len(self._closes) >= 4096:
@@ -281,23 +281,23 @@ class Releaser:
         schedule_start = getattr(self.ledger, "schedule_start", None)
         if schedule_start is not None and start < schedule_start:
             schedule_start = None  # a window before S is priced as in a whole period (`allocation.price`)
-        mine = (end, self.topology.publish_time(m, end), m.name)
-        gaps: list[tuple[tuple[int, int, str], tuple[str, int, int, int | None, int | None]]] = []
-        made: list[tuple[tuple[int, int, str], str, int, int, str]] = []
+        mine = order_key(self.topology, m, end)
+        gaps: list[tuple[OrderKey, tuple[str, int, int, int | None, int | None]]] = []
+        made: list[tuple[OrderKey, str, int, int, str]] = []
         for other in self._scope_metrics[budget.name]:
             size, ends = other.window.size_s, charged.get(other.name, {})
             for rid, e in ends.items():
-                made.append(((e, self.topology.publish_time(other, e), other.name), other.name, e - size, e, rid))
+                made.append((order_key(self.topology, other, e), other.name, e - size, e, rid))
             seen = set(ends.values())
             for s in Schedule.of(other, schedule_start).starts(since=pstart):
-                key = (s + size, self.topology.publish_time(other, s + size), other.name)
+                key = order_key(self.topology, other, s + size)
                 if key >= mine:
                     break
                 if s + size not in seen:
                     gaps.append((key, (other.name, s, s + size, None, None)))
         first = min(gaps)[0] if gaps else mine
         steps = list(gaps)
-        taken: list[tuple[tuple[int, int, str], tuple[str, int, int]]] = []
+        taken: list[tuple[OrderKey, tuple[str, int, int]]] = []
         ends_left: dict[str, list[int]] = {}
         kept_own: dict[str, list[int]] = {}
         capped = {other.name for other in self._scope_metrics[budget.name] if other.paid_windows is not None}
