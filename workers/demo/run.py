@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpstream.topology.durations import format_duration
 from dpstream.topology.model import Metric, Topology
@@ -38,6 +38,9 @@ from dpstream.workers.demo.sizing import (
     relative_ci,
     typical_values,
 )
+
+if TYPE_CHECKING:  # the stack is imported when the demo runs, not when the CLI starts
+    from dpstream.workers.localstack import Service, Stack, StackConfig
 
 Say = Callable[[str], None]
 
@@ -275,17 +278,44 @@ def run_demo(options: DemoOptions, say: Say = print) -> int:
         return _run(options, say)
 
 
-def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's script, top to bottom
-    from dpstream.topology.dumper import dump_topology
+def _run(options: DemoOptions, say: Say) -> int:
     from dpstream.topology.loader import load_topology
-    from dpstream.topology.plan import build_plan
-    from dpstream.workers.demo.monitoring import budget_graph_url, feed_query
-    from dpstream.workers.localstack import Ports, Service, Stack, StackConfig
-    from dpstream.workers.runtime.topics import ensure_topics
+    from dpstream.workers.localstack import Stack
 
     home = Path(options.home) if options.home else None
     log_dir = (home or _default_home()) / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
+    services, config = _stack_config(options, home, log_dir, say)
+    path = options.topology_path or demo_topology_path()
+    # a topology the user can fix is refused before anything starts (loaded again below, with the
+    # addresses of the services the stack actually runs)
+    load_topology(
+        path,
+        env={
+            **os.environ,
+            "DPSTREAM_KAFKA": f"127.0.0.1:{options.kafka_port}",
+            "DPSTREAM_REDIS": f"redis://127.0.0.1:{options.redis_port}/0",
+        },
+    )
+    stack = Stack(config, progress=say)
+    already_up = {s.service for s in stack.status(services) if s.up}
+    children = _Children(log_dir)
+    try:
+        return _run_on_stack(options, path, stack, services, already_up, children, log_dir, say)
+    finally:
+        children.stop_all()
+        stopped = [s for s in services if s not in already_up]
+        if stopped:
+            for status in stack.down(stopped):
+                say(status.line())
+
+
+def _stack_config(
+    options: DemoOptions, home: Path | None, log_dir: Path, say: Say
+) -> tuple[list[Service], StackConfig]:
+    """The services the demo runs and the local stack's config for them (monitoring rendered in `log_dir`)."""
+    from dpstream.workers.localstack import Ports, Service, StackConfig
+
     services = [Service.REDIS, Service.KAFKA]
     prometheus_yml = alertmanager_yml = None
     if options.monitoring:
@@ -305,99 +335,107 @@ def _run(options: DemoOptions, say: Say) -> int:  # noqa: C901 - the demo's scri
         kafka_libs=options.kafka_libs,
         **({"home": home} if home else {}),
     )
-    path = options.topology_path or demo_topology_path()
-    # a topology the user can fix is refused before anything starts (loaded again below, with the
-    # addresses of the services the stack actually runs)
-    load_topology(
-        path,
-        env={
-            **os.environ,
-            "DPSTREAM_KAFKA": f"127.0.0.1:{options.kafka_port}",
-            "DPSTREAM_REDIS": f"redis://127.0.0.1:{options.redis_port}/0",
-        },
-    )
-    stack = Stack(config, progress=say)
-    already_up = {s.service for s in stack.status(services) if s.up}
-    children = _Children(log_dir)
-    result = LiveResult()
-    exit_code = 1
-    try:
-        for status in stack.up(services):
-            say(status.line())
-        if options.monitoring and Service.PROMETHEUS in already_up:
-            say(
-                "note: Prometheus was already running with its own config: it may not scrape this demo's worker "
-                "and exporter (`deploy/local/stack down` first to let the demo start its own)"
-            )
-        bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
-        topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
-        plan = build_plan(topology)
-        population = DemoPopulation(users=options.users, rate=options.rate)
-        typical = typical_values(topology, population)
-        say("")
-        for line in _cost_lines(topology, plan, typical, population, path):
-            say(line)
-        say("")
-        prometheus_url = f"http://127.0.0.1:{options.prometheus_port}" if options.monitoring else None
-        if prometheus_url is not None:
-            say(f"Prometheus, the budget ratio: {budget_graph_url(prometheus_url)}")
-            feed = feed_query(topology)
-            if feed is not None:
-                say(f"  the feed (Grafana-ready PromQL): {feed}   graph: {budget_graph_url(prometheus_url, feed)}")
-            say(
-                f"  alerts: {prometheus_url}/alerts   "
-                f"Alertmanager: http://127.0.0.1:{options.alertmanager_port}/#/alerts "
-                f"(critical → pager, warning → ticket; both print here)   "
-                f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics"
-            )
-            say(
-                "  (a shared dashboard: data-independent metrics only, no --curator-metrics, so DPReleaseLag, "
-                "DPReleasesRefused and DPReleasesParked stay silent here)"
-            )
-        start = schedule_start(time.time(), topology)
-        run = for_run(topology, f"demo{start}", start)
-        run_path = log_dir / "topology.yaml"
-        run_path.write_text(dump_topology(run))
-        ensure_topics(bootstrap, run)
-        children.start("worker", worker_command(options, run_path, bootstrap, redis_url))
-        if options.monitoring:
-            children.start(
-                "exporter",
-                ["exporter", "--topology", str(run_path), "--redis", redis_url, "--port", str(options.exporter_port)],
-            )
-        say(f"worker{' and exporter' if options.monitoring else ''} started (logs and the run's topology in {log_dir})")
-        setup = LiveSetup(
-            topology=run,
-            plan=plan,
-            typical=typical,
-            population=population,
-            schedule_start=start,
-            bootstrap=bootstrap,
-            redis_url=redis_url,
-            duration_s=options.duration_s,
-            budget_every_s=options.budget_every_s,
-            prometheus_url=prometheus_url,
-            webhook_port=options.webhook_port if options.monitoring else None,
-            died=children.died,
+    return services, config
+
+
+def _run_on_stack(
+    options: DemoOptions,
+    path: Path,
+    stack: Stack,
+    services: list[Service],
+    already_up: set[Service],
+    children: _Children,
+    log_dir: Path,
+    say: Say,
+) -> int:
+    """Bring the stack up, print the topology's costs, run a worker (and the exporter) on the run's
+    topology for the demo's duration, then print the summary and write the report cards."""
+    from dpstream.topology.dumper import dump_topology
+    from dpstream.topology.loader import load_topology
+    from dpstream.topology.plan import build_plan
+    from dpstream.workers.localstack import Service
+    from dpstream.workers.runtime.topics import ensure_topics
+
+    for status in stack.up(services):
+        say(status.line())
+    if options.monitoring and Service.PROMETHEUS in already_up:
+        say(
+            "note: Prometheus was already running with its own config: it may not scrape this demo's worker "
+            "and exporter (`deploy/local/stack down` first to let the demo start its own)"
         )
-        try:
-            asyncio.run(run_live(setup, say, result))
-        except KeyboardInterrupt:
-            say("interrupted")
-        say("")
-        for line in _summary(result, prometheus_url):
+    bootstrap, redis_url = stack.kafka.bootstrap, stack.redis.url
+    topology = load_topology(path, env={**os.environ, "DPSTREAM_KAFKA": bootstrap, "DPSTREAM_REDIS": redis_url})
+    plan = build_plan(topology)
+    population = DemoPopulation(users=options.users, rate=options.rate)
+    typical = typical_values(topology, population)
+    say("")
+    for line in _cost_lines(topology, plan, typical, population, path):
+        say(line)
+    say("")
+    prometheus_url = f"http://127.0.0.1:{options.prometheus_port}" if options.monitoring else None
+    if prometheus_url is not None:
+        for line in _monitoring_lines(topology, options, prometheus_url):
             say(line)
-        _write_reports(run, redis_url, log_dir, say)
-        exit_code = 0 if result.tally.total else 1
-        if not result.tally.total:
-            say(f"no release arrived; the worker's log is {log_dir / 'worker.log'}")
-    finally:
-        children.stop_all()
-        stopped = [s for s in services if s not in already_up]
-        if stopped:
-            for status in stack.down(stopped):
-                say(status.line())
-    return exit_code
+    start = schedule_start(time.time(), topology)
+    run = for_run(topology, f"demo{start}", start)
+    run_path = log_dir / "topology.yaml"
+    run_path.write_text(dump_topology(run))
+    ensure_topics(bootstrap, run)
+    children.start("worker", worker_command(options, run_path, bootstrap, redis_url))
+    if options.monitoring:
+        children.start(
+            "exporter",
+            ["exporter", "--topology", str(run_path), "--redis", redis_url, "--port", str(options.exporter_port)],
+        )
+    say(f"worker{' and exporter' if options.monitoring else ''} started (logs and the run's topology in {log_dir})")
+    setup = LiveSetup(
+        topology=run,
+        plan=plan,
+        typical=typical,
+        population=population,
+        schedule_start=start,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        duration_s=options.duration_s,
+        budget_every_s=options.budget_every_s,
+        prometheus_url=prometheus_url,
+        webhook_port=options.webhook_port if options.monitoring else None,
+        died=children.died,
+    )
+    result = LiveResult()
+    try:
+        asyncio.run(run_live(setup, say, result))
+    except KeyboardInterrupt:
+        say("interrupted")
+    say("")
+    for line in _summary(result, prometheus_url):
+        say(line)
+    _write_reports(run, redis_url, log_dir, say)
+    if not result.tally.total:
+        say(f"no release arrived; the worker's log is {log_dir / 'worker.log'}")
+        return 1
+    return 0
+
+
+def _monitoring_lines(topology: Topology, options: DemoOptions, prometheus_url: str) -> list[str]:
+    """Where to look while the demo runs: the budget graph, the feed's query, alerts and /metrics."""
+    from dpstream.workers.demo.monitoring import budget_graph_url, feed_query
+
+    lines = [f"Prometheus, the budget ratio: {budget_graph_url(prometheus_url)}"]
+    feed = feed_query(topology)
+    if feed is not None:
+        lines.append(f"  the feed (Grafana-ready PromQL): {feed}   graph: {budget_graph_url(prometheus_url, feed)}")
+    lines.append(
+        f"  alerts: {prometheus_url}/alerts   "
+        f"Alertmanager: http://127.0.0.1:{options.alertmanager_port}/#/alerts "
+        f"(critical → pager, warning → ticket; both print here)   "
+        f"worker /metrics: http://127.0.0.1:{options.worker_web_port}/metrics"
+    )
+    lines.append(
+        "  (a shared dashboard: data-independent metrics only, no --curator-metrics, so DPReleaseLag, "
+        "DPReleasesRefused and DPReleasesParked stay silent here)"
+    )
+    return lines
 
 
 def _write_reports(topology: Topology, redis_url: str, log_dir: Path, say: Say) -> None:
