@@ -452,7 +452,13 @@ class Ledger(ABC):
         or past retention): what pricing the other releases of its close in their canonical order takes out."""
         if scope not in _VALID_SCOPES:
             _check_scope(scope)
-        return await self._stored_charge(scope, release_id)
+        return (await self._stored_charges(scope, (release_id,))).get(release_id)
+
+    async def stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]:
+        """`stored_charge` of each of `release_ids`, in one read (the unknown ones left out)."""
+        if scope not in _VALID_SCOPES:
+            _check_scope(scope)
+        return await self._stored_charges(scope, release_ids) if release_ids else {}
 
     async def pending(self, older_than_s: float) -> list[PendingRelease]:
         """Releases charged longer than `older_than_s` ago and not yet published (for the sweeper)."""
@@ -738,7 +744,8 @@ class Ledger(ABC):
     async def _commit(self, scope: str, release_id: str, now_ms: int) -> int: ...
 
     @abstractmethod
-    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None: ...
+    async def _stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]:
+        """The stored charge of each known release of `release_ids`, in one read."""
 
     @abstractmethod
     async def _step(

@@ -129,11 +129,11 @@ class MemoryLedger(Ledger):
             version = int(s.periods.get(pid, {}).get("version", 0))
             return version, {m: dict(s.ends.get((pid, m), {})) for m in metrics}
 
-    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
+    async def _stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]:
         with self._lock:
             s = self._store.get(scope) or self._scope(scope)
-            rel = s.releases.get(release_id)
-            return None if rel is None else StoredCharge(bytes(_payload(rel)), int(rel["cost"]))
+            found = {rid: s.releases.get(rid) for rid in release_ids}
+            return {rid: StoredCharge(bytes(_payload(r)), int(r["cost"])) for rid, r in found.items() if r is not None}
 
     async def _scopes(self) -> list[str]:
         with self._lock:

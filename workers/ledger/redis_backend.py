@@ -535,9 +535,17 @@ class RedisLedger(Ledger):
         ends = {m: {_s(rid): int(end) for rid, end in pairs} for m, pairs in zip(metrics, out[1:], strict=True)}
         return int(_s(out[0]) if out[0] is not None else 0), ends
 
-    async def _stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
-        raw, paid = await self._guard(self._client.hmget(self._keys(scope).release(release_id), ["payload", "cost"]))
-        return StoredCharge(bytes(raw), int(paid or 0)) if raw is not None else None
+    async def _stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]:
+        k = self._keys(scope)
+        pipe = self._client.pipeline(transaction=False)
+        for rid in release_ids:
+            pipe.hmget(k.release(rid), ["payload", "cost"])
+        out = await self._guard(pipe.execute())
+        return {
+            rid: StoredCharge(bytes(raw), int(paid or 0))
+            for rid, (raw, paid) in zip(release_ids, out, strict=True)
+            if raw is not None
+        }
 
     async def _read(
         self,

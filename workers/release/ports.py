@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["ReleaseLedger", "ReleaseMechanism", "MechanismFactory"]
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from dpstream.topology.model import Accounting, Metric
@@ -41,6 +41,8 @@ class ReleaseLedger(Protocol):
     async def stored_payload(self, scope: str, release_id: str) -> bytes | None: ...
 
     async def stored_charge(self, scope: str, release_id: str) -> StoredCharge | None: ...
+
+    async def stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]: ...
 
     async def running_steps(self, scope: str, metric: str, period_id: str) -> dict[int, bytes]: ...
 

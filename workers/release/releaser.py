@@ -259,7 +259,10 @@ class Releaser:
         after it not yet, whichever of them did run first (so a charge that differs from its quote, as
         under `stretch`, moves no other release's cost). When the period's charges are not exactly those
         that come before it (`Quote.out_of_order`), it is priced again with the period's backlog."""
-        quote = await self.ledger.quote(m.name, start, end, before=self._same_close(m, budget, start, end))
+        before = self._same_close(m, budget, start, end)
+        quote = await (
+            self.ledger.quote(m.name, start, end, before=before) if before else self.ledger.quote(m.name, start, end)
+        )
         return await self._quote_in_order(m, budget, start, end) if quote.out_of_order else quote
 
     async def _quote_in_order(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:
@@ -301,13 +304,16 @@ class Releaser:
         ends_left: dict[str, list[int]] = {}
         kept_own: dict[str, list[int]] = {}
         capped = {other.name for other in self._scope_metrics[budget.name] if other.paid_windows is not None}
+        ours = {rid for _, name, s, e, rid in made if rid == self.release_id(name, s, e)}
+        read = [rid for key, name, _, _, rid in made if rid in ours and (key >= first or name in capped)]
+        stored_of = await self.ledger.stored_charges(budget.name, read)
         for key, name, s, e, rid in made:
-            mine_too = rid == self.release_id(name, s, e)  # another topology version's charge stays as it is
+            mine_too = rid in ours  # another topology version's charge stays as it is
             if key < first or not mine_too:
                 ends_left.setdefault(name, []).append(e)
                 if name not in capped or not mine_too:
                     continue
-            stored = await self.ledger.stored_charge(budget.name, rid)
+            stored = stored_of.get(rid)
             if stored is None:  # past its retention: gone from the period too
                 continue
             own, paid = cost_to_units(charged_cost_of(stored.payload)), stored.paid_units
