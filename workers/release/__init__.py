@@ -10,7 +10,9 @@
    A window straddling a period boundary is charged to every period it touches in the same call.
 4. The stored payload is published (idempotent producer, key = release_id) no earlier than
    P(w) = C(w) + publish_delay, then committed (`published`). Never before the charge is durable;
-   ledger unreachable: no release. Releases of one close time are priced in (P(w), metric) order.
+   ledger unreachable: no release. Every release of a period is priced as in the public order
+   (`ordering.order_key`: window end, P(w), metric), whichever ran first: the ones before it not
+   charged yet as if they were, the ones after it charged already taken out (the ledger's backlog).
 5. `sweep` republishes charged entries with the same stored bytes; consumers dedupe by release_id.
 
 The record (`record`): release_id, topology_version, ledger (the ledger id), metric, window,
