@@ -295,7 +295,11 @@ class _Fixed:
 
 
 _FIXED: dict[tuple[str, str | None, float, int, int, int, type, float], _Fixed] = {}
-"""Per (topology version, ledger, conversion δ, metric, source, budget, cost type, cost)."""
+"""Per (topology version, ledger, conversion δ, metric, source, budget, cost type, cost). The metric,
+source and budget are keyed by id(), checked by identity on a hit (hashing the frozen dataclasses
+costs more than the texts they key): it is the one such cache, kept because `dpstream bench release`
+measured the 1-key release at 1.05–1.07 of a bare OpenDP call with it and 1.48–1.54 without (overhead
+18–31 µs against 73–88 µs, 2026-12-07)."""
 
 _WINDOW_FIELDS = ("release_id", "window", "budget", "published_at")
 
