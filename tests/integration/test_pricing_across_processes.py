@@ -79,8 +79,10 @@ class _Gated:
     async def stored_charge(self, scope: str, release_id: str) -> StoredCharge | None:
         return await self.ledger.stored_charge(scope, release_id)
 
-    async def charged_ends(self, scope: str, period_id: str) -> tuple[int, dict[str, dict[str, int]]]:
-        return await self.ledger.charged_ends(scope, period_id)
+    async def charged_ends(
+        self, scope: str, period_id: str, since: int | None = None
+    ) -> tuple[int, dict[str, dict[str, int]]]:
+        return await self.ledger.charged_ends(scope, period_id, since)
 
     async def stored_charges(self, scope: str, release_ids: list[str]) -> dict[str, StoredCharge]:
         return await self.ledger.stored_charges(scope, release_ids)

@@ -17,6 +17,7 @@ from dpstream.topology.periods import period_id
 from dpstream.topology.plan import build_plan
 from dpstream.workers.ledger import Ledger, open_ledger
 from dpstream.workers.ledger.testing import ManualClock
+from dpstream.workers.report.advice import CHANGE_TOLERANCE
 from dpstream.workers.report.build import build_report
 from dpstream.workers.report.collect import collect_period, schedule_start_read
 from dpstream.workers.runtime.replay import replay_lines
@@ -155,10 +156,13 @@ def test_first_period_advice_compares_plan_with_plan_over_the_span_from_the_depl
 
 
 def test_a_few_minutes_of_a_first_period_give_no_worse_advice() -> None:
-    """Only minutes of charges after S (the replay stops at :15): still on plan, still no "worse" verdict."""
+    """Only minutes of charges after S (the replay stops at :15): still on plan, still no "worse" verdict.
+    The advised weights are fitted to the noisy magnitudes of those minutes and rounded to 4 digits, so
+    the predicted change of a whole next period can exceed 1 by a hair (up to 1.6e-5 in 300 runs): within
+    `CHANGE_TOLERANCE`, which is what "no change" means."""
     rep, _ = asyncio.run(_report([(S, P0 + 900)]))
     j = rep["advice"]["weighted_relative_error"]
-    assert j["predicted_change"] <= 1.0 + 1e-9 and j["verdict"] != "worse"
+    assert j["predicted_change"] <= 1.0 + CHANGE_TOLERANCE and j["verdict"] != "worse"
 
 
 def test_a_metric_with_no_release_yet_is_labelled_by_its_aggregate() -> None:

@@ -70,9 +70,10 @@ class Backlog(NamedTuple):
     taken_out: tuple[tuple[str, int, int], ...]
     """(metric, own units, units the period paid) of every charge after the timeline's start, the latest first."""
     kept_own: Mapping[str, tuple[int, ...]]
-    """Per metric under `max_windows` (or a running total's steps: `ScopeConfig.capped`): the own units of
-    its charges before the timeline's start. What the period paid for a charge of such a metric depends on
-    the charges before it, so its largest charges at the start are rebuilt from these."""
+    """Per metric under `max_windows` (or a running total's steps: `ScopeConfig.capped`) with a charge
+    taken out: the own units of all its charges before the timeline's start. What the period paid for a
+    charge of such a metric depends on the charges before it, so its largest charges at the start are
+    rebuilt from these."""
     steps: tuple[tuple[str, int, int, int | None, int | None], ...]
     """(metric, window start, window end, own units, paid units) from the timeline's start up to the
     priced release (excluded), in canonical order; own and paid are None for a gap."""
@@ -97,22 +98,24 @@ def out_of_order(
     window_end: int,
     schedule_start: int | None,
     before: Collection[str] = (),
-) -> bool:
-    """True unless the period's charges are exactly the releases of the schedule that come before this
+) -> int | None:
+    """None when the period's charges are exactly the releases of the schedule that come before this
     one in the canonical order (window end, P(w), metric): every window ending earlier, and of this
     close the ones of `before` (the metrics whose release of this close comes first), none after.
     Otherwise (partials of one metric late behind another's, a window retried after a failure, a
     window thinned or refused, another process ahead) the release is priced with the period's
-    `Backlog`, which the caller reads."""
+    `Backlog`, which the caller reads from the window end returned: this one's when every window
+    ending earlier is charged (only this close or later ones are out of order), else the period's start."""
     charged_before, charged_at, charged_after = snap.charged_before, snap.charged_at, snap.charged_after
+    since: int | None = None
     for name, size, grid in cfg.schedules(schedule_start):
         # the windows touching the period (a straddling one is charged to each period) ending before this one
         if charged_before.get(name, 0) != grid.starts_in(period_start - size + 1, window_end - size):
-            return True
+            return period_start
         at = charged_at.get(name, 0)
         if at != (1 if name in before else 0) or charged_after.get(name, 0) != at:
-            return True
-    return False
+            since = window_end
+    return since
 
 
 def _releases_left(
@@ -341,8 +344,8 @@ def _replayed(
     capped = cfg.capped
     spent = snap.spent_units - sum(paid for name, _, paid in backlog.taken_out if name not in capped)
     tops = dict(snap.tops)
-    for name, (m, _) in capped.items():  # the m largest at the start, and the spend they made
-        start_top = tuple(sorted(backlog.kept_own.get(name, ()), reverse=True)[:m])
+    for name in {name for name, _, _ in backlog.taken_out if name in capped}:  # their m largest at the start
+        start_top = tuple(sorted(backlog.kept_own.get(name, ()), reverse=True)[: capped[name][0]])
         spent -= sum(tops.get(name, ())) - sum(start_top)
         tops[name] = start_top
     snap = snap._replace(spent_units=max(0, spent), tops=tops)

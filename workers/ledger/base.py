@@ -328,8 +328,8 @@ class Ledger(ABC):
 
         `before` names the metrics whose release of the same close comes first in that order. When the
         period's charges are not exactly those that come before this release (`allocation.out_of_order`)
-        and no `backlog` is given, the quote says so (`Quote.out_of_order`): read the period's charges
-        (`charged_ends`), build its `Backlog` and quote again with it."""
+        and no `backlog` is given, the quote says from where (`Quote.backlog_from`): read the period's
+        charges from there (`charged_ends`), build its `Backlog` and quote again with it."""
         cfg = self._metric_scope.get(metric) or self.scope_of(metric)
         period_s = cfg.period_s
         if type(window_start) is int and type(period_s) is int and period_s > 0:
@@ -349,16 +349,20 @@ class Ledger(ABC):
             start_s = self._schedule_start
             if start_s is not None and ws < start_s:
                 start_s = None  # a window before S (a warm-up quote) is priced as in a whole period
-            if out_of_order(cfg, snap, pstart, we, start_s, before):
-                quote = quote._replace(out_of_order=True)
+            since = out_of_order(cfg, snap, pstart, we, start_s, before)
+            if since is not None:
+                quote = quote._replace(backlog_from=since)
         if self.past_horizon(we, self._clock()):
             return quote._replace(cost=0.0, cost_units=0, refused_reason=self._expired_reason(), expired=True)
         return quote
 
-    async def charged_ends(self, scope: str, period_id: str) -> tuple[int, dict[str, dict[str, int]]]:
+    async def charged_ends(
+        self, scope: str, period_id: str, since: int | None = None
+    ) -> tuple[int, dict[str, dict[str, int]]]:
         """(the period's spend version, per metric of the scope: release_id → window end of each release
-        charged to the period), in one read: what a `Backlog` is built from."""
-        return await self._charged_ends(scope, period_id, self._scope_metrics[scope])
+        charged to the period, those ending at or after `since` when given), in one read: what a
+        `Backlog` is built from."""
+        return await self._charged_ends(scope, period_id, self._scope_metrics[scope], since)
 
     async def charge(self, req: ReleaseRequest) -> ChargeResult:
         """Charge one release atomically, or return its stored payload, or refuse (changing nothing),
@@ -731,10 +735,10 @@ class Ledger(ABC):
 
     @abstractmethod
     async def _charged_ends(
-        self, scope: str, pid: str, metrics: Sequence[str]
+        self, scope: str, pid: str, metrics: Sequence[str], since: int | None
     ) -> tuple[int, dict[str, dict[str, int]]]:
         """(the period's spend version, per metric: release_id → window end of its charges of the
-        period) in one consistent read."""
+        period, those ending at or after `since` when given) in one consistent read."""
 
     @abstractmethod
     async def _charge(self, charge: Charge) -> RawCharge:

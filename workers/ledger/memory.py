@@ -10,6 +10,8 @@ durable and release records never expire.
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["MemoryLedger"]
 
 import threading
@@ -122,12 +124,13 @@ class MemoryLedger(Ledger):
             return dict(s.config), dict(s.breaker), dict(s.periods.get(pid, {})), counts, before, at
 
     async def _charged_ends(
-        self, scope: str, pid: str, metrics: Sequence[str]
+        self, scope: str, pid: str, metrics: Sequence[str], since: int | None
     ) -> tuple[int, dict[str, dict[str, int]]]:
+        low = -math.inf if since is None else since
         with self._lock:
             s = self._scope(scope)
             version = int(s.periods.get(pid, {}).get("version", 0))
-            return version, {m: dict(s.ends.get((pid, m), {})) for m in metrics}
+            return version, {m: {r: e for r, e in s.ends.get((pid, m), {}).items() if e >= low} for m in metrics}
 
     async def _stored_charges(self, scope: str, release_ids: Sequence[str]) -> dict[str, StoredCharge]:
         with self._lock:

@@ -524,13 +524,13 @@ class RedisLedger(Ledger):
         return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts, before, at
 
     async def _charged_ends(
-        self, scope: str, pid: str, metrics: Sequence[str]
+        self, scope: str, pid: str, metrics: Sequence[str], since: int | None
     ) -> tuple[int, dict[str, dict[str, int]]]:
         k = self._keys(scope)
         pipe = self._client.pipeline(transaction=True)
         pipe.hget(k.period(pid), "version")
         for m in metrics:
-            pipe.zrange(k.ends(pid, m), 0, -1, withscores=True)
+            pipe.zrangebyscore(k.ends(pid, m), "-inf" if since is None else since, "+inf", withscores=True)
         out = await self._guard(pipe.execute())
         ends = {m: {_s(rid): int(end) for rid, end in pairs} for m, pairs in zip(metrics, out[1:], strict=True)}
         return int(_s(out[0]) if out[0] is not None else 0), ends

@@ -158,9 +158,10 @@ class Quote(NamedTuple):
     """spent / cap of the period after a charge at this quote, with the releases of the same close
     counted in their canonical (P(w), metric) order (None when not priced from a snapshot): what the
     record's `budget.ratio_after` says, whichever order the charges ran in."""
-    out_of_order: bool = False
-    """True when the period's charges are not those of the canonical order up to this release
-    (`allocation.out_of_order`) and no backlog was given: quote again with the period's `Backlog`."""
+    backlog_from: int | None = None
+    """None when the period's charges are exactly those that come before this release in the public
+    order (`allocation.out_of_order`); else the window end from which its `Backlog` is to be read
+    (this release's own when the charges before its close are in order), and quoted again with it."""
 
     @property
     def ok(self) -> bool:

@@ -258,29 +258,34 @@ class Releaser:
         order of its period: as if the releases that come before it were charged first and the ones
         after it not yet, whichever of them did run first (so a charge that differs from its quote, as
         under `stretch`, moves no other release's cost). When the period's charges are not exactly those
-        that come before it (`Quote.out_of_order`), it is priced again with the period's backlog."""
+        that come before it (`Quote.backlog_from`), it is priced again with the period's backlog."""
         before = self._same_close(m, budget, start, end)
         quote = await (
             self.ledger.quote(m.name, start, end, before=before) if before else self.ledger.quote(m.name, start, end)
         )
-        return await self._quote_in_order(m, budget, start, end) if quote.out_of_order else quote
+        since = quote.backlog_from
+        return quote if since is None else await self._quote_in_order(m, budget, start, end, since)
 
-    async def _quote_in_order(self, m: Metric, budget: Budget, start: int, end: int) -> Quote:
-        """The quote with the period's `Backlog` (`allocation.price_in_order`), read at one spend version:
-        priced again when a charge landed between that read and the quote's."""
+    async def _quote_in_order(self, m: Metric, budget: Budget, start: int, end: int, since: int) -> Quote:
+        """The quote with the period's `Backlog` (`allocation.price_in_order`) read from the window end
+        `since`, at one spend version: priced again when a charge landed between that read and the quote's."""
         for _ in range(MAX_STALE_QUOTES):
-            version, backlog = await self._backlog(m, budget, start, end)
+            version, backlog = await self._backlog(m, budget, start, end, since if since >= end else None)
             quote = await self.ledger.quote(m.name, start, end, backlog=backlog)
             if quote.version == version:
                 return quote
         raise InternalError(f"release of {m.name} [{start}, {end}): its period's charges kept changing; retried later")
 
-    async def _backlog(self, m: Metric, budget: Budget, start: int, end: int) -> tuple[int, Backlog]:
+    async def _backlog(
+        self, m: Metric, budget: Budget, start: int, end: int, since: int | None = None
+    ) -> tuple[int, Backlog]:
         """(the period's spend version, its `Backlog` seen from the release of `m` over [start, end)): the
         timeline from the first release of the schedule before it not charged yet, in canonical (window
-        end, P(w), metric) order, with the charges after that start and what each was charged."""
+        end, P(w), metric) order, with the charges after that start and what each was charged. `since`:
+        every window ending before it is charged, so only the charges ending at or after it are read
+        (all of them when one of a `max_windows` metric or running total is taken out)."""
         pstart = start - start % budget.period_s
-        version, charged = await self.ledger.charged_ends(budget.name, period_id(budget.period_s, pstart))
+        version, charged = await self.ledger.charged_ends(budget.name, period_id(budget.period_s, pstart), since)
         schedule_start = getattr(self.ledger, "schedule_start", None)
         if schedule_start is not None and start < schedule_start:
             schedule_start = None  # a window before S is priced as in a whole period (`allocation.price`)
@@ -292,7 +297,8 @@ class Releaser:
             for rid, e in ends.items():
                 made.append((order_key(self.topology, other, e), other.name, e - size, e, rid))
             seen = set(ends.values())
-            for s in Schedule.of(other, schedule_start).starts(since=pstart):
+            first_start = pstart if since is None else max(pstart, since - size)
+            for s in Schedule.of(other, schedule_start).starts(since=first_start):
                 key = order_key(self.topology, other, s + size)
                 if key >= mine:
                     break
@@ -305,7 +311,9 @@ class Releaser:
         kept_own: dict[str, list[int]] = {}
         capped = {other.name for other in self._scope_metrics[budget.name] if other.paid_windows is not None}
         ours = {rid for _, name, s, e, rid in made if rid == self.release_id(name, s, e)}
-        read = [rid for key, name, _, _, rid in made if rid in ours and (key >= first or name in capped)]
+        read = [
+            rid for key, name, _, _, rid in made if rid in ours and (key >= first or (name in capped and not since))
+        ]
         stored_of = await self.ledger.stored_charges(budget.name, read)
         for key, name, s, e, rid in made:
             mine_too = rid in ours  # another topology version's charge stays as it is
@@ -320,6 +328,8 @@ class Releaser:
             if key < first:
                 kept_own.setdefault(name, []).append(own)
                 continue
+            if since is not None and name in capped:  # its m largest are rebuilt from all its charges
+                return await self._backlog(m, budget, start, end)
             taken.append((key, (name, own, paid)))
             if key < mine:
                 steps.append((key, (name, s, e, own, paid)))

@@ -29,6 +29,7 @@ from dpstream.workers.pipeline import BatchOutput, MergedWindow, PartialMerger, 
 from dpstream.workers.pipeline.counters import EventCounts
 from dpstream.workers.pipeline.events import EventParser
 from dpstream.workers.release import Publish, ReleaseCounts, Releaser, ReleaseResult
+from dpstream.workers.release.ordering import order_key
 from dpstream.workers.release.releaser import MechanismFactory
 
 _BATCH_LINES = 8192
@@ -158,10 +159,10 @@ async def replay_lines(
         await handle(pipe.flush())
     for merger in mergers.values():
         merged_windows.extend(merger.drain())
-    # Release in the order a live worker would: by close time, then metric. Releasing one metric's
-    # whole range before the next would price every release as if the others' were still to come.
-    order = {m.name: i for i, m in enumerate(metrics)}
-    merged_windows.sort(key=lambda w: (w.end, order[w.metric], w.start))
+    # Release in the public order (window end, P(w), metric): the ledger prices every release as in
+    # that order whatever ran, and charges made in it need no backlog read (`allocation.out_of_order`).
+    by_name = {m.name: m for m in metrics}
+    merged_windows.sort(key=lambda w: order_key(topology, by_name[w.metric], w.end))
     for merged in merged_windows:
         summary.results.append(await releaser.release_merged(merged, publish))
     for pipe in pipes:
