@@ -203,6 +203,16 @@ def oracle_pipeline(pipe: PartitionPipeline) -> PartitionPipeline:
     return pipe
 
 
+def _key_problem(pipe: PartitionPipeline, rec: RecordLike, unit: str) -> str | None:
+    """The key check of one record, spelled out: its Kafka key must be its unit, and in its home partition."""
+    key = rec.key  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
+    if key != unit.encode():
+        return "key_mismatch"
+    if pipe._home is not None and pipe._home(key) != pipe.partition:
+        return "wrong_partition"
+    return None
+
+
 def oracle_process_batch(pipe: PartitionPipeline, records: Iterable[RecordLike]) -> BatchOutput:
     """`PartitionPipeline.process_batch` as it was: one event at a time, every metric per event."""
     parse = pipe._parser.parse
@@ -231,7 +241,7 @@ def oracle_process_batch(pipe: PartitionPipeline, records: Iterable[RecordLike])
         except EventError as exc:
             pipe._dead_letter(dead, exc.reason, offset, rec.value)
             continue
-        if check_keys and (problem := pipe._key_problem(rec, unit)) is not None:
+        if check_keys and (problem := _key_problem(pipe, rec, unit)) is not None:
             pipe._dead_letter(dead, problem, offset, rec.value)
             continue
         if hash_unit is not None:

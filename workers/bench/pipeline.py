@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,8 @@ class _Timings:
     backlog_start: float | None = None
     backlog_end: float | None = None
     backlog_cpu_s: float = 0.0
+    backlog_cpu_by_process: list[float] = field(default_factory=list)
+    """The backlog's CPU seconds per worker process, in start order (release first, then ingest)."""
     live_from: float = 0.0
     live_to: float = 0.0
     live_events: int = 0
@@ -328,9 +330,10 @@ async def _worker_phases(
     await releases.start()
     try:
         await asyncio.to_thread(wait_ready, procs[-1], ingest_log, 120, "bench pipeline")
-        timings.backlog_start, cpu0 = time.perf_counter(), sum(_proc_cpu(p.pid) for p in procs)
+        timings.backlog_start, cpu0 = time.perf_counter(), [_proc_cpu(p.pid) for p in procs]
         timings.backlog_end = await releases.until(backlog, alive)
-        timings.backlog_cpu_s = sum(_proc_cpu(p.pid) for p in procs) - cpu0
+        timings.backlog_cpu_by_process = [_proc_cpu(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+        timings.backlog_cpu_s = sum(timings.backlog_cpu_by_process)
         if timings.backlog_end is None or args.live_seconds <= 0:
             return timings, releases.seen
         timings.live_from = time.time()
@@ -489,6 +492,10 @@ def _measure(bootstrap: str, redis_url: str, args: argparse.Namespace, workdir: 
         "close_time_to_publish_ms_p50": pct(close_lat, 0.5),
         "close_time_to_publish_ms_p99": pct(close_lat, 0.99),
         "worker_cpu_s_per_million": round(timings.backlog_cpu_s / args.events * 1e6, 2),
+        "worker_cpu_s_per_million_by_process": {
+            role: round(cpu / args.events * 1e6, 2)
+            for role, cpu in zip(roles, timings.backlog_cpu_by_process, strict=False)
+        },
         "worker_peak_rss_mb": round(rss, 1),
         "worker_processes": "+".join(sorted(roles)),
         "ingest_nice": args.ingest_nice if not args.single_process else 0,

@@ -190,9 +190,8 @@ class PartitionPipeline:
         index, units, ts = parsed.valid, parsed.units, parsed.time
         ok = np.ones(len(index), bool)
         if self._check_keys:
-            for j, i in enumerate(index.tolist()):
-                if (problem := self._key_problem(recs[i], units[j])) is not None:
-                    reasons[i], ok[j] = problem, False
+            for j, problem in self._key_problems([recs[i] for i in index.tolist()], units):
+                reasons[int(index[j])], ok[j] = problem, False
         if self._hash_unit is not None:
             hashed = {u: self._hash_unit(u) for u in dict.fromkeys(units)}
             units = [hashed[u] for u in units]
@@ -200,8 +199,8 @@ class PartitionPipeline:
         if stamps.count(None) == n:
             arrival = ts
         else:
-            own = [stamps[i] for i in index.tolist()]
-            record = np.fromiter((math.nan if t is None else float(t) for t in own), np.float64, len(own))
+            every = stamps if None not in stamps else [math.nan if t is None else t for t in stamps]
+            record = np.array(every, np.float64)[index]
             arrival = np.where(np.isnan(record), ts, record / 1000.0)
         lo, hi = self._event_range
         for reason, bad in (
@@ -288,15 +287,31 @@ class PartitionPipeline:
             seen.add(position, t)
         return positions
 
-    def _key_problem(self, rec: RecordLike, unit: str) -> str | None:
-        """With `check_keys`: `key_mismatch` when the Kafka key is not the event's unit, `wrong_partition`
-        when a `keyed_by_unit` source's record is not in its key's partition, else None."""
-        key = rec.key  # type: ignore[attr-defined]  # check_keys only on Kafka records, which have a key
-        if key != unit.encode():
-            return "key_mismatch"
-        if self._home is not None and self._home(key) != self.partition:
-            return "wrong_partition"
-        return None
+    def _key_problems(self, recs: list[RecordLike], units: list[str]) -> list[tuple[int, str]]:
+        """With `check_keys`: (index, problem) of each record whose Kafka key is not its event's unit
+        (`key_mismatch`), or, for a `keyed_by_unit` source, whose key hashes to another partition
+        (`wrong_partition`). Decided per batch: most batches have no problem at all."""
+        keys = [rec.key for rec in recs]  # type: ignore[attr-defined]  # check_keys only on Kafka records
+        wanted = [unit.encode() for unit in units]
+        problems: list[tuple[int, str]] = []
+        if keys != wanted:
+            problems = [(j, "key_mismatch") for j, (k, w) in enumerate(zip(keys, wanted, strict=True)) if k != w]
+        home, here = self._home, self.partition
+        if home is not None and (problems or list(map(home, keys)).count(here) != len(keys)):
+            mismatched = {j for j, _ in problems}
+            placed = [(j, "wrong_partition") for j, k in enumerate(keys) if j not in mismatched and home(k) != here]
+            problems = sorted(problems + placed)
+        return problems
+        mismatched = {j for j, _ in problems}
+        placed = (
+            [home(k) if j not in mismatched else self.partition for j, k in enumerate(keys)]
+            if problems
+            else list(map(home, keys))
+        )
+        if placed.count(self.partition) != len(placed):
+            problems += [(j, "wrong_partition") for j, p in enumerate(placed) if p != self.partition]
+            problems.sort()
+        return problems
 
     def _dead_letter(self, dead: list[DeadLetter], reason: str, offset: int, raw: bytes | None) -> None:
         self.counts.invalid[reason] += 1
