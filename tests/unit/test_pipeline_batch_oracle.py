@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dpstream.topology.loader import load_topology, load_topology_text
 from dpstream.topology.model import Topology
-from dpstream.workers.pipeline import PartitionPipeline, accumulator
+from dpstream.workers.pipeline import PartitionPipeline, accumulator, partition
 from dpstream.workers.pipeline.codes import Codes
 from dpstream.workers.pipeline.copies import SOURCE_POSITION_HEADER
 from dpstream.workers.pipeline.unit_ids import UNIT_HMAC_KEY_ENV
@@ -334,6 +334,15 @@ def test_compaction_and_code_pruning_change_nothing(data: st.DataObject) -> None
         mock.patch.object(accumulator, "_KEY_FLOOR", 1),
         mock.patch.object(Codes.__init__, "__defaults__", (1,)),
     ):
+        _random_case(data)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=_SLOW)
+@given(st.data(), st.integers(1, 4))
+def test_a_batch_consumed_in_chunks_matches_the_oracle(data: st.DataObject, chunk: int) -> None:
+    """A fetch is consumed in chunks of `CHUNK_RECORDS` records: with chunks of 1 to 4 records, every
+    batch is cut (copies, dead letters and windows across chunk edges), and still matches the oracle."""
+    with mock.patch.object(partition, "CHUNK_RECORDS", chunk):
         _random_case(data)
 
 

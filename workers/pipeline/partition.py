@@ -46,6 +46,13 @@ from dpstream.workers.pipeline.window_caps import CountDelta
 MAX_WINDOWS_PER_CLOSE = 5_000
 """Windows one metric emits per close call (a long catch-up is emitted over several calls)."""
 
+CHUNK_RECORDS = 2_500
+"""Records decided together: a bigger fetch is consumed in chunks of this many, so each column pass over
+a chunk's Python objects stays in cache. `bench pipeline_core` with the ingest's 20,000-record fetches,
+CPU per event, 3 alternating runs of 500 k: web-analytics 4.85-5.79 µs whole against 3.34-4.00 in
+chunks; demo 5.02-6.18 against 4.50-4.61 (chunks of 1,000: 3.8-4.0 and 4.7-4.8; of 5,000: 3.8-5.1 and
+4.4-5.5)."""
+
 
 class RecordLike(Protocol):
     """The fields of a Kafka record the pipeline reads (aiokafka's ConsumerRecord has them)."""
@@ -175,8 +182,8 @@ class PartitionPipeline:
         `EventBatch`; per-event Python work does not grow with the number of metrics."""
         recs = records if isinstance(records, list) else list(records)
         dead: list[DeadLetter] = []
-        if recs:
-            self._consume(recs, dead)
+        for first in range(0, len(recs), CHUNK_RECORDS):
+            self._consume(recs[first : first + CHUNK_RECORDS], dead)
         return self._output(self._close_reached(), dead)
 
     def _consume(self, recs: list[RecordLike], dead: list[DeadLetter]) -> None:
