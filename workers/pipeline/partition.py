@@ -309,16 +309,6 @@ class PartitionPipeline:
             placed = [(j, "wrong_partition") for j, k in enumerate(keys) if j not in mismatched and home(k) != here]
             problems = sorted(problems + placed)
         return problems
-        mismatched = {j for j, _ in problems}
-        placed = (
-            [home(k) if j not in mismatched else self.partition for j, k in enumerate(keys)]
-            if problems
-            else list(map(home, keys))
-        )
-        if placed.count(self.partition) != len(placed):
-            problems += [(j, "wrong_partition") for j, p in enumerate(placed) if p != self.partition]
-            problems.sort()
-        return problems
 
     def _dead_letter(self, dead: list[DeadLetter], reason: str, offset: int, raw: bytes | None) -> None:
         self.counts.invalid[reason] += 1
