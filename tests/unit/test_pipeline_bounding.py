@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from fractions import Fraction
 from typing import NamedTuple
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
-from dpstream.workers.pipeline.accumulator import MetricAccumulator, key_priority
+from dpstream.workers.pipeline.accumulator import MetricAccumulator, key_priorities, key_priority
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
 
 _YAML = """
@@ -188,3 +189,12 @@ def test_linf_keeps_the_contributions_of_smallest_order_key_not_the_first_to_arr
     ((start, values),) = acc.close_through(1_000)[:1]
     assert start == 0 and _exact("spend", values[""]) == 10 + 30
     assert acc.capped == 2
+
+
+def test_key_priorities_are_the_public_hash_of_each_key() -> None:
+    """The batched form hashes the common prefix once: each priority is still BLAKE2b-64 of
+    (metric, unit, window start, key), as `key_priority` documents it."""
+    keys = ["home", "search", "", "ü", "cart"]
+    spelled = [hashlib.blake2b(f"views\0u7\0{1_790_000_000}\0{k}".encode(), digest_size=8).digest() for k in keys]
+    assert key_priorities("views", "u7", 1_790_000_000, keys) == spelled
+    assert [key_priority("views", "u7", 1_790_000_000, k) for k in keys] == spelled
