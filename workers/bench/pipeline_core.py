@@ -36,7 +36,7 @@ _T0 = 1_790_000_000
 class _Rec(NamedTuple):
     offset: int
     value: bytes
-    timestamp: int | None = None
+    timestamp: int
 
 
 _APPEND_LAG_MS = 50
