@@ -1,15 +1,16 @@
 """Micro-benchmark of the Kafka-free hot path: `PartitionPipeline.process_batch` events/s.
 
     python -m dpstream.workers.bench.pipeline_core [--events 1000000] [--topology web-analytics.yaml]
-        [--close-at-end] [--json]
+        [--batch 20000] [--close-at-end] [--json]
 
 Synthetic, pre-encoded events (a bench module, so numpy's RNG is fine here) at 10 events per
 event-second, half of them from a few heavy units that hit the caps, each record stamped with its
-event time as its append time; the JSON decode loop over the same bytes is timed alongside as the
-in-run baseline. After each batch the pipeline is told the partition's end was reached at the last
-record's time (`mark_end`), as the ingest driver does after each fetch, so windows close as the
-stream goes. `--close-at-end` instead keeps every window open until the final flush (the figure
-before the bench closed as it goes: its state grows with the whole run, which no live worker holds).
+event time as its append time, fetched 20,000 records at a time (an ingest-only worker's fetch);
+the JSON decode loop over the same bytes is timed alongside as the in-run baseline. After each
+fetch the pipeline is told the partition's end was reached at the last record's time (`mark_end`),
+as the ingest driver does, so windows close as the stream goes. `--close-at-end` instead keeps every
+window open until the final flush (the figure before the bench closed as it goes: its state grows
+with the whole run, which no live worker holds).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from dpstream.topology.loader import load_topology
 from dpstream.workers.pipeline import PartitionPipeline
 from dpstream.workers.pipeline.events import decode_json
+from dpstream.workers.runtime.settings import RuntimeSettings
 
 _T0 = 1_790_000_000
 """The first event second, and the schedule's start S."""
@@ -73,10 +75,13 @@ def _events(n: int, seed: int = 7) -> list[bytes]:
 
 
 def run(
-    events: int, topology_path: str | None = None, batch: int = 5000, close_at_end: bool = False
+    events: int,
+    topology_path: str | None = None,
+    batch: int = RuntimeSettings.batch_max_records,
+    close_at_end: bool = False,
 ) -> dict[str, float]:
     """Time process_batch (and the closes it reaches) over `events` synthetic events (one partition)
-    and a bare decode loop."""
+    and a bare decode loop; `batch` records a fetch, by default as many as an ingest-only worker fetches."""
     path = topology_path or str(resources.files("dpstream.topology") / "examples" / "web-analytics.yaml")
     topo = load_topology(path)
     raw = _events(events)
@@ -135,7 +140,7 @@ def _print(result: dict[str, float], as_json: bool) -> None:
 
 
 def _command(a: argparse.Namespace) -> int:
-    _print(run(a.events, a.topology, close_at_end=a.close_at_end), a.json)
+    _print(run(a.events, a.topology, a.batch, a.close_at_end), a.json)
     return 0
 
 
@@ -149,6 +154,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--topology", default=None)
+    p.add_argument(
+        "--batch", type=int, default=RuntimeSettings.batch_max_records, help="records a fetch (default: the ingest's)"
+    )
     p.add_argument("--close-at-end", action="store_true", help="hold every window open until the final flush")
     p.add_argument("--json", action="store_true")
 
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpstream.workers.bench.pipeline_core")
     _arguments(p)
     a = p.parse_args(argv)
-    _print(run(a.events, a.topology, close_at_end=a.close_at_end), a.json)
+    _print(run(a.events, a.topology, a.batch, a.close_at_end), a.json)
     return 0
 
 
