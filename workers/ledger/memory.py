@@ -10,10 +10,9 @@ durable and release records never expire.
 
 from __future__ import annotations
 
-import math
-
 __all__ = ["MemoryLedger"]
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar

@@ -312,7 +312,7 @@ class Releaser:
         capped = {other.name for other in self._scope_metrics[budget.name] if other.paid_windows is not None}
         ours = {rid for _, name, s, e, rid in made if rid == self.release_id(name, s, e)}
         read = [
-            rid for key, name, _, _, rid in made if rid in ours and (key >= first or (name in capped and not since))
+            rid for key, name, _, _, rid in made if rid in ours and (key >= first or (name in capped and since is None))
         ]
         stored_of = await self.ledger.stored_charges(budget.name, read)
         for key, name, s, e, rid in made:
