@@ -172,3 +172,21 @@ def test_a_payload_of_any_bytes_is_stored_and_answered_byte_for_byte(fresh_redis
             await ledger.close()
 
     asyncio.run(body())
+
+
+def test_a_batch_charges_after_the_scripts_were_flushed(fresh_redis: Any) -> None:
+    """The batch path queues a bare EVALSHA (no SCRIPT EXISTS first): on a Redis that lost its scripts
+    (restarted, failed over) the NOSCRIPT reply loads them again and every charge lands, once."""
+
+    async def body() -> None:
+        ledger = await open_ledger(fresh_redis.url, one_scope_topology(epsilon=1.0, reserve=0.0))
+        assert isinstance(ledger, RedisLedger)
+        await ledger._client.script_flush()
+        results = await asyncio.gather(*(ledger.charge(_req(f"r{i}", 0.01)) for i in range(8)))
+        assert [r.outcome for r in results] == [Outcome.CHARGED] * 8
+        assert await _spent(ledger) == 8 * cost_to_units(0.01)
+        again = await ledger.charge(_req("r3", 0.01))
+        assert again.outcome is Outcome.DUPLICATE and await _spent(ledger) == 8 * cost_to_units(0.01)
+        await ledger.close()
+
+    asyncio.run(body())

@@ -13,6 +13,7 @@ __all__ = ["register", "run_bench", "BenchResult"]
 
 import argparse
 import asyncio
+import itertools
 import json
 import tempfile
 import time
@@ -96,6 +97,7 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
         url, _bench_topology(), actor="bench", max_connections=max(clients, 1), allow_volatile=allow_volatile
     )
     run = uuid.uuid4().hex[:8]
+    fresh = itertools.count()  # release ids unique across the halves: every charge is a new release
     counter = f"dpstream:bench:{run}:incrby"
     now = time.time()
     pstart = period_start(86_400, now)
@@ -105,7 +107,7 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
         return await client.incrby(counter, 1000)
 
     async def charge(w: int, i: int) -> object:
-        rid = f"{run}-{w}-{i}"
+        rid = f"{run}-{next(fresh)}"
         return await ledger.charge(
             ReleaseRequest(
                 rid, "bench", pid, "bench", pstart, pstart + 60, 1e-9, _PAYLOAD % rid.encode(), actor="bench"
