@@ -45,7 +45,7 @@ from dpstream.workers.ledger.decision import Charge, Decision, View, decide, nei
 from dpstream.workers.ledger.durability import check_durability, replica_problem
 from dpstream.workers.ledger.errors import LedgerUnavailable
 from dpstream.workers.ledger.keys import SCOPES_INDEX, ScopeKeys, in_namespace
-from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_text
+from dpstream.workers.ledger.scripts import SCRIPT_NAMES, script_sha, script_text
 from dpstream.workers.ledger.state import Key, Op, ScopeState, apply_ops
 from dpstream.workers.ledger.types import ChargeResult, Outcome, PendingRelease, ReleaseRequest, StoredCharge
 
@@ -359,7 +359,7 @@ class RedisLedger(Ledger):
         """Decide and apply `chunk` in one pipeline; the charges found stale (to decide again)."""
         view = await self._view(scope, chunk)
         pipe = self._client.pipeline(transaction=False)
-        apply_sha = self._scripts["apply"].sha
+        apply_sha = script_sha("apply")
         steps = []
         for charge, answer in chunk:
             state = view.state
