@@ -76,6 +76,12 @@ def _hash(raw: dict[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in raw.items()}
 
 
+def _flat_hash(raw: list[Any]) -> dict[str, str]:
+    """A hash as a script returns it (HGETALL's field, value, ... list) as `_hash` gives it."""
+    pairs = iter(raw)
+    return {_s(k): _s(v) for k, v in zip(pairs, pairs, strict=True)}
+
+
 _ATTEMPTS = 50
 """Fresh reads a batch of charges gets while other processes keep writing its scope."""
 _TURN_AFTER = 2
@@ -520,19 +526,12 @@ class RedisLedger(Ledger):
         self, scope: str, pid: str, metrics: Sequence[str], window_end: int
     ) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, int], dict[str, int], dict[str, int]]:
         k = self._keys(scope)
-        pipe = self._client.pipeline(transaction=True)
-        pipe.hgetall(k.config)
-        pipe.hgetall(k.breaker)
-        pipe.hgetall(k.period(pid))
-        for m in metrics:
-            pipe.zcount(k.ends(pid, m), window_end, "+inf")
-            pipe.zcount(k.ends(pid, m), "-inf", f"({window_end}")
-            pipe.zcount(k.ends(pid, m), window_end, window_end)
-        out = await self._guard(pipe.execute())
-        counts = {m: int(c) for m, c in zip(metrics, out[3::3], strict=True)}
-        before = {m: int(c) for m, c in zip(metrics, out[4::3], strict=True)}
-        at = {m: int(c) for m, c in zip(metrics, out[5::3], strict=True)}
-        return _hash(out[0]), _hash(out[1]), _hash(out[2]), counts, before, at
+        keys = [k.config, k.breaker, k.period(pid), *(k.ends(pid, m) for m in metrics)]
+        config, breaker, period, c = await self._guard(self._scripts["quote"](keys=keys, args=[window_end]))
+        counts = {m: int(n) for m, n in zip(metrics, c[0::3], strict=True)}
+        before = {m: int(n) for m, n in zip(metrics, c[1::3], strict=True)}
+        at = {m: int(n) for m, n in zip(metrics, c[2::3], strict=True)}
+        return _flat_hash(config), _flat_hash(breaker), _flat_hash(period), counts, before, at
 
     async def _charged_ends(
         self, scope: str, pid: str, metrics: Sequence[str], since: int | None

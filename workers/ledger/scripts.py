@@ -8,7 +8,7 @@ import hashlib
 from functools import cache
 from importlib.resources import files
 
-SCRIPT_NAMES = ("apply", "commit")
+SCRIPT_NAMES = ("apply", "commit", "quote")
 
 
 @cache
