@@ -5,6 +5,9 @@ with N concurrent asyncio tasks, `--seconds` per operation, measured in two alte
 Without `--redis` a throwaway durable Redis (AOF, appendfsync always) is started in a temporary
 directory and stopped afterwards.
 Target: charge/INCRBY throughput ratio ≥ 0.5 at 16 clients (the atomic script costs at most twice a bare INCRBY).
+Each phase also prints what one op costs: this process's CPU (the client, and for a charge the ledger's
+Python) and Redis's time (INFO commandstats: INCRBY's own, a charge's apply script), so a ratio that
+moves can be told apart from the machine.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
+
+from redis.exceptions import RedisError
 
 from dpstream.topology.model import Topology
 from dpstream.topology.periods import period_id, period_start
@@ -44,6 +50,10 @@ class Phase:
     per_second: float
     p50_ms: float
     p99_ms: float
+    client_cpu_us: float = float("nan")
+    """This process's CPU µs per op (the client, and for a charge the ledger's Python too)."""
+    server_us: float = float("nan")
+    """Redis's µs per op in INFO commandstats: INCRBY's own, or a charge's apply script (NaN: not told)."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +93,42 @@ async def _phase(clients: int, seconds: float, op: Callable[[int, int], Awaitabl
     return Phase(n, elapsed, n / elapsed, latencies[n // 2] * 1e3, latencies[min(n - 1, int(n * 0.99))] * 1e3)
 
 
+async def _server_usec(client: Any, command: str) -> tuple[int, int]:
+    """(calls, µs) of `command` so far in the server's INFO commandstats ((0, 0): it does not say)."""
+    try:
+        row = (await client.info("commandstats")).get(f"cmdstat_{command}", {})
+    except RedisError:  # an ACL without INFO: the server figure is left out
+        return 0, 0
+    return int(row.get("calls", 0)), int(row.get("usec", 0))
+
+
+async def _costed(
+    clients: int, seconds: float, op: Callable[[int, int], Awaitable[object]], client: Any, command: str
+) -> Phase:
+    """`_phase`, with the client's CPU and the server's time per op (`command`'s, from INFO commandstats)."""
+    calls, usec = await _server_usec(client, command)
+    cpu = time.process_time()
+    phase = await _phase(clients, seconds, op)
+    cpu = time.process_time() - cpu
+    calls_after, usec_after = await _server_usec(client, command)
+    server = (usec_after - usec) / phase.ops if calls_after > calls and phase.ops else float("nan")
+    return replace(phase, client_cpu_us=cpu / max(1, phase.ops) * 1e6, server_us=server)
+
+
 def _merge(phases: list[Phase]) -> Phase:
-    """Throughput over all halves; latency percentiles as the worse half's (conservative)."""
+    """Throughput over all halves; latency percentiles as the worse half's (conservative); costs per op
+    over all halves."""
     ops = sum(p.ops for p in phases)
     secs = sum(p.seconds for p in phases)
-    return Phase(ops, secs, ops / secs, max(p.p50_ms for p in phases), max(p.p99_ms for p in phases))
+    return Phase(
+        ops,
+        secs,
+        ops / secs,
+        max(p.p50_ms for p in phases),
+        max(p.p99_ms for p in phases),
+        sum(p.client_cpu_us * p.ops for p in phases) / max(1, ops),
+        sum(p.server_us * p.ops for p in phases) / max(1, ops),
+    )
 
 
 async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool = False) -> BenchResult:
@@ -119,8 +160,8 @@ async def run_bench(url: str, clients: int, seconds: float, allow_volatile: bool
         # alternate halves (INCRBY, charge, INCRBY, charge) so load drift on the host hits both alike
         incs, ress = [], []
         for _ in range(2):
-            incs.append(await _phase(clients, seconds / 2, incr))
-            ress.append(await _phase(clients, seconds / 2, charge))
+            incs.append(await _costed(clients, seconds / 2, incr, client, "incrby"))
+            ress.append(await _costed(clients, seconds / 2, charge, client, "evalsha"))
         inc, res = _merge(incs), _merge(ress)
         await client.delete(counter)
     finally:
@@ -149,7 +190,8 @@ def _main(args: argparse.Namespace) -> int:
         for name, p in (("INCRBY", result.incrby), ("charge", result.charge)):
             print(
                 f"  {name:<8} {p.per_second:10.0f} ops/s   "
-                f"p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)"
+                f"p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)   "
+                f"client CPU {p.client_cpu_us:6.1f} µs/op   Redis {p.server_us:5.1f} µs/op"
             )
         print(f"  ratio charge/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
     return 0
