@@ -47,8 +47,8 @@ _TIMEOUTS = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0}
 LEDGER_ACL_COMMANDS = (
     # connection set-up (redis-py: AUTH; SELECT for a db other than 0; its CLIENT SETINFO may be refused)
     "+auth +hello +ping +select "
-    # scripts (register_script: EVALSHA, NOSCRIPT → EVAL; SCRIPT LOAD at start) and what they call
-    "+evalsha +eval +script|load +script|exists +hset +hget +hmget +hincrby +hdel +xadd +zadd +zscore +zrem "
+    # scripts (EVALSHA; SCRIPT LOAD at start and after a NOSCRIPT reply) and what they call
+    "+evalsha +script|load +hset +hget +hmget +hincrby +hdel +xadd +zadd +zscore +zrem "
     "+expire +del "
     # reads, the scope index, the schedule start (MULTI SET NX / GET), the WAIT fence (redis-py's
     # incr() sends INCRBY)
