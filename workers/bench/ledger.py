@@ -52,8 +52,8 @@ class Phase:
     p99_ms: float
     client_cpu_us: float = float("nan")
     """This process's CPU µs per op (the client, and for a charge the ledger's Python too)."""
-    server_us: float = float("nan")
-    """Redis's µs per op in INFO commandstats: INCRBY's own, or a charge's apply script (NaN: not told)."""
+    server_us: float | None = None
+    """Redis's µs per op in INFO commandstats: INCRBY's own, or a charge's apply script (None: not told)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ async def _costed(
     phase = await _phase(clients, seconds, op)
     cpu = time.process_time() - cpu
     calls_after, usec_after = await _server_usec(client, command)
-    server = (usec_after - usec) / phase.ops if calls_after > calls and phase.ops else float("nan")
+    server = (usec_after - usec) / phase.ops if calls_after > calls and phase.ops else None
     return replace(phase, client_cpu_us=cpu / max(1, phase.ops) * 1e6, server_us=server)
 
 
@@ -120,6 +120,7 @@ def _merge(phases: list[Phase]) -> Phase:
     over all halves."""
     ops = sum(p.ops for p in phases)
     secs = sum(p.seconds for p in phases)
+    told = [(p.server_us, p.ops) for p in phases if p.server_us is not None]
     return Phase(
         ops,
         secs,
@@ -127,7 +128,7 @@ def _merge(phases: list[Phase]) -> Phase:
         max(p.p50_ms for p in phases),
         max(p.p99_ms for p in phases),
         sum(p.client_cpu_us * p.ops for p in phases) / max(1, ops),
-        sum(p.server_us * p.ops for p in phases) / max(1, ops),
+        sum(us * n for us, n in told) / max(1, ops) if len(told) == len(phases) else None,
     )
 
 
@@ -191,7 +192,8 @@ def _main(args: argparse.Namespace) -> int:
             print(
                 f"  {name:<8} {p.per_second:10.0f} ops/s   "
                 f"p50 {p.p50_ms:7.3f} ms   p99 {p.p99_ms:7.3f} ms   ({p.ops} ops)   "
-                f"client CPU {p.client_cpu_us:6.1f} µs/op   Redis {p.server_us:5.1f} µs/op"
+                f"client CPU {p.client_cpu_us:6.1f} µs/op   "
+                + ("Redis n/a" if p.server_us is None else f"Redis {p.server_us:5.1f} µs/op")
             )
         print(f"  ratio charge/INCRBY = {result.ratio:.3f}  (acceptance: >= 0.5 at 16 clients)")
     return 0
