@@ -79,7 +79,7 @@ def _hash(raw: dict[Any, Any]) -> dict[str, str]:
 def _flat_hash(raw: list[Any]) -> dict[str, str]:
     """A hash as a script returns it (HGETALL's field, value, ... list) as `_hash` gives it."""
     pairs = iter(raw)
-    return {_s(k): _s(v) for k, v in zip(pairs, pairs, strict=True)}
+    return _hash(dict(zip(pairs, pairs, strict=True)))
 
 
 _ATTEMPTS = 50
