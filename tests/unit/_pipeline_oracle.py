@@ -25,11 +25,11 @@ from dpstream.workers.pipeline.accumulator import (
     _UNITS,
     MetricAccumulator,
     PartialValues,
-    key_priority,
 )
 from dpstream.workers.pipeline.copies import position_order, source_position_of
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, UNDECLARED_KEY
 from dpstream.workers.pipeline.events import DeadLetter
+from dpstream.workers.pipeline.key_priority import key_priority
 from dpstream.workers.pipeline.partition import BatchOutput, PartitionPipeline, RecordLike
 from dpstream.workers.pipeline.quantile_cells import cell_count, cell_index
 from dpstream.workers.pipeline.window_caps import PeriodBound, WindowCaps, unit_key
@@ -49,7 +49,7 @@ class _WindowState:
         self.first_offset = first_offset
         self.kept: dict[Any, Any] = {}
         self.unit_keys: dict[str, tuple[str, ...]] = {}
-        self.priority: dict[tuple[str, str], bytes] = {}
+        self.priority: dict[tuple[str, str], int] = {}
         self.rejected: set[tuple[str, str]] = set()
         self.agg: PartialValues = {}
         self.support: dict[str, int] = {}
@@ -427,7 +427,7 @@ def _admit_key(
     self: OracleAccumulator, st: _WindowState, start: int, unit: str, key: str, keys: tuple[str, ...]
 ) -> bool:
     name, priority = self.metric.name, st.priority
-    worst: tuple[bytes, str] | None = None
+    worst: tuple[int, str] | None = None
     for k in keys:
         p = priority.get((unit, k))
         if p is None:

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from dpstream.topology.loader import load_topology_text
 from dpstream.topology.model import Metric
-from dpstream.workers.pipeline.accumulator import MetricAccumulator, key_priority
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.pipeline.key_priority import key_priority
 
 pytestmark = pytest.mark.unit
 

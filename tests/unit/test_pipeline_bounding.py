@@ -7,10 +7,14 @@ import json
 from fractions import Fraction
 from typing import NamedTuple
 
+import numpy as np
+
 from dpstream.topology.loader import load_topology_text
 from dpstream.workers.pipeline import PartitionPipeline
-from dpstream.workers.pipeline.accumulator import MetricAccumulator, key_priorities, key_priority
+from dpstream.workers.pipeline.accumulator import MetricAccumulator
 from dpstream.workers.pipeline.fixed_point import from_units, value_exponent
+from dpstream.workers.pipeline.key_priority import key_priorities, key_priority, string_hashes
+from dpstream.workers.pipeline.window_caps import unit_key
 
 _YAML = """
 version: 1
@@ -191,10 +195,35 @@ def test_linf_keeps_the_contributions_of_smallest_order_key_not_the_first_to_arr
     assert acc.capped == 2
 
 
+def _spelled_priority(metric: str, unit: str, start: int, key: str) -> int:
+    """The priority as documented, in Python ints: SplitMix64's finaliser over the BLAKE2b (unit_key)
+    hashes of metric, unit and key and the window start modulo 2^64."""
+    word = (1 << 64) - 1
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & word
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & word
+        return x ^ (x >> 31)
+
+    def h(text: str) -> int:
+        digest = hashlib.blake2b(text.encode(), digest_size=16, person=b"dpstream-maxwin").digest()
+        return int.from_bytes(digest[:8], "big")
+
+    return mix(mix(mix(h(unit) ^ h(metric)) ^ (start & word)) ^ h(key))
+
+
 def test_key_priorities_are_the_public_hash_of_each_key() -> None:
-    """The batched form hashes the common prefix once: each priority is still BLAKE2b-64 of
-    (metric, unit, window start, key), as `key_priority` documents it."""
+    """On arrays, each priority is the documented mix of (metric, unit, window start, key), for window
+    starts in int64 and past it (an object array, taken modulo 2^64)."""
     keys = ["home", "search", "", "ü", "cart"]
-    spelled = [hashlib.blake2b(f"views\0u7\0{1_790_000_000}\0{k}".encode(), digest_size=8).digest() for k in keys]
-    assert key_priorities("views", "u7", 1_790_000_000, keys) == spelled
-    assert [key_priority("views", "u7", 1_790_000_000, k) for k in keys] == spelled
+    units = ["u7", "u8", "", "é", "u7"]
+    for start in (0, 1_790_000_000, (1 << 63) + 5, 1 << 70):
+        spelled = [_spelled_priority("views", u, start, k) for u, k in zip(units, keys, strict=True)]
+        assert [key_priority("views", u, start, k) for u, k in zip(units, keys, strict=True)] == spelled
+        starts = np.array([start] * 5, object if start >= 1 << 63 else np.int64)
+        digests = np.empty(5, object)
+        digests[:] = [unit_key(u) for u in units]
+        key_digests = np.empty(5, object)
+        key_digests[:] = [unit_key(k) for k in keys]
+        got = key_priorities("views", string_hashes(digests), starts, string_hashes(key_digests))
+        assert got.tolist() == spelled

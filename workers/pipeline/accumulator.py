@@ -43,11 +43,9 @@ denominator → integer grid units; mean without denominator → [grid units, co
 
 from __future__ import annotations
 
-__all__ = ["MetricAccumulator", "PartialValues", "key_priority", "key_priorities"]
+__all__ = ["MetricAccumulator", "PartialValues"]
 
-import hashlib
 import math
-from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -59,6 +57,7 @@ from dpstream.workers.pipeline.batch import EventBatch, objects
 from dpstream.workers.pipeline.codes import Codes
 from dpstream.workers.pipeline.counters import MISSING_GROUP_FIELD, MISSING_VALUE_FIELD, SKIP_REASONS, UNDECLARED_KEY
 from dpstream.workers.pipeline.fixed_point import value_exponent
+from dpstream.workers.pipeline.key_priority import key_priorities, string_hashes
 from dpstream.workers.pipeline.quantile_cells import cell_count
 from dpstream.workers.pipeline.window_caps import CountDelta, PeriodBound, PeriodRule, WindowCaps
 from dpstream.workers.pipeline.window_rows import Groups, Pile, Piles, group_rows
@@ -97,28 +96,6 @@ class _Rows(NamedTuple):
     """The batch's keys of the metric's group-by field."""
     value: np.ndarray | None
     """The row's clamped value in grid units (int64, or Python ints when they may not fit), None for counts."""
-
-
-def key_priority(metric: str, unit: str, window_start: int, key: str) -> bytes:
-    """L0 rank of `key` among a unit's keys in one window of `metric`: the smaller, the sooner kept.
-
-    A fixed public hash (BLAKE2b, 8 bytes) of (metric, unit, window start, key): the same on every
-    worker, after every restart and for every replay. It need not be secret: a unit that steers
-    which of its own keys count stays inside its own bound. Ties (a collision) fall to the key.
-    """
-    return key_priorities(metric, unit, window_start, [key])[0]
-
-
-def key_priorities(metric: str, unit: str, window_start: int, keys: Iterable[str]) -> list[bytes]:
-    """`key_priority` of each of `keys`: the hash of their common prefix is taken once and copied per
-    key (345 ns a key against 936 for a whole hash each)."""
-    base = hashlib.blake2b(f"{metric}\0{unit}\0{window_start}\0".encode(), digest_size=8)
-    out = []
-    for key in keys:
-        h = base.copy()
-        h.update(key.encode())
-        out.append(h.digest())
-    return out
 
 
 class MetricAccumulator:
@@ -316,11 +293,15 @@ class MetricAccumulator:
             value = grid.astype(np.int64) if self._grid_fits else objects([int(x) for x in grid.tolist()])
         horizon = batch.horizon[picked]
         every, size = self.every, self.size
-        q = np.floor_divide(batch.time[picked], every)
-        if float(q.max()) * every < _EXACT:
-            last: np.ndarray = q.astype(np.int64) * every
-        else:  # past the exactly representable range: window starts as Python ints
-            last = objects([int(x) * every for x in q.tolist()])
+        seconds = batch.seconds()
+        if seconds is not None:  # the last window holding the event: ⌊t / every⌋ · every
+            last: np.ndarray = seconds[picked] // every * every
+        else:  # some time in the batch is past 2^52 s
+            q = np.floor_divide(batch.time[picked], every)
+            if float(q.max()) * every < _EXACT:
+                last = q.astype(np.int64) * every
+            else:  # past the exactly representable range: window starts as Python ints
+                last = objects([int(x) * every for x in q.tolist()])
         missed_any = np.zeros(len(picked), bool)
         parts: list[np.ndarray] = []
         starts: list[np.ndarray] = []
@@ -373,7 +354,7 @@ class MetricAccumulator:
     def _hold(self, batch: EventBatch, rows: _Rows) -> None:
         """Keep a batch's rows for their windows' close, units and keys as codes (`codes`)."""
         event = rows.event
-        unit = batch.unit_codes(self._units)[batch.unit[event]]
+        unit = batch.unit_codes(self._units)[event]
         if rows.key is None or rows.names is None:
             key = np.zeros(len(event), np.int64)
         else:
@@ -500,16 +481,21 @@ class MetricAccumulator:
         w, u = g.window, g.unit
         heads = np.flatnonzero(np.r_[True, (w[1:] != w[:-1]) | (u[1:] != u[:-1])])
         length = np.diff(np.r_[heads, len(w)])
-        over = np.flatnonzero(length > self._max_keys)
-        if not len(over):
+        over = length > self._max_keys
+        if not over.any():
             return alive
-        units, keys, name, m = self._units.names, self._keys.names, self.metric.name, self._max_keys
-        for h, n in zip(heads[over].tolist(), length[over].tolist(), strict=True):
-            named = [keys[c] for c in g.key[h : h + n].tolist()]
-            priority = key_priorities(name, units[int(u[h])], closing[int(w[h])], named)
-            ranked = sorted(zip(priority, named, range(h, h + n), strict=True))
-            for _, _, i in ranked[m:]:
-                alive[i] = False
+        at = np.flatnonzero(np.repeat(over, length))  # the groups of units past max_keys
+        run = np.repeat(np.arange(len(heads)), length)[at]
+        starts = objects(closing) if closing[-1] >= 1 << 63 else np.array(closing, np.int64)
+        priority = key_priorities(
+            self.metric.name,
+            string_hashes(self._units.digests(u[at])),
+            starts[w[at]],
+            string_hashes(self._keys.digests(g.key[at])),
+        )
+        ranked = at[np.lexsort((self._key_ranks()[g.key[at]], priority, run))]
+        position = np.arange(len(at)) - np.repeat(np.flatnonzero(np.r_[True, run[1:] != run[:-1]]), length[over])
+        alive[ranked[position >= self._max_keys]] = False
         return alive
 
     def _period_close(self, closing: list[int], g: Groups | None, alive: np.ndarray, amount: np.ndarray) -> None:

@@ -1,11 +1,11 @@
 """`EventBatch`: the validated events of one fetched batch, column by column, as the accumulators read them.
 
-Each column holds one entry per event, in record order: the unit (a code into the batch's distinct unit
-ids), the event time, the horizon (arrival time − allowed lateness: a window ending before it had closed
-when the event arrived), the record offset, and the L∞ order key (source append time, source partition,
-source offset), or the offset itself when the driver gives none. Group-by and value fields are read
-from the decoded objects once per batch and field, whatever number of metrics use them, and so are the
-units' codes in a partition's code table (`codes`).
+Each column holds one entry per event, in record order: the unit id, the event time, the horizon
+(arrival time − allowed lateness: a window ending before it had closed when the event arrived), the
+record offset, and the L∞ order key (source append time, source partition, source offset), or the
+offset itself when the driver gives none. Group-by and value fields are read from the decoded objects
+once per batch and field, whatever number of metrics use them, and so are the whole seconds of the
+event times and the units' codes in a partition's code table (`codes`).
 """
 
 from __future__ import annotations
@@ -45,10 +45,8 @@ class ValueColumn(NamedTuple):
 class EventBatch:
     """Validated events, column-wise; build with `EventBatch.of`."""
 
-    units: list[str]
-    """The batch's distinct unit ids; `unit` holds indexes into it."""
-    unit: np.ndarray
-    """int64: each event's unit, as an index into `units`."""
+    units: Sequence[str]
+    """Each event's unit id."""
     time: np.ndarray
     """float64: event time, epoch seconds."""
     horizon: np.ndarray
@@ -62,10 +60,10 @@ class EventBatch:
     partition, source offset); None: the offset."""
     columns: Mapping[str, list[Any]] = field(default_factory=dict)
     """Fields already read out of `fields` (name → one value per event, None where absent)."""
-    _names: np.ndarray | None = field(default=None, repr=False)
     _keys: dict[tuple[str, frozenset[str] | None], KeyColumn] = field(default_factory=dict, repr=False)
     _values: dict[str, ValueColumn] = field(default_factory=dict, repr=False)
     _codes: tuple[Codes, int, np.ndarray] | None = field(default=None, repr=False)
+    _seconds: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -78,36 +76,34 @@ class EventBatch:
         order: tuple[np.ndarray, ...] | None = None,
         columns: Mapping[str, list[Any]] | None = None,
     ) -> EventBatch:
-        """A batch from per-event unit ids (coded here) and the other columns."""
-        distinct = list(dict.fromkeys(units))
-        code = dict(zip(distinct, range(len(distinct)), strict=True))
-        unit = np.fromiter(map(code.__getitem__, units), np.int64, len(units))
-        return cls(distinct, unit, time, horizon, offset, fields, order, columns or {})
+        """A batch from per-event unit ids and the other columns."""
+        return cls(units, time, horizon, offset, fields, order, columns or {})
 
     def __len__(self) -> int:
-        return len(self.unit)
+        return len(self.time)
 
     def column(self, name: str) -> list[Any]:
         """The field `name` of every event (None where absent)."""
         got = self.columns.get(name)
         if got is not None:
             return got
-        if len(self.fields) != len(self.unit):  # pragma: no cover - a batch built without a field it needs
+        if len(self.fields) != len(self.time):  # pragma: no cover - a batch built without a field it needs
             raise InternalError(f"field {name!r} was not read for this batch")
         return [f.get(name) for f in self.fields]
 
-    def unit_names(self) -> np.ndarray:
-        """`units` as an object array (so a column of unit indexes maps to ids in one step)."""
-        if self._names is None:
-            self._names = objects(self.units)
-        return self._names
-
     def unit_codes(self, codes: Codes) -> np.ndarray:
-        """The code of each of `units` in `codes` (int64, aligned with `units`); once per batch and table."""
+        """Each event's unit as its code in `codes` (int64); once per batch and table."""
         got = self._codes
         if got is None or got[0] is not codes or got[1] != codes.generation:
-            got = self._codes = (codes, codes.generation, codes.of(self.units))
+            got = self._codes = (codes, codes.generation, codes.column(self.units))
         return got[2]
+
+    def seconds(self) -> np.ndarray | None:
+        """⌊event time⌋ of each event (int64), shared by every metric's window grid (⌊⌊t⌋ / every⌋ is
+        ⌊t / every⌋); None when some time is past 2^52 s, where a float is not an exact second."""
+        if self._seconds is None and len(self.time) and float(self.time.max()) < _EXACT_SECONDS:
+            self._seconds = np.floor(self.time).astype(np.int64)
+        return self._seconds
 
     def keys(self, name: str, declared: frozenset[str] | None) -> KeyColumn:
         """The group-by field `name` coded over the batch (see `KeyColumn`); cached per field and key list."""
@@ -152,6 +148,7 @@ class EventBatch:
 
 
 _NAN = float("nan")
+_EXACT_SECONDS = float(1 << 52)
 
 
 def objects(items: Sequence[Any]) -> np.ndarray:

@@ -52,17 +52,27 @@ class Codes:
 
     def of(self, distinct: Sequence[str]) -> np.ndarray:
         """The codes of `distinct` (no repeats), new strings numbered after the others."""
+        self._register([s for s in distinct if s not in self._code])
+        return np.fromiter(map(self._code.__getitem__, distinct), np.int64, len(distinct))
+
+    def column(self, strings: Sequence[str]) -> np.ndarray:
+        """The code of each of `strings` (repeats allowed), new strings numbered after the others in
+        their order of first appearance."""
         code = self._code
-        new = [s for s in distinct if s not in code]
-        if new:
-            first = len(self.names)
-            code.update(zip(new, range(first, first + len(new)), strict=True))
-            self.names.extend(new)
-            if len(self.names) > len(self._digests):
-                grown = np.empty(max(2 * len(self._digests), len(self.names), 1024), object)
-                grown[: len(self._digests)] = self._digests
-                self._digests = grown
-        return np.fromiter(map(code.__getitem__, distinct), np.int64, len(distinct))
+        self._register([s for s in dict.fromkeys(strings) if s not in code])
+        return np.fromiter(map(code.__getitem__, strings), np.int64, len(strings))
+
+    def _register(self, new: list[str]) -> None:
+        """Number the strings `new` (distinct, none held yet) after the others."""
+        if not new:
+            return
+        first = len(self.names)
+        self._code.update(zip(new, range(first, first + len(new)), strict=True))
+        self.names.extend(new)
+        if len(self.names) > len(self._digests):
+            grown = np.empty(max(2 * len(self._digests), len(self.names), 1024), object)
+            grown[: len(self._digests)] = self._digests
+            self._digests = grown
 
     def digests(self, codes: np.ndarray) -> np.ndarray:
         """`window_caps.unit_key` of each code's string (an object array), hashed once per string while held."""
