@@ -132,22 +132,16 @@ class EventBatch:
         return got
 
     def values(self, name: str) -> ValueColumn:
-        """The numeric field `name` over the batch, as float (`float(v)` of each int or float); cached."""
+        """The numeric field `name` over the batch, as float (`float(v)` of each int or float); cached.
+        numpy reads None as NaN, and a value read is never NaN (JSON has none)."""
         got = self._values.get(name)
         if got is not None:
             return got
-        column = self.column(name)
-        if None in column:
-            present = np.fromiter((v is not None for v in column), bool, len(column))
-            column = [_NAN if v is None else v for v in column]
-        else:
-            present = np.ones(len(column), bool)
-        value = np.fromiter(map(float, column), np.float64, len(column))
-        got = self._values[name] = ValueColumn(present, value)
+        value = np.array(self.column(name), np.float64)
+        got = self._values[name] = ValueColumn(~np.isnan(value), value)
         return got
 
 
-_NAN = float("nan")
 _EXACT_SECONDS = float(1 << 52)
 
 
