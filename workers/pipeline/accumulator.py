@@ -494,7 +494,8 @@ class MetricAccumulator:
             string_hashes(self._keys.digests(g.key[at])),
         )
         ranked = at[np.lexsort((self._key_ranks()[g.key[at]], priority, run))]
-        position = np.arange(len(at)) - np.repeat(np.flatnonzero(np.r_[True, run[1:] != run[:-1]]), length[over])
+        runs = length[over]
+        position = np.arange(len(at)) - np.repeat(np.cumsum(runs) - runs, runs)  # each group's rank in its run
         alive[ranked[position >= self._max_keys]] = False
         return alive
 
