@@ -43,11 +43,14 @@ PERIOD = "1m"
 """A one-minute period: every run starts in a partial first period and often crosses a period boundary,
 where adaptive prices depend most on the order releases are charged in (a worker catching up on a
 backlog once charged them out of order, so D and D′ spent differently)."""
-SHARED_LEDGER_PERIODS = ("1h", "2h", "3h", "4h", "6h")
+SHARED_LEDGER_PERIODS = ("1h", "2h", "3h", "4h", "6h", "5h", "7h", "11h", "13h")
 """The kill-and-restart test's two deployments charge one ledger scope: over a short partial first period
 their two shares would exhaust its pool within the test and refuse its windows (a one-minute period always;
 a 1h one when the run started 8 s before the hour, as a CI run once did). It takes the first of these whose
-current block has `SHARED_LEDGER_LEFT_S` left, so its outcome does not depend on the time of day."""
+current block has `SHARED_LEDGER_LEFT_S` left. Blocks are UTC-aligned: 1h to 6h all end at midnight and
+noon (a CI run at 23:48 UTC found none with 900 s left), so 5h, 7h, 11h and 13h follow; every one ends
+within 900 s of the same hour only when that hour is a multiple of lcm(1..7, 11, 13) = 60,060 hours
+since the epoch (once in about 6.9 years)."""
 SHARED_LEDGER_LEFT_S = 900
 MARGIN_SIGMAS = 7.0
 
